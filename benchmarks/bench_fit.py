@@ -1,0 +1,143 @@
+"""Speed of the statistics pass and of whole fitting epochs; writes JSON to benchmarks/results/.
+
+    python benchmarks/bench_fit.py                      # CPU, float32 and float64, N = 100,000, K = 64
+    python benchmarks/bench_fit.py --device cuda --n-components 64 512 --batch-sizes 500 50000
+
+Throughput is (point, component) pairs per second of the per-batch statistics pass (q, U, UU, P and the
+log-likelihood). ``reference`` is the straightforward PyTorch formulation the paper's equations suggest:
+form T_ij, b_ij and B_ij for every pair with batched inverses, then sum r b and r (b b^T + B). Epoch
+times are training seconds per epoch of each method (evaluation passes excluded), after k-means-free
+initialisation, at batch 500 as in the paper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import scalable_xd
+from scalable_xd import XDGMM
+from scalable_xd._torch import resolve_device, synchronize
+from scalable_xd.kernel import batch_statistics
+from scalable_xd.mixture import Mixture
+
+D = 7
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def reference_statistics(x, S, mixture: Mixture):
+    """Eq. 4-5 of the paper, per pair: r_ij, b_ij (B, K, D), B_ij (B, K, D, D) and their weighted sums."""
+    V, m = mixture.covariances, mixture.means
+    T = V.unsqueeze(0) + S.unsqueeze(1)
+    T_inv = torch.linalg.inv(T)
+    diff = x.unsqueeze(1) - m.unsqueeze(0)
+    u = (T_inv @ diff.unsqueeze(-1)).squeeze(-1)
+    log_dens = mixture.log_weights - 0.5 * (torch.logdet(T) + (diff * u).sum(-1) + D * np.log(2 * np.pi))
+    resp = torch.softmax(log_dens, dim=1)
+    b = m + (V @ u.unsqueeze(-1)).squeeze(-1)
+    B = V - V @ T_inv @ V
+    sum_b = torch.einsum("bk,bkd->kd", resp, b)
+    sum_bb = torch.einsum("bk,bkde->kde", resp, b.unsqueeze(-1) * b.unsqueeze(-2) + B)
+    return resp.sum(0), sum_b, sum_bb, torch.logsumexp(log_dens, dim=1)
+
+
+def synthetic(n: int, k: int, dtype, seed: int = 0):
+    """Gaia-sized problem: 7-D points, per-point full noise covariances, a K-component mixture."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, D, generator=gen, dtype=torch.float64) * 3
+    a = torch.randn(n, D, D, generator=gen, dtype=torch.float64) * 0.3
+    S = a @ a.mT + 0.05 * torch.eye(D, dtype=torch.float64)
+    b = torch.randn(k, D, D, generator=gen, dtype=torch.float64)
+    V = b @ b.mT / D + torch.eye(D, dtype=torch.float64)
+    mixture = Mixture(torch.full((k,), 1.0 / k, dtype=torch.float64), torch.randn(k, D, generator=gen, dtype=torch.float64) * 3, V)
+    return x.to(dtype), S.to(dtype), mixture.to(dtype=dtype)
+
+
+def pairs_per_second(fn, x, S, mixture, batch: int, device, repeats: int) -> float:
+    xb, Sb, mix = x[:batch].to(device), S[:batch].to(device), mixture.to(device)
+    fn(xb, Sb, mix)  # warm-up
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        fn(xb, Sb, mix)
+        synchronize(device)
+        best = min(best, time.perf_counter() - tick)
+    return batch * mixture.n_components / best
+
+
+def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, epochs: int) -> float:
+    model = XDGMM(
+        mixture.n_components, method, epochs=epochs, tol=None, device=str(device), dtype=dtype_name,
+        random_state=0, weights_init=mixture.weights.double().numpy(), means_init=mixture.means.double().numpy(),
+        covariances_init=mixture.covariances.double().numpy(),
+    ).fit(x, S)  # fmt: skip
+    return model.history_[-1]["seconds"] / epochs
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--n-components", type=int, nargs="+", default=[64])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[500])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-epochs", action="store_true", help="measure the statistics pass only")
+    parser.add_argument("--label", default=None, help="suffix of the output file name")
+    args = parser.parse_args(argv)
+
+    device = resolve_device(args.device)
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for k in args.n_components:
+            x, S, mixture = synthetic(args.n, k, dtype)
+            for batch in args.batch_sizes:
+                row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": batch}
+                row["pairs_per_s"] = pairs_per_second(batch_statistics, x, S, mixture, batch, device, args.repeats)
+                ref_batch = min(batch, max(1, (1 << 16) // k))  # the reference holds (B, K, D, D) several times
+                row["reference_pairs_per_s"] = pairs_per_second(
+                    reference_statistics, x, S, mixture, ref_batch, device, args.repeats
+                )
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            if not args.skip_epochs:
+                for method in ("em", "minibatch_em", "sgd"):
+                    seconds = epoch_seconds(method, x, S, mixture, device, dtype_name, args.epochs)
+                    row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": 500, "method": method,
+                           "seconds_per_epoch": seconds}  # fmt: skip
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+
+    result = {
+        "benchmark": "bench_fit",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "scalable_xd": scalable_xd.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "results": rows,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = f"bench_fit_{device.type}" + (f"_{args.label}" if args.label else "") + ".json"
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS / name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Exceptions that carry enough context (row, component, epoch) to act on."""
+
+from __future__ import annotations
+
+
+class NotPositiveDefiniteError(ValueError):
+    """A convolved covariance T = R V R^T + S could not be factorised.
+
+    ``row`` indexes the data point within the array passed in, ``component`` the mixture component.
+    """
+
+    def __init__(self, row: int, component: int, message: str | None = None):
+        self.row = row
+        self.component = component
+        super().__init__(
+            message
+            or f"the covariance V_j + S_i of data row {row} and component {component} is not positive definite"
+        )
+
+
+class FitDivergedError(RuntimeError):
+    """A fit produced non-finite or non-positive-definite parameters.
+
+    Raised instead of returning NaNs; the message names the epoch, batch and component and suggests a cure.
+    """
+
+    def __init__(self, epoch: int, component: int, reason: str, w: float, batch: int | None = None):
+        self.epoch = epoch
+        self.batch = batch
+        self.component = component
+        where = f"epoch {epoch}" + (f", batch {batch}" if batch is not None else "")
+        super().__init__(
+            f"fit diverged at {where}: component {component} {reason}. "
+            f"Try a larger covariance regularisation w (now {w:g}), a smaller step size/learning rate, "
+            "or float64."
+        )

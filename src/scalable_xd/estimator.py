@@ -1,0 +1,359 @@
+"""``XDGMM``: the user-facing estimator, in scikit-learn's style (fit / score / sample / save / load)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._torch import dtype_name, resolve_device, resolve_dtype
+from .dataset import Dataset
+from .errors import NotPositiveDefiniteError
+from .fitters import SGD, BatchEM, MinibatchEM
+from .io import atomic_path
+from .kernel import log_densities
+from .kmeans import minibatch_kmeans
+from .mixture import Mixture
+from .posterior import posterior_moments
+from .training import EVAL_BATCH, LoopConfig, run
+
+METHODS = ("em", "minibatch_em", "sgd")
+SCHEDULES = ("step", "cappe_moulines")
+COVARIANCE_UPDATES = ("stable", "naive")
+FORMAT_VERSION = 1
+
+
+class XDGMM:
+    """Extreme deconvolution: a Gaussian mixture for the true values behind noisy, projected data.
+
+    Each observation is x_i = R_i v_i + noise with noise ~ N(0, S_i) known per point; the model is
+    p(v) = sum_j alpha_j N(v | m_j, V_j), so p(x_i) = sum_j alpha_j N(x_i | R_i m_j, R_i V_j R_i^T + S_i).
+
+    Parameters
+    ----------
+    n_components : number of mixture components K.
+    method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM) or ``"sgd"`` (Adam).
+    batch_size : points per minibatch for minibatch_em, sgd and the k-means init (batch EM sums over the
+        whole data set, in chunks of at least 8,192 points).
+    epochs : passes over the training data (for ``"em"``: the maximum number of iterations).
+    step_size, step_schedule, step_decay, kappa : minibatch-EM step sizes; ``"step"`` multiplies
+        ``step_size`` by ``step_decay`` after ``decay_epoch`` epochs (the paper: 1e-2, halved after 10),
+        ``"cappe_moulines"`` uses (t0 + t)^-kappa starting at ``step_size``.
+    lr, lr_decay : SGD (Adam) learning rate, multiplied by ``lr_decay`` after ``decay_epoch`` epochs.
+    w : covariance regularisation: EM as Bovy et al. ((sum + wI)/(q + 1)); minibatch EM adds wI after each
+        update; SGD adds the penalty sum_j w / tr(V_j) to the loss.
+    tol : batch EM stops once an iteration improves the mean training log-likelihood by less than this.
+    covariance_update : ``"stable"`` (centred form, default) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
+    kmeans_epochs : epochs of minibatch k-means for the initial weights and means (covariances start at I).
+    device : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    dtype : ``"float32"`` or ``"float64"``.
+    random_state : seeds the k-means init and the batch order; the same value gives the same fit on CPU.
+    weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
+    verbose : 0 silent, 1 a line per epoch on stderr, 2 also a progress bar per epoch (off when not a TTY).
+
+    Divergence: a non-finite or non-positive-definite component raises ``FitDivergedError`` naming the epoch
+    and component. Components whose responsibility sum underflows to zero are frozen with weight zero, as in
+    Bovy's reference code.
+    """
+
+    def __init__(
+        self,
+        n_components: int = 1,
+        method: str = "em",
+        *,
+        batch_size: int = 500,
+        epochs: int = 20,
+        step_size: float = 1e-2,
+        step_schedule: str = "step",
+        step_decay: float = 0.5,
+        kappa: float = 0.6,
+        lr: float = 1e-2,
+        lr_decay: float = 0.1,
+        decay_epoch: int = 10,
+        w: float = 1e-3,
+        tol: float = 1e-6,
+        covariance_update: str = "stable",
+        kmeans_epochs: int = 10,
+        device: str = "auto",
+        dtype: str = "float32",
+        random_state: int | None = None,
+        weights_init=None,
+        means_init=None,
+        covariances_init=None,
+        verbose: int = 0,
+    ):
+        self.n_components = n_components
+        self.method = method
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self.step_size = step_size
+        self.step_schedule = step_schedule
+        self.step_decay = step_decay
+        self.kappa = kappa
+        self.lr = lr
+        self.lr_decay = lr_decay
+        self.decay_epoch = decay_epoch
+        self.w = w
+        self.tol = tol
+        self.covariance_update = covariance_update
+        self.kmeans_epochs = kmeans_epochs
+        self.device = device
+        self.dtype = dtype
+        self.random_state = random_state
+        self.weights_init = weights_init
+        self.means_init = means_init
+        self.covariances_init = covariances_init
+        self.verbose = verbose
+        self._check_params()
+
+    # ------------------------------------------------------------------ configuration
+
+    def _check_params(self) -> None:
+        def positive_int(name):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        def in_range(name, low, high, low_open=False):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and math.isfinite(value)
+            ok = ok and (value > low if low_open else value >= low) and value <= high
+            if not ok:
+                bracket = "(" if low_open else "["
+                raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
+
+        positive_int("n_components")
+        positive_int("batch_size")
+        positive_int("epochs")
+        positive_int("kmeans_epochs")
+        if not isinstance(self.decay_epoch, (int, np.integer)) or self.decay_epoch < 0:
+            raise ValueError(f"decay_epoch must be a non-negative integer, got {self.decay_epoch!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.step_schedule not in SCHEDULES:
+            raise ValueError(f"unknown step_schedule {self.step_schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if self.covariance_update not in COVARIANCE_UPDATES:
+            raise ValueError(
+                f"unknown covariance_update {self.covariance_update!r}: choose one of {', '.join(COVARIANCE_UPDATES)}"
+            )
+        in_range("step_size", 0, 1, low_open=True)
+        in_range("step_decay", 0, 1, low_open=True)
+        in_range("kappa", 0.5, 1, low_open=True)
+        in_range("lr", 0, math.inf, low_open=True)
+        in_range("lr_decay", 0, 1, low_open=True)
+        in_range("w", 0, math.inf)
+        if self.tol is not None:
+            in_range("tol", 0, math.inf)
+        self._device = resolve_device(self.device)
+        self._dtype = resolve_dtype(self.dtype)
+
+    def get_params(self) -> dict:
+        """The constructor arguments (initial-parameter arrays excluded), as JSON-friendly values."""
+        keys = [
+            "n_components", "method", "batch_size", "epochs", "step_size", "step_schedule", "step_decay", "kappa",
+            "lr", "lr_decay", "decay_epoch", "w", "tol", "covariance_update", "kmeans_epochs", "device", "dtype",
+            "random_state", "verbose",
+        ]  # fmt: skip
+        return {key: getattr(self, key) for key in keys}
+
+    # ------------------------------------------------------------------ fitting
+
+    def _initial_mixture(self, data: Dataset, seed: int) -> Mixture:
+        k, dim = self.n_components, data.model_dim
+        f64 = torch.float64
+        means = None if self.means_init is None else torch.as_tensor(np.asarray(self.means_init), dtype=f64)
+        weights = None if self.weights_init is None else torch.as_tensor(np.asarray(self.weights_init), dtype=f64)
+        if means is None:
+            if data.R is not None and data.obs_dim != dim:
+                raise ValueError("means_init is required when the projection R changes the dimension")
+            centres, counts = minibatch_kmeans(
+                data.X.to(self._dtype), k, epochs=self.kmeans_epochs, batch_size=self.batch_size,
+                seed=seed, device=self._device,
+            )  # fmt: skip
+            means = centres.to("cpu", f64)
+            if weights is None:
+                weights = counts.to("cpu", f64).clamp_min(1.0)
+        if weights is None:
+            weights = torch.ones(k, dtype=f64)
+        if self.covariances_init is None:
+            covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()
+        else:
+            covariances = torch.as_tensor(np.asarray(self.covariances_init), dtype=f64)
+        for name, value, shape in (
+            ("weights_init", weights, (k,)),
+            ("means_init", means, (k, dim)),
+            ("covariances_init", covariances, (k, dim, dim)),
+        ):
+            if tuple(value.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
+            if not torch.isfinite(value).all():
+                raise ValueError(f"{name} contains NaN or inf")
+        if (weights <= 0).any():
+            raise ValueError("weights_init must be positive")
+        mixture = Mixture(weights / weights.sum(), means, covariances)
+        problem = mixture.first_invalid_component()
+        if problem is not None:
+            raise ValueError(f"covariances_init component {problem[0]} is not symmetric positive definite")
+        return mixture.to(self._device, self._dtype)
+
+    def _make_fitter(self, mixture: Mixture):
+        if self.method == "em":
+            return BatchEM(mixture, w=self.w)
+        if self.method == "minibatch_em":
+            return MinibatchEM(
+                mixture, w=self.w, step_size=self.step_size, schedule=self.step_schedule,
+                step_decay=self.step_decay, decay_epoch=self.decay_epoch, kappa=self.kappa,
+                covariance_update=self.covariance_update,
+            )  # fmt: skip
+        return SGD(mixture, w=self.w, lr=self.lr, lr_decay=self.lr_decay, decay_epoch=self.decay_epoch)
+
+    def fit(self, X, Xcov=None, *, R=None, X_val=None, Xcov_val=None, R_val=None, checkpoint=None) -> "XDGMM":
+        """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
+        ``CompactCovariance``, or None for noiseless data. ``R`` (N, d, D) projects the model space onto the
+        data (identity when None). Validation data, if given, is scored after every epoch. ``checkpoint``:
+        a file written atomically after each epoch; if it exists, the fit resumes from it.
+        """
+        self._check_params()
+        train = Dataset(X, Xcov, R)
+        if self.n_components > len(train):
+            raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
+        val = None
+        if X_val is not None:
+            val = Dataset(X_val, Xcov_val, R_val, name="X_val")
+            if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
+                raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
+        seed = self.random_state if self.random_state is not None else int(np.random.SeedSequence().entropy % 2**62)
+        mixture = self._initial_mixture(train, seed)
+        fitter = self._make_fitter(mixture)
+        config = LoopConfig(
+            epochs=self.epochs,
+            batch_size=self.batch_size if self.method != "em" else max(self.batch_size, EVAL_BATCH),
+            shuffle=self.method != "em",
+            seed=seed,
+            device=self._device,
+            dtype=self._dtype,
+            w=self.w,
+            tol=self.tol if self.method == "em" else None,
+            verbose=self.verbose,
+            checkpoint=None if checkpoint is None else Path(checkpoint),
+            fingerprint={**self.get_params(), "verbose": None, "n": len(train), "d": train.obs_dim,
+                         "D": train.model_dim, "seed": seed},
+        )  # fmt: skip
+        history, converged = run(fitter, train, val, config)
+        self._set_fitted(fitter.mixture, history, converged)
+        return self
+
+    def _set_fitted(self, mixture: Mixture, history: list, converged: bool) -> None:
+        self._mixture = mixture
+        self.weights_ = mixture.weights.detach().cpu().numpy()
+        self.means_ = mixture.means.detach().cpu().numpy()
+        self.covariances_ = mixture.covariances.detach().cpu().numpy()
+        self.history_ = history
+        self.n_iter_ = history[-1]["epoch"] if history else 0
+        self.converged_ = converged
+
+    # ------------------------------------------------------------------ using a fitted model
+
+    def _fitted(self) -> Mixture:
+        if not hasattr(self, "_mixture"):
+            raise RuntimeError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
+        return self._mixture
+
+    def _scored_batches(self, X, Xcov, R):
+        """Yield (start, log p(x) (B,), log alpha_j N_ij (B, K)) over the data in bounded-memory batches."""
+        mixture = self._fitted()
+        data = Dataset(X, Xcov, R)
+        if data.model_dim != mixture.dim:
+            raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
+        for start in range(0, len(data), EVAL_BATCH):
+            x, S, Rb = data.batch(slice(start, start + EVAL_BATCH), self._device, self._dtype)
+            try:
+                loglik, log_dens = log_densities(x, S, mixture, Rb)
+            except NotPositiveDefiniteError as err:
+                raise NotPositiveDefiniteError(start + err.row, err.component) from None
+            yield start, loglik, log_dens
+
+    def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
+        """log p(x_i) under the convolved model for each point, shape (N,)."""
+        return torch.cat([ll.cpu() for _, ll, _ in self._scored_batches(X, Xcov, R)]).numpy()
+
+    def score(self, X, Xcov=None, R=None) -> float:
+        """Mean log-likelihood per point."""
+        total = sum(float(ll.sum(dtype=torch.float64)) for _, ll, _ in self._scored_batches(X, Xcov, R))
+        return total / len(X)
+
+    def predict_proba(self, X, Xcov=None, R=None) -> np.ndarray:
+        """Responsibilities r_ij: the probability that point i came from component j, shape (N, K)."""
+        parts = [torch.exp(dens - ll[:, None]).cpu() for _, ll, dens in self._scored_batches(X, Xcov, R)]
+        return torch.cat(parts).numpy()
+
+    def predict(self, X, Xcov=None, R=None) -> np.ndarray:
+        """The most probable component of each point, shape (N,)."""
+        return self.predict_proba(X, Xcov, R).argmax(axis=1)
+
+    def posterior(self, X, Xcov=None, R=None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data)."""
+        mixture = self._fitted()
+        data = Dataset(X, Xcov, R)
+        means, covs = [], []
+        for start in range(0, len(data), EVAL_BATCH):
+            x, S, Rb = data.batch(slice(start, start + EVAL_BATCH), self._device, self._dtype)
+            mean, cov = posterior_moments(x, S, mixture, Rb)
+            means.append(mean.cpu())
+            covs.append(cov.cpu())
+        return torch.cat(means).numpy(), torch.cat(covs).numpy()
+
+    def sample(self, n_samples: int = 1, random_state: int | None = None) -> np.ndarray:
+        """Draw from the deconvolved density p(v), shape (n_samples, D)."""
+        mixture = self._fitted()
+        generator = torch.Generator()
+        generator.manual_seed(random_state if random_state is not None else int(np.random.SeedSequence().entropy % 2**62))
+        samples, _ = mixture.sample(int(n_samples), generator)
+        return samples.numpy()
+
+    def bic(self, X, Xcov=None, R=None) -> float:
+        """Bayesian information criterion: -2 log L + n_parameters log N (lower is better)."""
+        return -2.0 * self.score(X, Xcov, R) * len(X) + self._fitted().n_parameters() * math.log(len(X))
+
+    def aic(self, X, Xcov=None, R=None) -> float:
+        """Akaike information criterion: -2 log L + 2 n_parameters (lower is better)."""
+        return -2.0 * self.score(X, Xcov, R) * len(X) + 2 * self._fitted().n_parameters()
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path) -> None:
+        """Write parameters, settings and history to one ``.npz`` file, atomically."""
+        self._fitted()
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "params": self.get_params(),
+            "history": self.history_,
+            "converged": self.converged_,
+            "dtype": dtype_name(self._dtype),
+        }
+        with atomic_path(path, suffix=".npz") as tmp:
+            np.savez(
+                tmp, weights=self.weights_, means=self.means_, covariances=self.covariances_,
+                meta=np.array(json.dumps(meta)),
+            )  # fmt: skip
+
+    @classmethod
+    def load(cls, path, device: str | None = None) -> "XDGMM":
+        """Read a model written by ``save``; ``device`` overrides the saved one (e.g. "cpu" for a GPU fit)."""
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(str(archive["meta"]))
+            if meta.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"{path}: unsupported model format version {meta.get('format_version')!r}")
+            arrays = {key: archive[key] for key in ("weights", "means", "covariances")}
+        params = dict(meta["params"])
+        if device is not None:
+            params["device"] = device
+        elif params["device"] != "cpu" and not torch.cuda.is_available():
+            params["device"] = "cpu"
+        model = cls(**params)
+        mixture = Mixture(*(torch.as_tensor(arrays[k]) for k in ("weights", "means", "covariances")))
+        model._set_fitted(mixture.to(model._device, model._dtype), meta["history"], meta["converged"])
+        return model

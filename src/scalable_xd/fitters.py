@@ -1,0 +1,162 @@
+"""The three fitting methods as small state machines driven by the training loop.
+
+Each fitter sees the same stream of kernel statistics: ``start_epoch(epoch)``, then ``observe(stats)``
+for every batch, then ``end_epoch()``. Batch EM sums the statistics over the whole data set and updates
+once an epoch; minibatch EM and SGD update after every batch. ``state_dict``/``load_state_dict`` carry
+everything needed to resume from a checkpoint and continue exactly as an uninterrupted fit would.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernel import Statistics
+from .mixture import Mixture
+from .updates import CholeskyParameters, em_update, online_em_update, online_em_update_naive
+
+
+def _mixture_state(mixture: Mixture) -> dict:
+    return {"weights": mixture.weights, "means": mixture.means, "covariances": mixture.covariances}
+
+
+def _mixture_from_state(state: dict, like: Mixture) -> Mixture:
+    ref = like.means
+    return Mixture(*(state[k].to(device=ref.device, dtype=ref.dtype) for k in ("weights", "means", "covariances")))
+
+
+class BatchEM:
+    """Bovy et al. (2011) EM: full passes, sums accumulated in float64, one M-step per epoch."""
+
+    updates_per_batch = False
+
+    def __init__(self, mixture: Mixture, *, w: float):
+        self.mixture = mixture
+        self.w = w
+        self._sums: Statistics | None = None
+
+    def step_size(self, epoch: int) -> float:
+        return 1.0
+
+    def start_epoch(self, epoch: int) -> None:
+        self._sums = None
+
+    def observe(self, stats: Statistics) -> None:
+        wide = Statistics(
+            stats.loglik, stats.q.double(), stats.U.double(), stats.UU.double(), stats.P.double()
+        )
+        self._sums = wide if self._sums is None else self._sums.combine(wide)
+
+    def end_epoch(self) -> None:
+        self.mixture = em_update(self.mixture.to(dtype=torch.float64), self._sums, self.w).to(
+            dtype=self.mixture.means.dtype
+        )
+        self._sums = None
+
+    def state_dict(self) -> dict:
+        return {"mixture": _mixture_state(self.mixture)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mixture = _mixture_from_state(state["mixture"], self.mixture)
+
+
+class MinibatchEM:
+    """Online EM (Cappe & Moulines 2009; paper section 3.1) with the centred covariance update.
+
+    Step sizes: ``schedule="step"`` uses ``step_size`` and multiplies it by ``step_decay`` once ``decay_epoch``
+    epochs are done (the paper: 1e-2, halved after 10); ``schedule="cappe_moulines"`` uses
+    lambda_t = (t0 + t)^-kappa over update count t, with t0 = step_size^(-1/kappa) so that it starts at
+    ``step_size`` and decays as Cappe & Moulines recommend (kappa in (0.5, 1]).
+    """
+
+    updates_per_batch = True
+
+    def __init__(
+        self,
+        mixture: Mixture,
+        *,
+        w: float,
+        step_size: float,
+        schedule: str,
+        step_decay: float,
+        decay_epoch: int,
+        kappa: float,
+        covariance_update: str,
+    ):
+        self.mixture = mixture
+        self.w = w
+        self.base_step = step_size
+        self.schedule = schedule
+        self.step_decay = step_decay
+        self.decay_epoch = decay_epoch
+        self.kappa = kappa
+        self.update = online_em_update if covariance_update == "stable" else online_em_update_naive
+        self.n_updates = 0
+        self._epoch = 0
+
+    def step_size(self, epoch: int) -> float:
+        if self.schedule == "cappe_moulines":
+            t0 = self.base_step ** (-1.0 / self.kappa)
+            return (t0 + self.n_updates) ** (-self.kappa)
+        return self.base_step * (self.step_decay if epoch >= self.decay_epoch else 1.0)
+
+    def start_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def observe(self, stats: Statistics) -> None:
+        self.mixture = self.update(self.mixture, stats, self.step_size(self._epoch), self.w)
+        self.n_updates += 1
+
+    def end_epoch(self) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"mixture": _mixture_state(self.mixture), "n_updates": self.n_updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mixture = _mixture_from_state(state["mixture"], self.mixture)
+        self.n_updates = int(state["n_updates"])
+
+
+class SGD:
+    """Adam on softmax logits, means and log-diagonal Cholesky factors (paper section 3.2).
+
+    Loss per batch: the summed negative log-likelihood plus sum_j w / tr(V_j). Learning rate ``lr``,
+    multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the paper: 1e-2 then 1e-3 after 10).
+    Gradients come analytically from the kernel's sums, so no autograd graph is built.
+    """
+
+    updates_per_batch = True
+
+    def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int):
+        self.params = CholeskyParameters(mixture)
+        self.w = w
+        self.base_lr = lr
+        self.lr_decay = lr_decay
+        self.decay_epoch = decay_epoch
+        self.optimizer = torch.optim.Adam(self.params.tensors(), lr=lr)
+        self.mixture = self.params.mixture()
+
+    def step_size(self, epoch: int) -> float:
+        return self.base_lr * (self.lr_decay if epoch >= self.decay_epoch else 1.0)
+
+    def start_epoch(self, epoch: int) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.step_size(epoch)
+
+    def observe(self, stats: Statistics) -> None:
+        for tensor, grad in zip(self.params.tensors(), self.params.loss_gradients(stats, self.w)):
+            tensor.grad = grad
+        self.optimizer.step()
+        self.mixture = self.params.mixture()
+
+    def end_epoch(self) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"params": [t.clone() for t in self.params.tensors()], "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for tensor, saved in zip(self.params.tensors(), state["params"]):
+            tensor.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.mixture = self.params.mixture()

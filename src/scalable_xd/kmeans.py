@@ -1,0 +1,76 @@
+"""Minibatch k-means (Sculley 2010) in torch, for initialising the mixture on the fitting device.
+
+Each centre moves to the running mean of every point ever assigned to it (per-centre rate 1/count),
+updated batch by batch. Centres are seeded by k-means++ on a random subsample, and a centre that wins no
+point during an epoch is moved to a random data point (as scikit-learn's MiniBatchKMeans reassigns).
+scikit-learn is not used here because the data may live on a GPU and be far larger than memory-bound
+CPU code likes; its KMeans is the oracle in the tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _squared_distances(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    return torch.cdist(x, centres).square()
+
+
+def _kmeans_plus_plus(sample: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    first = torch.randint(sample.shape[0], (1,), generator=generator)
+    centres = [sample[first.item()]]
+    closest = _squared_distances(sample, centres[0][None]).squeeze(1)
+    for _ in range(1, k):
+        total = closest.sum()
+        if total <= 0:  # fewer distinct points than centres: pick uniformly
+            pick = torch.randint(sample.shape[0], (1,), generator=generator).item()
+        else:
+            pick = torch.multinomial((closest / total).cpu(), 1, generator=generator).item()
+        centres.append(sample[pick])
+        closest = torch.minimum(closest, _squared_distances(sample, sample[pick][None]).squeeze(1))
+    return torch.stack(centres)
+
+
+def minibatch_kmeans(
+    X: torch.Tensor,
+    n_clusters: int,
+    *,
+    epochs: int = 10,
+    batch_size: int = 500,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cluster the rows of X (N, D); returns centres (K, D) and the counts of the last epoch's assignments.
+
+    Work runs on ``device`` in X's dtype; batches are drawn from a permutation seeded by ``seed``.
+    """
+    n = X.shape[0]
+    if n_clusters > n:
+        raise ValueError(f"n_clusters={n_clusters} is larger than the number of points ({n})")
+    generator = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    init_size = min(n, max(3 * n_clusters, 3 * batch_size))
+    sample = X[torch.randperm(n, generator=generator)[:init_size]].to(device)
+    centres = _kmeans_plus_plus(sample, n_clusters, generator)
+    counts = torch.zeros(n_clusters, dtype=X.dtype, device=device)
+    for epoch in range(epochs):
+        epoch_counts = torch.zeros(n_clusters, dtype=torch.long, device=device)
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            x = X[order[start : start + batch_size]].to(device)
+            assign = _squared_distances(x, centres).argmin(dim=1)
+            batch_counts = torch.bincount(assign, minlength=n_clusters)
+            sums = torch.zeros_like(centres).index_add_(0, assign, x)
+            new_counts = counts + batch_counts
+            moved = batch_counts > 0
+            centres = torch.where(
+                moved[:, None], (centres * counts[:, None] + sums) / new_counts.clamp_min(1)[:, None], centres
+            )
+            counts = new_counts
+            epoch_counts += batch_counts
+        empty = epoch_counts == 0
+        if empty.any() and epoch < epochs - 1:
+            picks = torch.randint(n, (int(empty.sum()),), generator=generator)
+            centres[empty] = X[picks].to(device)
+            counts[empty] = 0
+    return centres, epoch_counts

@@ -1,0 +1,152 @@
+"""The epoch loop shared by every fitter: batching, timing, evaluation, checkpoints and divergence checks.
+
+History entry 0 describes the initial parameters; entry e the parameters after epoch e. ``seconds`` is the
+cumulative training wall time (batch transfer, statistics and updates), excluding the evaluation passes
+that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point over the whole set).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ._torch import synchronize
+from .dataset import Dataset
+from .errors import FitDivergedError, NotPositiveDefiniteError
+from .io import atomic_path
+from .kernel import batch_statistics, log_densities
+from .mixture import Mixture
+
+# Points per evaluation batch; the kernel chunks it further to bound memory.
+EVAL_BATCH = 8192
+
+
+def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
+    """Batches of one epoch: slices in order, or a permutation that depends only on (seed, epoch)."""
+    if not shuffle:
+        return [slice(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    epoch_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed))
+    return [order[start : start + batch_size] for start in range(0, n, batch_size)]
+
+
+def total_loglik(data: Dataset, mixture: Mixture, device, dtype, batch_size: int = EVAL_BATCH) -> float:
+    """Sum over all points of log p(x_i), accumulated in float64."""
+    total = 0.0
+    for start in range(0, len(data), batch_size):
+        x, S, R = data.batch(slice(start, start + batch_size), device, dtype)
+        try:
+            loglik, _ = log_densities(x, S, mixture, R)
+        except NotPositiveDefiniteError as err:
+            raise NotPositiveDefiniteError(start + err.row, err.component) from None
+        total += float(loglik.sum(dtype=torch.float64))
+    return total
+
+
+@dataclass
+class LoopConfig:
+    epochs: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    device: torch.device
+    dtype: torch.dtype
+    w: float
+    tol: float | None
+    verbose: int = 0
+    checkpoint: Path | None = None
+    fingerprint: dict = field(default_factory=dict)
+
+
+def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
+    problem = mixture.first_invalid_component()
+    if problem is not None:
+        raise FitDivergedError(epoch, problem[0], problem[1], w)
+
+
+def _save_checkpoint(cfg: LoopConfig, fitter, epoch: int, history: list, converged: bool) -> None:
+    state = {
+        "fingerprint": cfg.fingerprint,
+        "epoch": epoch,
+        "history": history,
+        "converged": converged,
+        "fitter": fitter.state_dict(),
+    }
+    with atomic_path(cfg.checkpoint) as tmp:
+        torch.save(state, tmp)
+
+
+def _load_checkpoint(cfg: LoopConfig, fitter):
+    state = torch.load(cfg.checkpoint, map_location=cfg.device, weights_only=False)
+    if state.get("fingerprint") != cfg.fingerprint:
+        raise ValueError(
+            f"checkpoint {cfg.checkpoint} was written by a different fit (other data or settings); "
+            "delete it or choose another checkpoint path"
+        )
+    fitter.load_state_dict(state["fitter"])
+    return state["epoch"], state["history"], state["converged"]
+
+
+def _log(cfg: LoopConfig, entry: dict) -> None:
+    if cfg.verbose >= 1:
+        val = "" if entry["val_loglik"] is None else f"  val {entry['val_loglik']:.5f}"
+        print(
+            f"[scalable-xd] epoch {entry['epoch']:3d}/{cfg.epochs}  {entry['seconds']:9.2f} s  "
+            f"train {entry['train_loglik']:.5f}{val}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig) -> tuple[list[dict], bool]:
+    """Fit until ``cfg.epochs`` epochs are done (or batch EM converges); returns (history, converged)."""
+
+    def evaluate(epoch: int, seconds: float) -> dict:
+        return {
+            "epoch": epoch,
+            "seconds": seconds,
+            "train_loglik": total_loglik(train, fitter.mixture, cfg.device, cfg.dtype) / len(train),
+            "val_loglik": None
+            if val is None
+            else total_loglik(val, fitter.mixture, cfg.device, cfg.dtype) / len(val),
+            "step_size": fitter.step_size(max(epoch - 1, 0)),
+        }
+
+    if cfg.checkpoint is not None and cfg.checkpoint.exists():
+        start, history, converged = _load_checkpoint(cfg, fitter)
+    else:
+        start, history, converged = 0, [evaluate(0, 0.0)], False
+        _log(cfg, history[0])
+    epoch = start + 1
+    while epoch <= cfg.epochs and not converged:
+        synchronize(cfg.device)
+        tick = time.perf_counter()
+        fitter.start_epoch(epoch - 1)
+        batches = epoch_order(len(train), cfg.batch_size, epoch, cfg.seed, cfg.shuffle)
+        for number, index in enumerate(tqdm(batches, disable=cfg.verbose < 2 or None, leave=False)):
+            x, S, R = train.batch(index, cfg.device, cfg.dtype)
+            try:
+                stats = batch_statistics(x, S, fitter.mixture, R)
+            except NotPositiveDefiniteError as err:
+                raise FitDivergedError(
+                    epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
+                ) from None
+            fitter.observe(stats)
+        fitter.end_epoch()
+        synchronize(cfg.device)
+        seconds = history[-1]["seconds"] + time.perf_counter() - tick
+        _check_mixture(fitter.mixture, epoch, cfg.w)
+        history.append(evaluate(epoch, seconds))
+        _log(cfg, history[-1])
+        if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
+            converged = True
+        if cfg.checkpoint is not None:
+            _save_checkpoint(cfg, fitter, epoch, history, converged)
+        epoch += 1
+    return history, converged

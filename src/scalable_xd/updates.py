@@ -1,0 +1,153 @@
+"""Parameter updates from the kernel's per-component sums (q, U, UU, P): EM, online EM and SGD gradients.
+
+Centred covariance update. With b_ij = m_j + V_j u_ij the posterior mean of point i's true value under
+component j and B_ij its covariance, the sums the paper's eq. 5 needs are, per component,
+
+    sum r b = q m + V U,      sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V.
+
+An online-EM step of size lambda from (qhat, m, V), with sums normalised by the batch size, is then exactly
+
+    qhat' = (1 - lambda) qhat + lambda q,       g = lambda U / qhat',
+    m'    = m + V g,                            V' = V + V [lambda (UU - P) / qhat' - g g^T] V,
+
+which equals the paper's eq. 7 (V = S/q - m m^T) in exact arithmetic but never subtracts the large m m^T
+terms, so it keeps float32 covariances positive definite when means are far larger than the spread.
+With lambda = 1 it is one batch-EM step. (The paper's appendix A writes adjust(V, s, c, d) as
+sV + (c-d)(c+d)^T/2 + (c+d)(c-d)^T/2 = sV + cc^T - dd^T, which differs from its stated identity
+s(V + cc^T) - dd^T whenever s != 1; the form above needs no such recentring.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernel import Statistics
+from .mixture import Mixture
+
+
+def _symmetrise(a: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (a + a.mT)
+
+
+def _eye_like(cov: torch.Tensor) -> torch.Tensor:
+    return torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+
+
+def _live(q: torch.Tensor) -> torch.Tensor:
+    """Components with a usable responsibility sum; the others are frozen, as in Bovy's reference code."""
+    return q > torch.finfo(q.dtype).tiny
+
+
+def em_update(mixture: Mixture, stats: Statistics, w: float) -> Mixture:
+    """One batch-EM M-step from sums over the whole data set (Bovy, Hogg & Roweis 2011).
+
+    Regularisation as in their code: V = (sum r [(b - m')(b - m')^T + B] + w I) / (q + 1) when w > 0,
+    and divided by q alone when w == 0. A component whose q underflows to zero gets weight zero and keeps
+    its mean and covariance (it is frozen, as in the reference implementation).
+    """
+    V, m = mixture.covariances, mixture.means
+    q = stats.q.to(V.dtype)
+    live = _live(q)
+    q_safe = torch.where(live, q, torch.ones_like(q))
+    u_bar = stats.U.to(V.dtype) / q_safe[:, None]
+    inner = (stats.UU - stats.P).to(V.dtype) / q_safe[:, None, None] - u_bar[:, :, None] * u_bar[:, None, :]
+    scatter = V + V @ inner @ V  # sum r [(b - m')(b - m')^T + B] / q
+    if w > 0:
+        new_cov = (q[:, None, None] * scatter + w * _eye_like(V)) / (q[:, None, None] + 1.0)
+    else:
+        new_cov = scatter
+    new_mean = m + (V @ u_bar.unsqueeze(-1)).squeeze(-1)
+    return Mixture(
+        weights=q / q.sum(),
+        means=torch.where(live[:, None], new_mean, m),
+        covariances=torch.where(live[:, None, None], _symmetrise(new_cov), V),
+    )
+
+
+def online_em_update(mixture: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
+    """One minibatch (online) EM step in the centred form above, then + w I (paper appendix B)."""
+    V, m = mixture.covariances, mixture.means
+    n = stats.n_points
+    q_new = (1.0 - step) * mixture.weights + step * stats.q / n
+    live = _live(q_new)
+    q_safe = torch.where(live, q_new, torch.ones_like(q_new))
+    g = step * stats.U / (n * q_safe[:, None])
+    inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - g[:, :, None] * g[:, None, :]
+    new_cov = _symmetrise(V + V @ inner @ V) + w * _eye_like(V)
+    new_mean = m + (V @ g.unsqueeze(-1)).squeeze(-1)
+    return Mixture(
+        weights=q_new,
+        means=torch.where(live[:, None], new_mean, m),
+        covariances=torch.where(live[:, None, None], new_cov, V),
+    )
+
+
+def online_em_update_naive(mixture: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
+    """The same step written as the paper's eq. 6-7: running raw sums, then V = S/q - m m^T.
+
+    Kept for comparison (``covariance_update="naive"``): it loses float32 precision when |m| >> spread.
+    """
+    V, m = mixture.covariances, mixture.means
+    n = stats.n_points
+    q_old = mixture.weights
+    q_b = stats.q / n
+    vu = (V @ (stats.U / n).unsqueeze(-1)).squeeze(-1)
+    mm = m[:, :, None] * m[:, None, :]
+    s_b = q_b[:, None] * m + vu
+    second_b = (
+        q_b[:, None, None] * (V + mm)
+        + m[:, :, None] * vu[:, None, :]
+        + vu[:, :, None] * m[:, None, :]
+        + V @ ((stats.UU - stats.P) / n) @ V
+    )
+    q_new = (1.0 - step) * q_old + step * q_b
+    s_new = (1.0 - step) * q_old[:, None] * m + step * s_b
+    second_new = (1.0 - step) * q_old[:, None, None] * (V + mm) + step * second_b
+    live = _live(q_new)
+    q_safe = torch.where(live, q_new, torch.ones_like(q_new))
+    new_mean = s_new / q_safe[:, None]
+    new_cov = second_new / q_safe[:, None, None] - new_mean[:, :, None] * new_mean[:, None, :]
+    new_cov = _symmetrise(new_cov) + w * _eye_like(V)
+    return Mixture(
+        weights=q_new,
+        means=torch.where(live[:, None], new_mean, m),
+        covariances=torch.where(live[:, None, None], new_cov, V),
+    )
+
+
+class CholeskyParameters:
+    """Unconstrained SGD parameters (paper eq. 8): softmax logits, means, and Cholesky factors whose
+    diagonal is stored as its logarithm. ``raw`` holds the strictly-lower part and log-diagonal of L_j."""
+
+    def __init__(self, mixture: Mixture):
+        chol = torch.linalg.cholesky(mixture.covariances)
+        self.logits = torch.log(mixture.weights.clamp_min(torch.finfo(mixture.weights.dtype).tiny)).clone()
+        self.means = mixture.means.clone()
+        self.raw = torch.tril(chol, -1) + torch.diag_embed(torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.logits, self.means, self.raw]
+
+    def cholesky(self) -> torch.Tensor:
+        return torch.tril(self.raw, -1) + torch.diag_embed(torch.exp(torch.diagonal(self.raw, dim1=-2, dim2=-1)))
+
+    def mixture(self) -> Mixture:
+        chol = self.cholesky()
+        return Mixture(torch.softmax(self.logits, dim=0), self.means, chol @ chol.mT)
+
+    def loss_gradients(self, stats: Statistics, w: float) -> list[torch.Tensor]:
+        """Gradients of loss = -sum_batch log p(x_i) + sum_j w / tr(V_j) for (logits, means, raw).
+
+        From the sums: dLL/dm_j = U_j, dLL/dV_j = (UU_j - P_j)/2, dLL/dz_j = q_j - B alpha_j, chained through
+        V = L L^T (dV/dL: 2 G L for symmetric G) and L_qq = exp(raw_qq).
+        """
+        chol = self.cholesky()
+        cov = chol @ chol.mT
+        weights = torch.softmax(self.logits, dim=0)
+        trace = torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1)
+        grad_cov = -0.5 * (stats.UU - stats.P) - (w / trace**2)[:, None, None] * _eye_like(cov)
+        grad_chol = torch.tril(2.0 * grad_cov @ chol)
+        diag = torch.diagonal(grad_chol, dim1=-2, dim2=-1) * torch.diagonal(chol, dim1=-2, dim2=-1)
+        grad_raw = torch.tril(grad_chol, -1) + torch.diag_embed(diag)
+        grad_logits = -(stats.q - stats.n_points * weights)
+        return [grad_logits, -stats.U, grad_raw]

@@ -1,0 +1,80 @@
+"""Independent reference computations and data generators for the tests (numpy/scipy, no project code)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import logsumexp
+from scipy.stats import multivariate_normal
+
+
+def random_spd(rng, k, d, scale=1.0, condition=10.0):
+    """k random symmetric positive-definite d x d matrices with eigenvalues in [scale/condition, scale]."""
+    out = np.empty((k, d, d))
+    for j in range(k):
+        q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+        eig = scale * np.exp(rng.uniform(np.log(1 / condition), 0, size=d))
+        out[j] = (q * eig) @ q.T
+    return out
+
+
+def draw_xd_data(rng, n, weights, means, covs, noise_low, noise_high, correlated=True):
+    """True values from a Gaussian mixture plus heteroscedastic Gaussian noise with known covariances."""
+    d = means.shape[1]
+    labels = rng.choice(len(weights), size=n, p=weights)
+    chol = np.linalg.cholesky(covs)
+    v = means[labels] + np.einsum("nij,nj->ni", chol[labels], rng.normal(size=(n, d)))
+    sd = rng.uniform(noise_low, noise_high, size=(n, d))
+    if correlated:
+        rho = rng.uniform(-0.5, 0.5, size=n)
+        corr = np.broadcast_to(np.eye(d), (n, d, d)).copy()
+        corr[:, 0, 1] = corr[:, 1, 0] = rho
+    else:
+        corr = np.broadcast_to(np.eye(d), (n, d, d))
+    S = sd[:, :, None] * corr * sd[:, None, :]
+    x = v + sd * np.einsum("nij,nj->ni", np.linalg.cholesky(corr), rng.normal(size=(n, d)))
+    return x, S, v, labels
+
+
+def xd_log_densities(x, S, weights, means, covs, R=None):
+    """log alpha_j N(x_i | R_i m_j, R_i V_j R_i^T + S_i), shape (N, K), by scipy one pair at a time."""
+    n, k = x.shape[0], len(weights)
+    out = np.empty((n, k))
+    for i in range(n):
+        Ri = np.eye(means.shape[1]) if R is None else R[i]
+        for j in range(k):
+            T = Ri @ covs[j] @ Ri.T + S[i]
+            out[i, j] = np.log(weights[j]) + multivariate_normal(Ri @ means[j], T).logpdf(x[i])
+    return out
+
+
+def xd_loglik(x, S, weights, means, covs, R=None):
+    return logsumexp(xd_log_densities(x, S, weights, means, covs, R), axis=1)
+
+
+def xd_pair_posteriors(x, S, weights, means, covs, R=None):
+    """The paper's eq. 4 per pair: r_ij, b_ij (N, K, D) and B_ij (N, K, D, D), written out explicitly."""
+    n, k, dim = x.shape[0], len(weights), means.shape[1]
+    log_dens = xd_log_densities(x, S, weights, means, covs, R)
+    r = np.exp(log_dens - logsumexp(log_dens, axis=1, keepdims=True))
+    b = np.empty((n, k, dim))
+    B = np.empty((n, k, dim, dim))
+    for i in range(n):
+        Ri = np.eye(dim) if R is None else R[i]
+        for j in range(k):
+            T = Ri @ covs[j] @ Ri.T + S[i]
+            gain = covs[j] @ Ri.T @ np.linalg.inv(T)
+            b[i, j] = means[j] + gain @ (x[i] - Ri @ means[j])
+            B[i, j] = covs[j] - gain @ Ri @ covs[j]
+    return r, b, B
+
+
+def xd_em_step(x, S, weights, means, covs, w=0.0):
+    """One Bovy et al. EM iteration from eq. 4-5 with explicit b_ij, B_ij (their regularisation when w > 0)."""
+    r, b, B = xd_pair_posteriors(x, S, weights, means, covs)
+    q = r.sum(0)
+    new_means = np.einsum("nk,nkd->kd", r, b) / q[:, None]
+    centred = b - new_means[None]
+    scatter = np.einsum("nk,nkd,nke->kde", r, centred, centred) + np.einsum("nk,nkde->kde", r, B)
+    eye = np.eye(means.shape[1])
+    new_covs = (scatter + w * eye) / (q[:, None, None] + 1.0) if w > 0 else scatter / q[:, None, None]
+    return q / q.sum(), new_means, new_covs

@@ -1,0 +1,90 @@
+"""Batch EM and minibatch EM against scikit-learn, the explicit eq. 4-5 update, and each other."""
+
+import numpy as np
+import pytest
+from helpers import draw_xd_data, random_spd, xd_em_step
+from sklearn.mixture import GaussianMixture
+
+from scalable_xd import XDGMM
+
+
+@pytest.fixture(scope="module")
+def noiseless_blobs():
+    rng = np.random.default_rng(10)
+    k, d = 4, 3
+    means = rng.normal(scale=4, size=(k, d))
+    x, _, _, _ = draw_xd_data(rng, 3000, rng.dirichlet(5 * np.ones(k)), means, random_spd(rng, k, d), 0, 0)
+    init = dict(
+        weights_init=np.full(k, 1 / k),
+        means_init=x[rng.choice(len(x), k, replace=False)],
+        covariances_init=np.stack([np.cov(x.T)] * k),
+    )
+    return x, init
+
+
+def test_em_without_noise_follows_sklearn(noiseless_blobs):
+    x, init = noiseless_blobs
+    k = len(init["weights_init"])
+    sk = GaussianMixture(
+        k, covariance_type="full", max_iter=10, tol=0.0, reg_covar=0.0, random_state=0,
+        weights_init=init["weights_init"], means_init=init["means_init"],
+        precisions_init=np.linalg.inv(init["covariances_init"]),
+    )  # fmt: skip
+    with pytest.warns(Warning):  # sklearn: did not converge within max_iter
+        sk.fit(x)
+    ours = XDGMM(k, "em", epochs=10, w=0.0, tol=None, dtype="float64", device="cpu", **init).fit(x, None)
+    np.testing.assert_allclose(ours.weights_, sk.weights_, atol=1e-6)
+    np.testing.assert_allclose(ours.means_, sk.means_, atol=1e-6)
+    np.testing.assert_allclose(ours.covariances_, sk.covariances_, atol=1e-6)
+    assert ours.score(x) == pytest.approx(sk.score(x), abs=1e-6)
+    assert ours.n_iter_ == 10
+
+
+def test_em_step_matches_explicit_bovy_update():
+    """With noise and Bovy's regularisation (w > 0), one iteration equals eq. 4-5 written out per pair."""
+    rng = np.random.default_rng(11)
+    k, d = 3, 2
+    means = rng.normal(scale=3, size=(k, d))
+    covs = random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, 300, np.ones(k) / k, means, covs, 0.3, 1.5)
+    init = dict(weights_init=np.ones(k) / k, means_init=means + 0.5, covariances_init=covs * 2)
+    ours = XDGMM(k, "em", epochs=1, w=0.05, tol=None, dtype="float64", device="cpu", **init).fit(x, S)
+    weights, new_means, new_covs = xd_em_step(x, S, init["weights_init"], init["means_init"], covs * 2, w=0.05)
+    np.testing.assert_allclose(ours.weights_, weights, rtol=1e-10)
+    np.testing.assert_allclose(ours.means_, new_means, rtol=1e-10)
+    np.testing.assert_allclose(ours.covariances_, new_covs, rtol=1e-9)
+
+
+def test_em_never_decreases_the_loglikelihood():
+    rng = np.random.default_rng(12)
+    k, d = 5, 3
+    x, S, _, _ = draw_xd_data(
+        rng, 2000, rng.dirichlet(np.ones(k)), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d), 0.2, 2.0
+    )
+    model = XDGMM(6, "em", epochs=40, w=0.0, tol=None, dtype="float64", device="cpu", random_state=0).fit(x, S)
+    lls = np.array([h["train_loglik"] for h in model.history_])
+    assert len(lls) == 41
+    assert np.all(np.diff(lls) >= -1e-12 * np.abs(lls[1:]))
+    assert lls[-1] > lls[0] + 0.1
+
+
+def test_em_stops_at_tolerance():
+    rng = np.random.default_rng(13)
+    x, S, _, _ = draw_xd_data(rng, 500, np.ones(2) / 2, np.array([[0.0, 0.0], [6.0, 6.0]]), np.stack([np.eye(2)] * 2), 0.1, 0.3)
+    model = XDGMM(2, "em", epochs=200, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, S)
+    assert model.converged_ and model.n_iter_ < 200
+    assert model.history_[-1]["train_loglik"] - model.history_[-2]["train_loglik"] < 1e-4
+
+
+def test_minibatch_em_with_unit_step_on_full_batch_is_one_em_iteration():
+    rng = np.random.default_rng(14)
+    k, d = 4, 3
+    x, S, _, _ = draw_xd_data(
+        rng, 800, np.ones(k) / k, rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d), 0.2, 1.0
+    )
+    init = dict(weights_init=np.ones(k) / k, means_init=x[:k], covariances_init=np.stack([np.eye(d)] * k))
+    common = dict(epochs=1, w=0.0, dtype="float64", device="cpu", **init)
+    em = XDGMM(k, "em", tol=None, **common).fit(x, S)
+    online = XDGMM(k, "minibatch_em", step_size=1.0, batch_size=len(x), **common).fit(x, S)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(online, attr), getattr(em, attr), rtol=1e-10, atol=1e-12)

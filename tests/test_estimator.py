@@ -1,0 +1,205 @@
+"""The XDGMM API: predictions against independent computations, persistence, determinism, resume, errors."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
+
+import scalable_xd.training
+from scalable_xd import XDGMM, FitDivergedError
+
+K, D = 3, 3
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(40)
+    means = rng.normal(scale=4, size=(K, D))
+    x, S, _, _ = draw_xd_data(rng, 1500, np.array([0.5, 0.3, 0.2]), means, random_spd(rng, K, D), 0.2, 0.8)
+    return x, S
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    x, S = data
+    return XDGMM(K, "em", epochs=30, dtype="float64", device="cpu", random_state=0).fit(x, S)
+
+
+def test_scores_and_responsibilities_match_scipy(fitted, data):
+    x, S = data
+    params = (fitted.weights_, fitted.means_, fitted.covariances_)
+    log_dens = xd_log_densities(x[:50], S[:50], *params)
+    np.testing.assert_allclose(fitted.score_samples(x[:50], S[:50]), np.logaddexp.reduce(log_dens, axis=1), rtol=1e-10)
+    expected_resp = np.exp(log_dens - np.logaddexp.reduce(log_dens, axis=1, keepdims=True))
+    np.testing.assert_allclose(fitted.predict_proba(x[:50], S[:50]), expected_resp, atol=1e-10)
+    np.testing.assert_array_equal(fitted.predict(x[:50], S[:50]), expected_resp.argmax(1))
+    assert fitted.score(x, S) == pytest.approx(xd_loglik(x, S, *params).mean(), rel=1e-10)
+
+
+def test_bic_and_aic_count_parameters(fitted, data):
+    x, S = data
+    total = xd_loglik(x, S, fitted.weights_, fitted.means_, fitted.covariances_).sum()
+    n_params = (K - 1) + K * D + K * D * (D + 1) // 2
+    assert fitted.bic(x, S) == pytest.approx(-2 * total + n_params * math.log(len(x)), rel=1e-10)
+    assert fitted.aic(x, S) == pytest.approx(-2 * total + 2 * n_params, rel=1e-10)
+
+
+@pytest.mark.parametrize("projected", [False, True])
+def test_posterior_of_true_values(fitted, data, projected):
+    x, S = data
+    rng = np.random.default_rng(41)
+    R = rng.normal(size=(20, 2, D)) if projected else None
+    xs, Ss = (x[:20, :2], S[:20, :2, :2]) if projected else (x[:20], S[:20])
+    r, b, B = xd_pair_posteriors(xs, Ss, fitted.weights_, fitted.means_, fitted.covariances_, R)
+    mean = np.einsum("nk,nkd->nd", r, b)
+    centred = b - mean[:, None]
+    cov = np.einsum("nk,nkde->nde", r, B + centred[..., None] * centred[..., None, :])
+    got_mean, got_cov = fitted.posterior(xs, Ss, R=R)
+    np.testing.assert_allclose(got_mean, mean, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(got_cov, cov, rtol=1e-8, atol=1e-10)
+
+
+def test_samples_follow_the_deconvolved_mixture(fitted):
+    draws = fitted.sample(200_000, random_state=3)
+    w, m, V = fitted.weights_, fitted.means_, fitted.covariances_
+    mean = w @ m
+    cov = np.einsum("k,kde->de", w, V + m[:, :, None] * m[:, None, :]) - np.outer(mean, mean)
+    np.testing.assert_allclose(draws.mean(0), mean, atol=0.05)
+    np.testing.assert_allclose(np.cov(draws.T), cov, rtol=0.03, atol=0.05)
+    np.testing.assert_array_equal(fitted.sample(10, random_state=3), fitted.sample(10, random_state=3))
+    assert not np.array_equal(fitted.sample(10, random_state=3), fitted.sample(10, random_state=4))
+
+
+def test_save_and_load_round_trip(fitted, data, tmp_path):
+    x, S = data
+    path = tmp_path / "model.npz"
+    fitted.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.npz"]
+    loaded = XDGMM.load(path)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(loaded, attr), getattr(fitted, attr))
+    assert loaded.history_ == fitted.history_
+    assert loaded.get_params() == fitted.get_params()
+    assert loaded.score(x, S) == fitted.score(x, S)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_same_random_state_gives_identical_fits(data, method):
+    x, S = data
+    fits = [XDGMM(K, method, epochs=3, device="cpu", random_state=7).fit(x, S) for _ in range(2)]
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeypatch):
+    x, S = data
+    settings = dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5)
+    uninterrupted = XDGMM(**settings).fit(x, S)
+
+    save = scalable_xd.training._save_checkpoint
+
+    def save_then_crash(cfg, fitter, epoch, history, converged):
+        save(cfg, fitter, epoch, history, converged)
+        if epoch == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save_then_crash)
+    checkpoint = tmp_path / "fit.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
+    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save)
+
+    epochs_run = []
+    order = scalable_xd.training.epoch_order
+    monkeypatch.setattr(
+        scalable_xd.training, "epoch_order", lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1]
+    )
+    resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
+    assert epochs_run == [4, 5, 6]  # only the epochs after the checkpoint ran again
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(resumed, attr), getattr(uninterrupted, attr), rtol=1e-12, atol=1e-14)
+    assert [h["epoch"] for h in resumed.history_] == list(range(7))
+    with pytest.raises(ValueError, match="different fit"):
+        XDGMM(**{**settings, "w": 0.5}).fit(x, S, checkpoint=checkpoint)
+
+
+def test_collapsing_component_raises_a_named_divergence():
+    """Without regularisation a component that captures one repeated point collapses to zero covariance."""
+    rng = np.random.default_rng(42)
+    x = np.vstack([rng.normal(size=(300, 2)), np.full((5, 2), 30.0)])
+    init = dict(means_init=np.array([[0.0, 0.0], [30.0, 30.0]]), weights_init=np.array([0.9, 0.1]))
+    with pytest.raises(FitDivergedError, match=r"epoch \d+.*component 1.*larger covariance regularisation w"):
+        XDGMM(2, "em", w=0.0, dtype="float64", device="cpu", **init).fit(x, None)
+    regularised = XDGMM(2, "em", w=1e-3, dtype="float64", device="cpu", **init).fit(x, None)
+    assert np.linalg.eigvalsh(regularised.covariances_[1]).min() > 0
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda x, S: x.__setitem__((7, 1), np.nan), "X row 7 contains NaN"),
+        (lambda x, S: x.__setitem__((2, 0), np.inf), "X row 2 contains NaN or inf"),
+        (lambda x, S: S.__setitem__((3, 0, 0), np.nan), "Xcov row 3 contains NaN"),
+        (lambda x, S: S.__setitem__((5, 0, 1), S[5, 0, 1] + 0.3), "Xcov row 5 is not symmetric"),
+        (lambda x, S: S.__setitem__((4, 1, 1), -1.0), "Xcov row 4 has a negative variance"),
+        (lambda x, S: S.__setitem__((6, slice(None), slice(None)), [[1, 2, 0], [2, 1, 0], [0, 0, 1]]),
+         "Xcov row 6 is not positive semi-definite"),
+    ],
+)  # fmt: skip
+def test_bad_rows_are_named(data, mutate, message):
+    x, S = (a[:50].copy() for a in data)
+    mutate(x, S)
+    with pytest.raises(ValueError, match=message):
+        XDGMM(2, device="cpu").fit(x, S)
+
+
+def test_bad_shapes_and_parameters_are_named(data):
+    x, S = data
+    with pytest.raises(ValueError, match="Xcov describes 1500 points of dimension 2"):
+        XDGMM(2, device="cpu").fit(x, S[:, :2, :2])
+    with pytest.raises(ValueError, match="Xcov describes 10 points"):
+        XDGMM(2, device="cpu").fit(x, S[:10])
+    with pytest.raises(ValueError, match=r"X must have shape \(N, d\)"):
+        XDGMM(2, device="cpu").fit(x[:, 0], S)
+    with pytest.raises(ValueError, match="n_components=20 is larger than the number of points"):
+        XDGMM(20, device="cpu").fit(x[:10], S[:10])
+    with pytest.raises(ValueError, match="unknown method 'adam'"):
+        XDGMM(2, "adam")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        XDGMM(2, device="gpu0")
+    with pytest.raises(ValueError, match="dtype must be 'float32' or 'float64'"):
+        XDGMM(2, dtype="float16")
+    with pytest.raises(ValueError, match="w must be in"):
+        XDGMM(2, w=-1.0)
+    with pytest.raises(ValueError, match="step_size must be in"):
+        XDGMM(2, step_size=2.0)
+    with pytest.raises(ValueError, match="n_components must be a positive integer"):
+        XDGMM(0)
+    with pytest.raises(ValueError, match=r"means_init must have shape \(2, 3\)"):
+        XDGMM(2, device="cpu", means_init=np.zeros((3, 3))).fit(x, S)
+    with pytest.raises(ValueError, match="covariances_init component 1 is not symmetric positive definite"):
+        XDGMM(2, device="cpu", covariances_init=np.stack([np.eye(3), -np.eye(3)])).fit(x, S)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        XDGMM(2).score(x, S)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_request_without_cuda_says_so():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        XDGMM(2, device="cuda")
+
+
+def test_cappe_moulines_schedule():
+    from scalable_xd.fitters import MinibatchEM
+
+    fitter = MinibatchEM(None, w=0, step_size=0.01, schedule="cappe_moulines", step_decay=0.5, decay_epoch=10,
+                         kappa=0.6, covariance_update="stable")  # fmt: skip
+    assert fitter.step_size(0) == pytest.approx(0.01)
+    fitter.n_updates = 5000
+    assert fitter.step_size(0) == pytest.approx((0.01 ** (-1 / 0.6) + 5000) ** -0.6)
+    paper = MinibatchEM(None, w=0, step_size=0.01, schedule="step", step_decay=0.5, decay_epoch=10, kappa=0.6,
+                        covariance_update="stable")  # fmt: skip
+    assert [paper.step_size(e) for e in (0, 9, 10, 19)] == [0.01, 0.01, 0.005, 0.005]

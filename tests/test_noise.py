@@ -1,0 +1,66 @@
+"""Noise covariance containers: compact (sigmas + correlations) and diagonal forms against dense ones."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd
+
+from scalable_xd import XDGMM, CompactCovariance
+
+PAIRS = [(0, 1), (0, 2), (1, 2)]
+
+
+def _compact(rng, n):
+    sigma = rng.uniform(0.1, 2.0, size=(n, 4))
+    corr = rng.uniform(-0.4, 0.4, size=(n, 3))
+    dense = np.zeros((n, 4, 4))
+    for i in range(n):
+        c = np.eye(4)
+        for p, (a, b) in enumerate(PAIRS):
+            c[a, b] = c[b, a] = corr[i, p]
+        dense[i] = np.outer(sigma[i], sigma[i]) * c
+    return CompactCovariance(sigma, corr, PAIRS), dense
+
+
+def test_compact_covariance_builds_the_dense_matrices():
+    compact, dense = _compact(np.random.default_rng(50), 200)
+    index = torch.tensor([5, 0, 199, 17])
+    np.testing.assert_allclose(compact.batch(index, "cpu", torch.float64).numpy(), dense[[5, 0, 199, 17]], rtol=1e-14)
+    np.testing.assert_allclose(compact.dense().numpy(), dense, rtol=1e-14)
+    compact.validate()
+
+
+def test_fit_is_the_same_with_compact_diagonal_or_dense_noise():
+    rng = np.random.default_rng(51)
+    compact, dense = _compact(rng, 1000)
+    x, _, _, _ = draw_xd_data(rng, 1000, np.ones(2) / 2, rng.normal(scale=3, size=(2, 4)), random_spd(rng, 2, 4), 0, 0)
+    settings = dict(n_components=2, method="minibatch_em", epochs=2, dtype="float64", device="cpu", random_state=0)
+    a = XDGMM(**settings).fit(x, compact)
+    b = XDGMM(**settings).fit(x, dense)
+    np.testing.assert_allclose(a.covariances_, b.covariances_, rtol=1e-10)
+    variances = rng.uniform(0.1, 1.0, size=(1000, 4))
+    c = XDGMM(**settings).fit(x, variances)
+    d = XDGMM(**settings).fit(x, np.einsum("nd,de->nde", variances, np.eye(4)))
+    np.testing.assert_allclose(c.covariances_, d.covariances_, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "field, row, value, message",
+    [
+        ("corr", 9, 1.5, "corr row 9 has a correlation outside"),
+        ("sigma", 4, -0.1, "sigma row 4 has a negative standard deviation"),
+        ("sigma", 2, np.nan, "sigma row 2 contains NaN"),
+    ],
+)
+def test_compact_covariance_names_bad_rows(field, row, value, message):
+    compact, _ = _compact(np.random.default_rng(52), 20)
+    getattr(compact, field)[row, 0] = value
+    with pytest.raises(ValueError, match=message):
+        compact.validate()
+
+
+def test_compact_covariance_rejects_inconsistent_correlations():
+    compact, _ = _compact(np.random.default_rng(53), 20)
+    compact.corr[11] = torch.tensor([0.99, 0.99, -0.99], dtype=compact.corr.dtype)  # no such 3x3 correlation
+    with pytest.raises(ValueError, match="noise covariance row 11 is not positive semi-definite"):
+        compact.validate()

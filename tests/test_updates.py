@@ -1,0 +1,117 @@
+"""Online-EM covariance updates (stable vs the paper's eq. 6-7) and SGD gradients vs finite differences."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
+
+from scalable_xd import XDGMM, FitDivergedError
+from scalable_xd.kernel import batch_statistics
+from scalable_xd.mixture import Mixture
+from scalable_xd.updates import CholeskyParameters, online_em_update, online_em_update_naive
+
+
+def _tensors(*arrays, dtype=torch.float64):
+    return [torch.tensor(a, dtype=dtype) for a in arrays]
+
+
+def _eq6_7(x, S, weights, means, covs, step, w):
+    """The paper's eq. 4-7 literally: per-pair b, B; raw sums; V = S_hat / q_hat - m m^T (+ w I)."""
+    r, b, B = xd_pair_posteriors(x, S, weights, means, covs)
+    n = len(x)
+    q_b = r.sum(0) / n
+    s_b = np.einsum("nk,nkd->kd", r, b) / n
+    second_b = (np.einsum("nk,nkd,nke->kde", r, b, b) + np.einsum("nk,nkde->kde", r, B)) / n
+    q_hat = (1 - step) * weights + step * q_b
+    s_hat = (1 - step) * weights[:, None] * means + step * s_b
+    mm = means[:, :, None] * means[:, None, :]
+    second_hat = (1 - step) * weights[:, None, None] * (covs + mm) + step * second_b
+    new_means = s_hat / q_hat[:, None]
+    new_covs = second_hat / q_hat[:, None, None] - new_means[:, :, None] * new_means[:, None, :]
+    return q_hat, new_means, new_covs + w * np.eye(means.shape[1])
+
+
+@pytest.mark.parametrize("update", [online_em_update, online_em_update_naive])
+def test_online_updates_equal_paper_equations_in_float64(update):
+    rng = np.random.default_rng(20)
+    k, d = 4, 3
+    weights, means, covs = rng.dirichlet(np.ones(k)), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, 200, weights, means + 0.3, covs * 1.5, 0.2, 1.0)
+    mixture = Mixture(*_tensors(weights, means, covs))
+    stats = batch_statistics(*_tensors(x, S), mixture)
+    new = update(mixture, stats, step=0.3, w=1e-3)
+    expected = _eq6_7(x, S, weights, means, covs, step=0.3, w=1e-3)
+    np.testing.assert_allclose(new.weights.numpy(), expected[0], rtol=1e-12)
+    np.testing.assert_allclose(new.means.numpy(), expected[1], rtol=1e-11)
+    np.testing.assert_allclose(new.covariances.numpy(), expected[2], rtol=1e-8, atol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def far_from_origin():
+    """Means ~1e4 times the component spread: float32 cannot hold m m^T to the precision of V."""
+    rng = np.random.default_rng(21)
+    k, d = 3, 3
+    means = 1e4 + rng.normal(scale=5, size=(k, d))
+    covs = np.stack([np.diag([1.0, 0.5, 2.0])] * k)
+    x, S, _, _ = draw_xd_data(rng, 6000, np.ones(k) / k, means, covs, 0.05, 0.2)
+    return x, S, means, covs
+
+
+def test_stable_update_keeps_float32_covariances_positive_definite(far_from_origin):
+    x, S, means, covs = far_from_origin
+    k = len(means)
+    weights = np.ones(k) / k
+    m64 = Mixture(*_tensors(weights, means, np.stack([np.eye(3)] * k)))
+    m32 = m64.to(dtype=torch.float32)
+    exact = online_em_update(m64, batch_statistics(*_tensors(x[:500], S[:500]), m64), 0.5, 1e-3).covariances
+    stats32 = batch_statistics(*_tensors(x[:500], S[:500], dtype=torch.float32), m32)
+    stable = online_em_update(m32, stats32, 0.5, 1e-3).covariances
+    naive = online_em_update_naive(m32, stats32, 0.5, 1e-3).covariances
+    assert torch.linalg.eigvalsh(stable.double()).min() > 0.1
+    np.testing.assert_allclose(stable.double().numpy(), exact.numpy(), atol=1e-3)
+    # The naive form subtracts m m^T ~ 1e8 with float32 spacing ~8 there: the result is noise.
+    assert torch.linalg.eigvalsh(naive.double()).min() < 0 or (naive.double() - exact).abs().max() > 1.0
+
+
+def test_stable_fit_succeeds_in_float32_where_naive_diverges(far_from_origin):
+    x, S, means, covs = far_from_origin
+    settings = dict(
+        n_components=3, method="minibatch_em", dtype="float32", device="cpu", epochs=3, step_size=0.05,
+        batch_size=200, means_init=means, random_state=0,
+    )  # fmt: skip
+    stable = XDGMM(covariance_update="stable", **settings).fit(x, S)
+    assert np.linalg.eigvalsh(stable.covariances_).min() > 0.3
+    np.testing.assert_allclose(np.diagonal(stable.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35)
+    with pytest.raises(FitDivergedError, match="epoch 1"):
+        XDGMM(covariance_update="naive", **settings).fit(x, S)
+
+
+def test_sgd_gradients_match_finite_differences():
+    rng = np.random.default_rng(22)
+    k, d, w = 3, 3, 0.7
+    weights, means, covs = rng.dirichlet(np.ones(k)), rng.normal(scale=2, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, 60, weights, means, covs, 0.3, 1.0)
+    params = CholeskyParameters(Mixture(*_tensors(weights, means, covs)))
+    stats = batch_statistics(*_tensors(x, S), params.mixture())
+    analytic = [g.numpy() for g in params.loss_gradients(stats, w)]
+    base = [t.numpy().copy() for t in params.tensors()]
+
+    def loss(values):
+        logits, mu, raw = values
+        chol = np.tril(raw, -1) + np.einsum("kd,de->kde", np.exp(np.diagonal(raw, axis1=1, axis2=2)), np.eye(d))
+        cov = chol @ np.transpose(chol, (0, 2, 1))
+        alpha = np.exp(logits - np.logaddexp.reduce(logits))
+        return -xd_loglik(x, S, alpha, mu, cov).sum() + (w / np.trace(cov, axis1=1, axis2=2)).sum()
+
+    eps = 1e-6
+    for which, shape in enumerate(t.shape for t in base):
+        for flat in range(int(np.prod(shape))):
+            index = np.unravel_index(flat, shape)
+            if which == 2 and index[1] < index[2]:
+                continue  # strictly-upper entries of the Cholesky factor are not parameters
+            plus = [b.copy() for b in base]
+            minus = [b.copy() for b in base]
+            plus[which][index] += eps
+            minus[which][index] -= eps
+            numeric = (loss(plus) - loss(minus)) / (2 * eps)
+            assert analytic[which][index] == pytest.approx(numeric, rel=1e-5, abs=1e-6), (which, index)
