@@ -24,17 +24,18 @@ def _mixture(weights, means, covs):
     return Mixture(*(torch.tensor(a) for a in (weights, means, covs)))
 
 
-def test_log_densities_match_scipy():
+@pytest.mark.parametrize("backend", ["unrolled", "linalg"])
+def test_log_densities_match_scipy(backend):
     rng = np.random.default_rng(1)
     x, S, weights, means, covs = _problem(rng)
-    loglik, log_dens = log_densities(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs))
+    loglik, log_dens = log_densities(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), backend=backend)
     expected = xd_log_densities(x, S, weights, means, covs)
     np.testing.assert_allclose(log_dens.numpy(), expected, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(loglik.numpy(), np.logaddexp.reduce(expected, axis=1), rtol=1e-12)
 
 
-@pytest.mark.parametrize("projected", [False, True])
-def test_statistics_reproduce_eq5_sums(projected):
+@pytest.mark.parametrize("projected, backend", [(False, "unrolled"), (False, "linalg"), (True, "linalg")])
+def test_statistics_reproduce_eq5_sums(projected, backend):
     """sum r b = q m + V U and sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V, per component."""
     rng = np.random.default_rng(2)
     d = 3
@@ -42,7 +43,7 @@ def test_statistics_reproduce_eq5_sums(projected):
     R = rng.normal(size=(x.shape[0], 2, d)) if projected else None
     stats = batch_statistics(
         torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), None if R is None else torch.tensor(R),
-        max_pairs=37,  # force several chunks
+        backend=backend, max_pairs=37,  # force several chunks
     )
     r, b, B = xd_pair_posteriors(x, S, weights, means, covs, R)
     q = r.sum(0)
@@ -55,11 +56,54 @@ def test_statistics_reproduce_eq5_sums(projected):
     np.testing.assert_allclose(from_stats, scatter, rtol=1e-8, atol=1e-10)
 
 
-def test_failed_factorisation_names_row_and_component():
+@pytest.mark.parametrize("backend", ["unrolled", "linalg"])
+def test_failed_factorisation_names_row_and_component(backend):
     rng = np.random.default_rng(3)
     x, S, weights, means, covs = _problem(rng, n=10, k=3, d=2)
     S[:] = 0.0
+    S[6:] = np.eye(2) * 5.0  # rows 6.. are rescued by their noise
     covs[2] = np.array([[1.0, 2.0], [2.0, 1.0]])  # indefinite
     with pytest.raises(NotPositiveDefiniteError) as err:
-        log_densities(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs))
+        batch_statistics(torch.tensor(x[4:]), torch.tensor(S[4:]), _mixture(weights, means, covs), backend=backend, max_pairs=3)
     assert (err.value.row, err.value.component) == (0, 2)
+    with pytest.raises(NotPositiveDefiniteError) as err:
+        log_densities(torch.tensor(x[5:]), torch.tensor(S[5:]), _mixture(weights, means, covs), backend=backend)
+    assert (err.value.row, err.value.component) == (0, 2)
+
+
+def _hard_problem(rng, n=300, k=16, d=7):
+    """Gaia-like trouble: entries missing with variance 1e12, tiny and huge noise, nearly singular V_j."""
+    x, S, weights, means, covs = _problem(rng, n=n, k=k, d=d)
+    missing = rng.random((n, d)) < 0.15
+    for i, j in zip(*np.nonzero(missing)):
+        x[i, j] = 0.0
+        S[i, j, :] = S[i, :, j] = 0.0
+        S[i, j, j] = 1e12
+    scale = np.ones(d)
+    scale[:2] = 1e-7  # positions: variances ~1e-16 deg^2 next to a sky spread of ~1e2
+    S[: n // 4] *= np.outer(scale, scale)
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    covs[: k // 4] = (q * np.geomspace(1e-5, 10.0, d)) @ q.T  # condition number 1e6
+    return x, S, weights, means, covs
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
+def test_unrolled_pass_matches_the_reference_on_hard_inputs(dtype, rtol):
+    x, S, weights, means, covs = _hard_problem(np.random.default_rng(4))
+    args = [torch.tensor(a, dtype=dtype) for a in (x, S)] + [_mixture(weights, means, covs).to(dtype=dtype)]
+    reference = batch_statistics(*args, backend="linalg")
+    fast = batch_statistics(*args, backend="unrolled", max_pairs=1000)
+    for name in ("loglik", "q", "U", "UU", "P"):
+        got, want = getattr(fast, name).double(), getattr(reference, name).double()
+        scale = want.abs().amax(dim=tuple(range(1, want.ndim)), keepdim=True) if want.ndim > 1 else want.abs().max()
+        assert ((got - want).abs() / scale).max() < rtol, name
+    _, dens_fast = log_densities(*args, backend="unrolled")
+    _, dens_ref = log_densities(*args, backend="linalg")
+    np.testing.assert_allclose(dens_fast.double().numpy(), dens_ref.double().numpy(), rtol=rtol, atol=rtol)
+
+
+def test_unrolled_backend_refuses_projections():
+    rng = np.random.default_rng(5)
+    x, S, weights, means, covs = _problem(rng, n=4, k=2, d=2)
+    with pytest.raises(ValueError, match="R = I only"):
+        batch_statistics(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), torch.tensor(np.ones((4, 2, 2))), backend="unrolled")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel import Statistics
+from .statistics import Statistics
 from .mixture import Mixture
 from .updates import CholeskyParameters, em_update, online_em_update, online_em_update_naive
 

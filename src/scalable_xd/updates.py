@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel import Statistics
+from .statistics import Statistics
 from .mixture import Mixture
 
 

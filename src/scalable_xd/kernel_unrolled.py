@@ -1,0 +1,107 @@
+"""Fast statistics pass for R_i = I: the small-matrix algebra written out entry by entry along the pairs.
+
+Every scalar of every per-pair matrix (an entry of T_ij, of its Cholesky factor L, of W = L^-1, ...) is
+one (K, B) tensor over all the chunk's (component, point) pairs, so each step of a 7x7 Cholesky, inverse or
+solve is a single vectorised torch op over tens of thousands of pairs. The Python loops run over matrix
+entries only (28 of them at D = 7), never over pairs, and the same code runs on CPU and GPU.
+
+On two CPU cores this does ~4-7 M pairs/s in float32 against ~1.2 M for batched LAPACK calls (see
+benchmarks/), because LAPACK pays a call per 7x7 matrix while this pays a call per matrix entry for the
+whole chunk. Each multiply-accumulate is one torch.addcmul, a single pass over memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mixture import Mixture
+from .statistics import LOG_2PI, Statistics, raise_for_failed_pairs
+
+
+def _cholesky(V: torch.Tensor, S: torch.Tensor):
+    """Lower Cholesky factors of T = V_j + S_i for all pairs: L[i][j] (K, B) for j <= i, and 1 / L[j][j]."""
+    dim = V.shape[-1]
+    S = S.permute(1, 2, 0)  # (D, D, B): S[i, j] is one entry across the chunk's points
+    L = [[None] * dim for _ in range(dim)]
+    inv_diag = [None] * dim
+    for j in range(dim):
+        for i in range(j, dim):
+            s = V[:, i, j, None] + S[i, j][None]
+            for k in range(j):
+                s = torch.addcmul(s, L[i][k], L[j][k], value=-1)
+            if i == j:
+                L[j][j] = torch.sqrt(s)  # a non-positive pivot gives 0 or NaN, caught by the caller
+                inv_diag[j] = torch.reciprocal(L[j][j])
+            else:
+                L[i][j] = s * inv_diag[j]
+    return L, inv_diag
+
+
+def _forward_substitute(L, inv_diag, diff):
+    """z = L^-1 d for every pair, so that d^T T^-1 d = |z|^2."""
+    z = []
+    for i in range(len(diff)):
+        s = diff[i]
+        for k in range(i):
+            s = torch.addcmul(s, L[i][k], z[k], value=-1)
+        z.append(s * inv_diag[i])
+    return z
+
+
+def _triangular_inverse(L, inv_diag):
+    """W = L^-1 (lower triangular): W[i][i] = 1/L_ii, W[i][j] = -(sum_{j<=k<i} L_ik W_kj) / L_ii."""
+    dim = len(L)
+    W = [[None] * dim for _ in range(dim)]
+    for i in range(dim):
+        W[i][i] = inv_diag[i]
+        for j in range(i):
+            s = L[i][j] * W[j][j]
+            for k in range(j + 1, i):
+                s = torch.addcmul(s, L[i][k], W[k][j])
+            W[i][j] = s.mul_(-inv_diag[i])
+    return W
+
+
+def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int):
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I."""
+    dim = x.shape[1]
+    V, m = mixture.covariances, mixture.means
+    L, inv_diag = _cholesky(V, S)
+    diag = torch.stack([L[j][j] for j in range(dim)])  # (D, K, B)
+    raise_for_failed_pairs((~(torch.isfinite(diag) & (diag > 0)).all(0)).T, row_offset)
+
+    diff = [x[:, i][None] - m[:, i, None] for i in range(dim)]  # d_ij, entry by entry, (K, B)
+    z = _forward_substitute(L, inv_diag, diff)
+    maha = torch.stack(z).square().sum(0)
+    log_dens = mixture.log_weights[:, None] - torch.log(diag).sum(0) - 0.5 * (maha + dim * LOG_2PI)
+    loglik = torch.logsumexp(log_dens, dim=0)
+    if not with_stats:
+        return loglik, log_dens.T, None
+
+    resp = torch.exp(log_dens - loglik)  # (K, B)
+    W = _triangular_inverse(L, inv_diag)
+    # u = T^-1 d = W^T z, and T^-1 = W^T W, entry by entry.
+    u = []
+    for i in range(dim):
+        s = W[i][i] * z[i]
+        for k in range(i + 1, dim):
+            s = torch.addcmul(s, W[k][i], z[k])
+        u.append(s)
+    rows, cols, t_inv = [], [], []
+    for i in range(dim):
+        for j in range(i + 1):
+            s = W[i][i] * W[i][j]
+            for k in range(i + 1, dim):
+                s = torch.addcmul(s, W[k][i], W[k][j])
+            rows.append(i)
+            cols.append(j)
+            t_inv.append(s)
+
+    u = torch.stack(u, dim=1)  # (K, D, B)
+    ru = u * resp[:, None, :]
+    p_lower = torch.bmm(torch.stack(t_inv, dim=1), resp.unsqueeze(-1)).squeeze(-1)  # (K, D(D+1)/2)
+    P = torch.zeros_like(V)
+    P[:, rows, cols] = p_lower
+    P[:, cols, rows] = p_lower
+    stats = Statistics(loglik, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), P)
+    return loglik, log_dens.T, stats

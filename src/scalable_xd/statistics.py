@@ -1,0 +1,56 @@
+"""What a statistics pass returns, shared by every kernel backend.
+
+For a batch of points and every component j, with T_ij = R_i V_j R_i^T + S_i, d_ij = x_i - R_i m_j and
+u_ij = T_ij^-1 d_ij::
+
+    log N_ij = -(d.u + log det T + d log 2 pi) / 2,     r_ij = softmax_j(log alpha_j + log N_ij)
+    q_j = sum_i r_ij                 U_j  = sum_i r_ij R_i^T u_ij
+    UU_j = sum_i r_ij R_i^T u u^T R_i    P_j = sum_i r_ij R_i^T T_ij^-1 R_i
+
+These sums are all that batch EM, minibatch EM and SGD need (see ``updates``): the posterior mean and
+covariance of each point's true value, b_ij = m_j + V_j R^T u and B_ij = V_j - V_j R^T T^-1 R V_j, enter
+only through ``sum r b = q m + V U`` and ``sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V``, so no per-pair
+B_ij is ever formed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import NotPositiveDefiniteError
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+@dataclass
+class Statistics:
+    """Per-component sums over a batch, and the per-point log-likelihoods they came with."""
+
+    loglik: torch.Tensor  # (B,)
+    q: torch.Tensor  # (K,)
+    U: torch.Tensor  # (K, D)
+    UU: torch.Tensor  # (K, D, D)
+    P: torch.Tensor  # (K, D, D)
+
+    @property
+    def n_points(self) -> int:
+        return self.loglik.shape[0]
+
+    def combine(self, other: "Statistics") -> "Statistics":
+        return Statistics(
+            torch.cat([self.loglik, other.loglik]),
+            self.q + other.q,
+            self.U + other.U,
+            self.UU + other.UU,
+            self.P + other.P,
+        )
+
+
+def raise_for_failed_pairs(failed: torch.Tensor, row_offset: int) -> None:
+    """``failed`` (B, K) marks pairs whose T_ij could not be factorised; name the first one."""
+    if failed.any():
+        row, component = (int(v) for v in torch.nonzero(failed)[0])
+        raise NotPositiveDefiniteError(row_offset + row, component)
