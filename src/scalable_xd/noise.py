@@ -190,7 +190,7 @@ class CompactCovariance:
     def batch(self, index, device, dtype) -> torch.Tensor:
         sigma = self.sigma[index].to(device=device, dtype=dtype, non_blocking=True)
         corr = self._correlation_matrices(self.corr[index].to(device=device, dtype=dtype, non_blocking=True))
-        return sigma[:, :, None] * corr * sigma[:, None, :]
+        return corr * (sigma[:, :, None] * sigma[:, None, :])  # exactly symmetric: sigma_i sigma_j == sigma_j sigma_i
 
     def dense(self) -> torch.Tensor:
         """All covariances at once, (N, d, d); for data that fits in memory."""

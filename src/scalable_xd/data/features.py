@@ -1,0 +1,286 @@
+"""From raw Gaia DR2 columns to the seven features and their per-star 7x7 noise covariances.
+
+Features: ra, dec (deg), parallax (mas), pmra, pmdec (mas/yr), bp_rp, phot_g_mean_mag (mag). Noise is
+stored compactly, 7 standard deviations plus the 10 astrometric correlations a star (``CompactCovariance``
+builds the 7x7 matrices batch by batch on the fitting device). Two modes:
+
+``corrected`` (default)
+    Units converted to the features' own: sigma_ra = ra_error / (3.6e6 cos dec) deg (``ra_error`` is
+    sigma_ra* in mas), sigma_dec = dec_error / 3.6e6 deg. bp_rp and G, which have no published error, get
+    variance 1e-2 as the paper's appendix B states. Any missing value, bp_rp included, becomes x = 0
+    with variance 1e12 and no correlations.
+``paper``
+    What the paper's public code did (GAIA_FACTS.md): ra_error and dec_error in mas used as if in degrees,
+    bp_rp/G variance 1e-4, missing astrometry x = 0 with variance 1e12, but a missing bp_rp (or G) becomes
+    x = 0 with variance 1e-4: a confident wrong colour. Use it to compare with the paper's Table 1.
+
+Bad rows are repaired by a fixed rule and counted in ``Features.counts``, never silently:
+
+* ``invalid_error``: an astrometric value present but its error NaN or not positive -> treated as missing.
+* ``missing_correlation``: a correlation NaN while both its values are present -> 0.
+* ``correlation_out_of_range``: a correlation with |rho| > 1 -> 0.
+* ``not_positive_definite``: a star whose astrometric correlation matrix is not positive definite
+  (smallest eigenvalue below 1e-6) -> all its correlations set to 0.
+
+``n_missing`` counts each star's entries with variance 1e12; each adds -log(2 pi 1e12)/2 to its
+log-likelihood, which reports remove to give log-likelihoods of the observed entries alone.
+
+Rows go to train/val/test (80/10/10) by a hash of (random_index, split seed): deterministic per star, so
+chunks can be processed one at a time in any order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..io import atomic_path, write_json
+from ..noise import CompactCovariance
+from .schema import ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, QUERY_COLUMNS
+
+MODES = ("corrected", "paper")
+MAS_PER_DEG = 3.6e6
+MISSING_SIGMA = 1e6  # variance 1e12
+MISSING_LOGLIK_CONSTANT = -0.5 * np.log(2 * np.pi * MISSING_SIGMA**2)
+PHOTOMETRIC_SIGMA = {"corrected": 0.1, "paper": 0.01}
+SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
+_PD_FLOOR = 1e-6
+_COUNTS = ("invalid_error", "missing_correlation", "correlation_out_of_range", "not_positive_definite")
+
+
+@dataclass
+class Features:
+    """Features X (N, 7), standard deviations (N, 7), correlations (N, 10) for ``schema.CORRELATIONS``."""
+
+    X: np.ndarray
+    sigma: np.ndarray
+    corr: np.ndarray
+    n_missing: np.ndarray
+    source_id: np.ndarray
+    random_index: np.ndarray
+    mode: str
+    counts: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    def covariance(self) -> CompactCovariance:
+        return CompactCovariance(self.sigma, self.corr, CORRELATION_PAIRS)
+
+    def subset(self, rows) -> "Features":
+        return Features(
+            self.X[rows], self.sigma[rows], self.corr[rows], self.n_missing[rows], self.source_id[rows],
+            self.random_index[rows], self.mode, {},
+        )  # fmt: skip
+
+
+def _as_frame(table) -> pd.DataFrame:
+    """pandas DataFrame from a DataFrame, an astropy Table (masked entries -> NaN) or a pyarrow Table."""
+    if isinstance(table, pd.DataFrame):
+        return table
+    if hasattr(table, "to_pandas") and hasattr(table, "colnames"):  # astropy Table
+        return table.to_pandas()
+    if hasattr(table, "to_pandas"):  # pyarrow Table
+        return table.to_pandas()
+    raise TypeError(f"expected a pandas DataFrame, astropy Table or pyarrow Table, got {type(table).__name__}")
+
+
+def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in frame:
+        raise ValueError(f"the table has no column {name!r}; the features need the query's columns")
+    return frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def compute_features(table, mode: str = "corrected") -> Features:
+    """Features and compact noise for every row of a raw DR2-schema table (see the module docstring)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown covariance mode {mode!r}: choose one of {', '.join(MODES)}")
+    frame = _as_frame(table)
+    n = len(frame)
+    counts = dict.fromkeys(_COUNTS, 0)
+    values = np.stack([_column(frame, name) for name in FEATURES], axis=1)
+    present = np.isfinite(values)
+    sigma = np.empty((n, len(FEATURES)))
+
+    errors = np.stack([_column(frame, f"{name}_error") for name in ASTROMETRY], axis=1)
+    bad_error = present[:, :5] & ~(errors > 0)  # NaN or non-positive
+    counts["invalid_error"] = int(bad_error.any(axis=1).sum())
+    present[:, :5] &= ~bad_error
+    if mode == "corrected":
+        errors = errors.copy()
+        errors[:, 0] /= MAS_PER_DEG * np.cos(np.radians(values[:, 1]))
+        errors[:, 1] /= MAS_PER_DEG
+    sigma[:, :5] = errors
+    sigma[:, 5:] = PHOTOMETRIC_SIGMA[mode]
+
+    gets_missing_variance = ~present
+    if mode == "paper":  # the paper's code gave a missing colour (or G) the ordinary photometric variance
+        gets_missing_variance[:, 5:] = False
+    X = np.where(present, values, 0.0)
+    sigma = np.where(gets_missing_variance, MISSING_SIGMA, sigma)
+
+    corr = np.stack([_column(frame, name) for name, _, _ in CORRELATIONS], axis=1)
+    both = np.stack([present[:, i] & present[:, j] for i, j in CORRELATION_PAIRS], axis=1)
+    counts["missing_correlation"] = int((both & np.isnan(corr)).any(axis=1).sum())
+    out_of_range = both & (np.abs(corr) > 1)
+    counts["correlation_out_of_range"] = int(out_of_range.any(axis=1).sum())
+    corr = np.where(both & np.isfinite(corr) & ~out_of_range, corr, 0.0)
+    not_pd = _not_positive_definite(corr)
+    counts["not_positive_definite"] = int(not_pd.sum())
+    corr[not_pd] = 0.0
+
+    return Features(
+        X=X,
+        sigma=sigma,
+        corr=corr,
+        n_missing=gets_missing_variance.sum(axis=1).astype(np.int8),
+        source_id=frame["source_id"].to_numpy(dtype=np.int64),
+        random_index=frame["random_index"].to_numpy(dtype=np.int64),
+        mode=mode,
+        counts=counts,
+    )
+
+
+def _not_positive_definite(corr: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+    rows = np.array([i for i, _ in CORRELATION_PAIRS])
+    cols = np.array([j for _, j in CORRELATION_PAIRS])
+    bad = np.zeros(len(corr), dtype=bool)
+    for start in range(0, len(corr), chunk):
+        block = corr[start : start + chunk]
+        matrices = np.broadcast_to(np.eye(len(ASTROMETRY)), (len(block), 5, 5)).copy()
+        matrices[:, rows, cols] = matrices[:, cols, rows] = block
+        bad[start : start + chunk] = np.linalg.eigvalsh(matrices)[:, 0] < _PD_FLOOR
+    return bad
+
+
+def features_from_table(table, mode: str = "corrected") -> tuple[np.ndarray, np.ndarray]:
+    """X (N, 7) and dense Xcov (N, 7, 7) as numpy arrays, for data that fits in memory."""
+    features = compute_features(table, mode)
+    return features.X, features.covariance().dense().numpy()
+
+
+def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
+    """'train', 'val' or 'test' for each star: a splitmix64 hash of (random_index, seed) modulo 10."""
+    with np.errstate(over="ignore"):
+        z = random_index.astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    bucket = (z % np.uint64(10)).astype(np.int64)
+    out = np.empty(len(bucket), dtype=object)
+    for name, buckets in SPLITS.items():
+        out[np.isin(bucket, list(buckets))] = name
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- storage
+
+def _feature_columns() -> dict[str, str]:
+    columns = {f"x_{name}": "float64" for name in FEATURES}
+    columns.update({f"sigma_{name}": "float64" for name in FEATURES})
+    columns.update({name: "float32" for name, _, _ in CORRELATIONS})
+    return columns
+
+
+def features_to_arrow(features: Features):
+    import pyarrow as pa
+
+    data = {"source_id": features.source_id, "random_index": features.random_index}
+    for k, name in enumerate(FEATURES):
+        data[f"x_{name}"] = features.X[:, k]
+    for k, name in enumerate(FEATURES):
+        data[f"sigma_{name}"] = features.sigma[:, k]
+    for p, (name, _, _) in enumerate(CORRELATIONS):
+        data[name] = features.corr[:, p].astype(np.float32)
+    data["n_missing"] = features.n_missing
+    return pa.table(data)
+
+
+def read_features(path) -> Features:
+    """Features stored by ``scalable-xd features`` (one split's Parquet file)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(b"scalable_xd", b"{}"))
+    frame = table.to_pandas()
+    return Features(
+        X=np.stack([frame[f"x_{name}"].to_numpy(np.float64) for name in FEATURES], axis=1),
+        sigma=np.stack([frame[f"sigma_{name}"].to_numpy(np.float64) for name in FEATURES], axis=1),
+        corr=np.stack([frame[name].to_numpy(np.float64) for name, _, _ in CORRELATIONS], axis=1),
+        n_missing=frame["n_missing"].to_numpy(np.int8),
+        source_id=frame["source_id"].to_numpy(np.int64),
+        random_index=frame["random_index"].to_numpy(np.int64),
+        mode=meta.get("mode", "unknown"),
+    )
+
+
+def _raw_dataset(path):
+    """A raw catalogue: one Parquet file, a directory of chunk files, or a query manifest (.json)."""
+    import pyarrow.dataset as ds
+
+    path = Path(path)
+    if path.suffix == ".json":
+        chunks = json.loads(path.read_text())["chunks"]
+        return ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
+    return ds.dataset(str(path), format="parquet")
+
+
+def read_raw(path) -> pd.DataFrame:
+    """A whole raw catalogue (see ``_raw_dataset``) with the query's columns, in memory."""
+    return _raw_dataset(path).to_table(columns=list(QUERY_COLUMNS)).to_pandas()
+
+
+def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_seed: int = 0, progress=True) -> dict:
+    """Features of a raw catalogue written as ``train/val/test.parquet`` plus a ``features.json`` summary.
+
+    Reads the raw data one Parquet fragment (download chunk) at a time, so memory holds one chunk; every
+    output file is written atomically. Returns the summary (rows per split, missing entries, bad rows).
+    """
+    import pyarrow.parquet as pq
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    fragments = list(_raw_dataset(raw_path).get_fragments())
+    if not fragments:
+        raise ValueError(f"no Parquet data found at {raw_path}")
+    counts = dict.fromkeys(_COUNTS, 0)
+    rows = dict.fromkeys(SPLITS, 0)
+    missing_entries = dict.fromkeys(SPLITS, 0)
+    schema_meta = {b"scalable_xd": json.dumps({"mode": mode, "split_seed": split_seed}).encode()}
+    with contextlib.ExitStack() as stack:
+        writers = {}
+        for name in SPLITS:
+            tmp = stack.enter_context(atomic_path(out_dir / f"{name}.parquet"))
+            schema = features_to_arrow(_empty_features(mode)).schema.with_metadata(schema_meta)
+            writers[name] = stack.enter_context(pq.ParquetWriter(tmp, schema))
+        for fragment in tqdm(fragments, desc="features", unit="chunk", disable=not progress or None):
+            features = compute_features(fragment.to_table(columns=list(QUERY_COLUMNS)), mode)
+            for key in counts:
+                counts[key] += features.counts[key]
+            splits = split_of(features.random_index, split_seed)
+            for name, writer in writers.items():
+                part = features.subset(splits == name)
+                writer.write_table(features_to_arrow(part).replace_schema_metadata(schema_meta))
+                rows[name] += len(part)
+                missing_entries[name] += int(part.n_missing.sum())
+    summary = {
+        "mode": mode,
+        "split_seed": split_seed,
+        "features": list(FEATURES),
+        "rows": rows,
+        "missing_entries": missing_entries,
+        "bad_rows": counts,
+    }
+    write_json(out_dir / "features.json", summary)
+    return summary
+
+
+def _empty_features(mode: str) -> Features:
+    empty = np.empty((0, len(FEATURES)))
+    return Features(empty, empty, np.empty((0, len(CORRELATIONS))), np.empty(0, np.int8), np.empty(0, np.int64),
+                    np.empty(0, np.int64), mode)  # fmt: skip

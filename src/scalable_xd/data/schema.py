@@ -1,0 +1,49 @@
+"""Column names, dtypes and units of the Gaia DR2 subset the experiment uses (gaiadr2.gaia_source).
+
+The raw catalogue (from the archive query or the mock) has exactly ``QUERY_COLUMNS``, with archive NULLs
+as NaN in float columns. Features follow the paper's appendix B: five astrometric parameters, the BP-RP
+colour and the G magnitude.
+"""
+
+from __future__ import annotations
+
+FEATURES = ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")
+ASTROMETRY = FEATURES[:5]
+PHOTOMETRY = FEATURES[5:]
+ERRORS = tuple(f"{name}_error" for name in ASTROMETRY)
+
+# The ten astrometric correlation columns, in archive order, with the feature indices they couple.
+CORRELATIONS = tuple(
+    (f"{a}_{b}_corr", ASTROMETRY.index(a), ASTROMETRY.index(b))
+    for i, a in enumerate(ASTROMETRY)
+    for b in ASTROMETRY[i + 1 :]
+)
+CORRELATION_PAIRS = tuple((i, j) for _, i, j in CORRELATIONS)
+
+_MAS_PER_YR = "mas / yr"
+
+# name -> (numpy dtype, astropy unit string or None), in the order the query selects them.
+QUERY_COLUMNS = {
+    "source_id": ("int64", None),
+    "random_index": ("int64", None),
+    "ra": ("float64", "deg"),
+    "dec": ("float64", "deg"),
+    "parallax": ("float64", "mas"),
+    "pmra": ("float64", _MAS_PER_YR),
+    "pmdec": ("float64", _MAS_PER_YR),
+    "ra_error": ("float64", "mas"),
+    "dec_error": ("float64", "mas"),
+    "parallax_error": ("float64", "mas"),
+    "pmra_error": ("float64", _MAS_PER_YR),
+    "pmdec_error": ("float64", _MAS_PER_YR),
+    **{name: ("float32", None) for name, _, _ in CORRELATIONS},
+    "bp_rp": ("float32", "mag"),
+    "phot_g_mean_mag": ("float32", "mag"),
+}
+
+# Columns that are NULL for two-parameter solutions (position only).
+FIVE_PARAMETER_ONLY = ("parallax", "pmra", "pmdec", "parallax_error", "pmra_error", "pmdec_error") + tuple(
+    name for name, _, _ in CORRELATIONS if name != "ra_dec_corr"
+)
+
+GAIA_TABLE = "gaiadr2.gaia_source"

@@ -1,0 +1,127 @@
+"""The archive query with the real astroquery client against a TAP server on 127.0.0.1."""
+
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from tap_server import MockTapServer, votable_bytes
+
+from scalable_xd.data.features import read_raw
+from scalable_xd.data.gaia import (
+    _parse_unit,
+    ArchiveUnreachableError,
+    ChunkError,
+    build_query,
+    chunk_path,
+    query_gaia,
+    table_to_frame,
+)
+from scalable_xd.data.mock import make_mock
+from scalable_xd.data.schema import QUERY_COLUMNS
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
+N_ROWS, CHUNK = 20_000, 5_000
+FAST = dict(backoff=0.01, request_timeout=1.0, job_timeout=1.5, poll=0.02, progress=False)
+# Fault tests use the first 8,000 rows in 4 chunks: VOTable encoding dominates their run time.
+N_SMALL, SMALL = 8_000, 2_000
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def catalogue():
+    return make_mock(N_ROWS, seed=3)
+
+
+def _sorted(frame):
+    return frame.sort_values("random_index", ignore_index=True)
+
+
+def _assert_same_rows(out_dir, catalogue, n_rows=N_ROWS):
+    got = _sorted(read_raw(out_dir))
+    want = catalogue[catalogue.random_index < n_rows][list(QUERY_COLUMNS)]
+    pd.testing.assert_frame_equal(got, _sorted(want))
+
+
+def test_query_downloads_the_mock_row_for_row(catalogue, tmp_path):
+    with MockTapServer(catalogue) as server:
+        paths = query_gaia(N_ROWS, tmp_path, chunk_rows=CHUNK, tap_url=server.url, **FAST)
+        assert [p.name for p in paths] == [chunk_path(tmp_path, lo, lo + CHUNK).name for lo in range(0, N_ROWS, CHUNK)]
+        assert server.queries == {(lo, lo + CHUNK): 1 for lo in range(0, N_ROWS, CHUNK)}
+        assert sorted(server.deleted) == sorted(server.jobs)  # every server-side job removed
+    _assert_same_rows(tmp_path, catalogue)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temporary files
+
+
+@pytest.mark.parametrize("fault", ["http500", "truncated", "slow", "error", "stuck"])
+def test_query_survives_injected_faults(catalogue, tmp_path, fault):
+    with MockTapServer(catalogue, slow_seconds=2.0) as server:
+        server.fail(fault, SMALL, times=1)
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
+        assert server.queries[(SMALL, 2 * SMALL)] == 2  # the faulty chunk was retried once
+        assert server.queries[(0, SMALL)] == 1
+    _assert_same_rows(tmp_path, catalogue, N_SMALL)
+
+
+def test_interrupted_query_resumes_with_only_missing_chunks(catalogue, tmp_path):
+    with MockTapServer(catalogue) as server:
+        server.fail("http500", 2 * SMALL, times=-1)  # the third chunk keeps failing
+        with pytest.raises(ChunkError, match=r"chunk \[4000, 6000\) failed after 2 attempts"):
+            query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, retries=1, **FAST)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [chunk_path(tmp_path, 0, SMALL).name,
+                                                           chunk_path(tmp_path, SMALL, 2 * SMALL).name]  # fmt: skip
+    with MockTapServer(catalogue) as server:
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
+        assert server.queries == {(2 * SMALL, 3 * SMALL): 1, (3 * SMALL, 4 * SMALL): 1}
+    _assert_same_rows(tmp_path, catalogue, N_SMALL)
+
+
+def test_unreachable_archive_fails_fast_and_says_how_to_run_offline(tmp_path):
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ArchiveUnreachableError, match="cannot reach the Gaia archive.*mock"):
+        query_gaia(1000, tmp_path, tap_url=f"http://127.0.0.1:{port}/", connect_timeout=2.0, progress=False)
+    assert time.monotonic() - start < 5
+
+
+def test_query_text_selects_the_schema_columns():
+    adql = build_query(200_000, 400_000)
+    assert adql.startswith(f"SELECT {', '.join(QUERY_COLUMNS)} FROM gaiadr2.gaia_source")
+    assert adql.endswith("WHERE random_index >= 200000 AND random_index < 400000")
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="the shared real DR2 sample is not beside the checkout")
+def test_real_archive_votable_parses_like_the_pipeline_expects(catalogue):
+    from astropy.table import Table
+
+    real = Table.read(SHARED / "gdr2_sm.vot", format="votable")
+    frame = table_to_frame(real)
+    assert list(frame.columns) == list(QUERY_COLUMNS)
+    assert {c: str(t) for c, t in frame.dtypes.items()} == {c: dtype for c, (dtype, _) in QUERY_COLUMNS.items()}
+    for name in QUERY_COLUMNS:  # archive NULLs become NaN, nothing else does
+        assert frame[name].isna().sum() == np.ma.getmaskarray(real[name]).sum(), name
+    assert frame["bp_rp"].isna().sum() == 8
+    # The mock server's encoding reads back into the same structure, units included.
+    import io
+
+    ours = Table.read(io.BytesIO(votable_bytes(catalogue.head(50), "q")), format="votable")
+    for name in QUERY_COLUMNS:
+        assert _parse_unit(ours[name].unit) == _parse_unit(real[name].unit), name
+        assert ours[name].dtype == real[name].dtype, name
+    pd.testing.assert_frame_equal(table_to_frame(ours), catalogue.head(50)[list(QUERY_COLUMNS)].reset_index(drop=True))
+
+
+def test_unit_change_on_the_server_is_refused(catalogue):
+    import io
+
+    from astropy.table import Table
+
+    table = Table.read(io.BytesIO(votable_bytes(catalogue.head(5), "q")), format="votable")
+    table["ra_error"].unit = "deg"
+    with pytest.raises(ValueError, match="column ra_error arrived in deg but the pipeline expects mas"):
+        table_to_frame(table)
