@@ -24,7 +24,8 @@ from scalable_xd.data.schema import QUERY_COLUMNS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 N_ROWS, CHUNK = 20_000, 5_000
-FAST = dict(backoff=0.01, request_timeout=1.0, job_timeout=1.5, poll=0.02, progress=False)
+# Timeouts well above honest reply times on a busy 2-core machine, below the injected slow reply (5 s).
+FAST = dict(backoff=0.01, request_timeout=3.0, job_timeout=1.5, poll=0.02, progress=False)
 # Fault tests use the first 8,000 rows in 4 chunks: VOTable encoding dominates their run time.
 N_SMALL, SMALL = 8_000, 2_000
 
@@ -58,7 +59,7 @@ def test_query_downloads_the_mock_row_for_row(catalogue, tmp_path):
 
 @pytest.mark.parametrize("fault", ["http500", "truncated", "slow", "error", "stuck"])
 def test_query_survives_injected_faults(catalogue, tmp_path, fault):
-    with MockTapServer(catalogue, slow_seconds=2.0) as server:
+    with MockTapServer(catalogue, slow_seconds=5.0) as server:
         server.fail(fault, SMALL, times=1)
         query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
         assert server.queries[(SMALL, 2 * SMALL)] == 2  # the faulty chunk was retried once

@@ -73,14 +73,24 @@ def test_stable_update_keeps_float32_covariances_positive_definite(far_from_orig
     assert torch.linalg.eigvalsh(naive.double()).min() < 0 or (naive.double() - exact).abs().max() > 1.0
 
 
-def test_stable_fit_succeeds_in_float32_where_naive_diverges(far_from_origin):
+def test_float32_fit_far_from_the_origin_recovers_the_covariances(far_from_origin):
     x, S, means, covs = far_from_origin
-    settings = dict(
-        n_components=3, method="minibatch_em", dtype="float32", device="cpu", epochs=3, step_size=0.05,
-        batch_size=200, means_init=means, random_state=0,
-    )  # fmt: skip
+    model = XDGMM(3, "minibatch_em", dtype="float32", device="cpu", epochs=3, step_size=0.05, batch_size=200,
+                  means_init=means, random_state=0).fit(x, S)  # fmt: skip
+    assert np.linalg.eigvalsh(model.covariances_).min() > 0.3
+    np.testing.assert_allclose(np.diagonal(model.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35)
+
+
+def test_naive_update_diverges_where_even_float64_runs_out_of_digits():
+    """Parameters are updated in float64; with means 1e9 times the spread, m m^T ~ 1e18 has a float64
+    spacing of ~128, so eq. 7 loses the covariance entirely while the centred update does not."""
+    rng = np.random.default_rng(23)
+    means = 1e9 + rng.normal(scale=5, size=(3, 3))
+    covs = np.stack([np.diag([1.0, 0.5, 2.0])] * 3)
+    x, S, _, _ = draw_xd_data(rng, 6000, np.ones(3) / 3, means, covs, 0.05, 0.2)
+    settings = dict(n_components=3, method="minibatch_em", dtype="float64", device="cpu", epochs=3, step_size=0.05,
+                    batch_size=200, means_init=means, random_state=0)  # fmt: skip
     stable = XDGMM(covariance_update="stable", **settings).fit(x, S)
-    assert np.linalg.eigvalsh(stable.covariances_).min() > 0.3
     np.testing.assert_allclose(np.diagonal(stable.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35)
     with pytest.raises(FitDivergedError, match="epoch 1"):
         XDGMM(covariance_update="naive", **settings).fit(x, S)
@@ -115,3 +125,33 @@ def test_sgd_gradients_match_finite_differences():
             minus[which][index] -= eps
             numeric = (loss(plus) - loss(minus)) / (2 * eps)
             assert analytic[which][index] == pytest.approx(numeric, rel=1e-5, abs=1e-6), (which, index)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em"])
+def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(method):
+    """Two stars with positional-size noise (1e-16) in one wide component: the exact scatter is singular
+    but for the noise, float32 sums miss it by ~eps q |V| ~ 1e-4, far above w = 1e-6. The update clips that
+    rounding instead of letting it become a negative variance."""
+    x = np.array([[120.0, -30.0, 5.0], [121.0, -29.5, 5.2]])
+    S = np.broadcast_to(np.eye(3) * 1e-16, (2, 3, 3))
+    settings = dict(n_components=1, method=method, epochs=1, w=1e-6, step_size=1.0, batch_size=2, tol=None,
+                    device="cpu", means_init=[[100.0, -20.0, 4.0]], covariances_init=[np.diag([1e3, 1e2, 10.0])])  # fmt: skip
+    f32 = XDGMM(dtype="float32", **settings).fit(x, S)
+    f64 = XDGMM(dtype="float64", **settings).fit(x, S)
+    assert np.linalg.eigvalsh(f32.covariances_).min() > 0
+    np.testing.assert_allclose(f32.covariances_, f64.covariances_, atol=1e-3 * np.abs(f64.covariances_).max())
+
+
+def test_psd_projection_clips_rounding_only():
+    from scalable_xd.updates import _psd
+
+    q, _ = np.linalg.qr(np.random.default_rng(24).normal(size=(3, 3)))
+    rounding = torch.tensor((q * np.array([-1e-3, 1.0, 3.0])) @ q.T)  # from V ~ 1e3: rounding-sized
+    genuine = torch.tensor((q * np.array([-5.0, 1.0, 3.0])) @ q.T)
+    healthy = torch.tensor((q * np.array([1e-3, 1.0, 3.0])) @ q.T)
+    V = torch.diag(torch.tensor([1e3, 10.0, 1.0])).expand(3, 3, 3)
+    out = _psd(torch.stack([rounding, genuine, healthy]), V)
+    assert torch.linalg.eigvalsh(out[0]).min() >= -1e-12  # clipped to zero
+    np.testing.assert_allclose(out[0].numpy(), rounding.numpy(), atol=2e-3)
+    assert torch.linalg.eigvalsh(out[1]).min() < -4  # not rounding: left for the divergence check
+    assert torch.equal(out[2], 0.5 * (healthy + healthy.mT))  # positive definite: untouched

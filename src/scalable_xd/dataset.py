@@ -5,24 +5,16 @@ Checks run once, up front, and name the first bad row; after that every batch is
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .noise import as_noise, first_bad_row
-
-
-def _as_float_tensor(array, name: str) -> torch.Tensor:
-    tensor = array.detach() if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array))
-    if not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64)):
-        raise ValueError(f"{name} must be a numeric array, got dtype {tensor.dtype}")
-    return tensor if tensor.is_floating_point() else tensor.to(torch.float64)
+from .noise import as_float_tensor, as_noise, check_rows
 
 
 class Dataset:
     """X (N, d), noise covariances (N, d, d) in any container from ``noise``, projections R (N, d, D) or None."""
 
     def __init__(self, X, Xcov=None, R=None, *, name: str = "X", validate: bool = True):
-        self.X = _as_float_tensor(X, name)
+        self.X = as_float_tensor(X, name)
         if self.X.ndim != 2:
             raise ValueError(f"{name} must have shape (N, d), got {tuple(self.X.shape)}")
         n, d = self.X.shape
@@ -31,20 +23,16 @@ class Dataset:
         self.noise = as_noise(Xcov, n, d)
         self.R = None
         if R is not None:
-            self.R = _as_float_tensor(R, "R")
+            self.R = as_float_tensor(R, "R")
             if self.R.ndim != 3 or self.R.shape[:2] != (n, d):
                 raise ValueError(f"R must have shape (N, d, D) = ({n}, {d}, D), got {tuple(self.R.shape)}")
         if validate:
             self.validate(name)
 
     def validate(self, name: str = "X") -> None:
-        finite = torch.isfinite(self.X)
-        if not finite.all():
-            raise ValueError(f"{name} row {first_bad_row(~finite)} contains NaN or inf")
+        check_rows(self.X, lambda v: ~torch.isfinite(v), name + " row {row} contains NaN or inf")
         if self.R is not None:
-            finite = torch.isfinite(self.R)
-            if not finite.all():
-                raise ValueError(f"R row {first_bad_row(~finite)} contains NaN or inf")
+            check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")
         self.noise.validate()
 
     def __len__(self) -> int:

@@ -49,7 +49,8 @@ class XDGMM:
     covariance_update : ``"stable"`` (centred form, default) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
     kmeans_epochs : epochs of minibatch k-means for the initial weights and means (covariances start at I).
     device : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-    dtype : ``"float32"`` or ``"float64"``.
+    dtype : ``"float32"`` or ``"float64"``: the precision of the per-pair statistics pass, the hot path.
+        Parameters and their updates are always float64 (K x D x D numbers; see ``fitters``).
     random_state : seeds the k-means init and the batch order; the same value gives the same fit on CPU.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
     verbose : 0 silent, 1 a line per epoch on stderr, 2 also a progress bar per epoch (off when not a TTY).
@@ -197,7 +198,7 @@ class XDGMM:
         problem = mixture.first_invalid_component()
         if problem is not None:
             raise ValueError(f"covariances_init component {problem[0]} is not symmetric positive definite")
-        return mixture.to(self._device, self._dtype)
+        return mixture.to(self._device, torch.float64)  # parameters live in float64 (see ``fitters``)
 
     def _make_fitter(self, mixture: Mixture):
         if self.method == "em":
@@ -258,6 +259,7 @@ class XDGMM:
     # ------------------------------------------------------------------ using a fitted model
 
     def _fitted(self) -> Mixture:
+        """The fitted parameters in float64 on the model's device."""
         if not hasattr(self, "_mixture"):
             raise RuntimeError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
         return self._mixture
@@ -355,5 +357,5 @@ class XDGMM:
             params["device"] = "cpu"
         model = cls(**params)
         mixture = Mixture(*(torch.as_tensor(arrays[k]) for k in ("weights", "means", "covariances")))
-        model._set_fitted(mixture.to(model._device, model._dtype), meta["history"], meta["converged"])
+        model._set_fitted(mixture.to(model._device, torch.float64), meta["history"], meta["converged"])
         return model

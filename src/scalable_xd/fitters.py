@@ -4,6 +4,10 @@ Each fitter sees the same stream of kernel statistics: ``start_epoch(epoch)``, t
 for every batch, then ``end_epoch()``. Batch EM sums the statistics over the whole data set and updates
 once an epoch; minibatch EM and SGD update after every batch. ``state_dict``/``load_state_dict`` carry
 everything needed to resume from a checkpoint and continue exactly as an uninterrupted fit would.
+
+Parameters and their updates are kept in float64 whatever precision the statistics pass runs in: they are
+K x D x D numbers, and Gaia's features need the range (a component can be 1e7 times narrower in parallax
+than on the sky, a condition number float32 cannot even store as a positive-definite matrix).
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ def _mixture_state(mixture: Mixture) -> dict:
 
 
 def _mixture_from_state(state: dict, like: Mixture) -> Mixture:
-    ref = like.means
-    return Mixture(*(state[k].to(device=ref.device, dtype=ref.dtype) for k in ("weights", "means", "covariances")))
+    device = like.means.device
+    return Mixture(*(state[k].to(device=device, dtype=torch.float64) for k in ("weights", "means", "covariances")))
 
 
 class BatchEM:
-    """Bovy et al. (2011) EM: full passes, sums accumulated in float64, one M-step per epoch."""
+    """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch."""
 
     updates_per_batch = False
 
@@ -41,15 +45,10 @@ class BatchEM:
         self._sums = None
 
     def observe(self, stats: Statistics) -> None:
-        wide = Statistics(
-            stats.loglik, stats.q.double(), stats.U.double(), stats.UU.double(), stats.P.double()
-        )
-        self._sums = wide if self._sums is None else self._sums.combine(wide)
+        self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
     def end_epoch(self) -> None:
-        self.mixture = em_update(self.mixture.to(dtype=torch.float64), self._sums, self.w).to(
-            dtype=self.mixture.means.dtype
-        )
+        self.mixture = em_update(self.mixture, self._sums, self.w)
         self._sums = None
 
     def state_dict(self) -> dict:
@@ -103,7 +102,7 @@ class MinibatchEM:
         self._epoch = epoch
 
     def observe(self, stats: Statistics) -> None:
-        self.mixture = self.update(self.mixture, stats, self.step_size(self._epoch), self.w)
+        self.mixture = self.update(self.mixture, stats.double(), self.step_size(self._epoch), self.w)
         self.n_updates += 1
 
     def end_epoch(self) -> None:
@@ -144,7 +143,7 @@ class SGD:
             group["lr"] = self.step_size(epoch)
 
     def observe(self, stats: Statistics) -> None:
-        for tensor, grad in zip(self.params.tensors(), self.params.loss_gradients(stats, self.w)):
+        for tensor, grad in zip(self.params.tensors(), self.params.loss_gradients(stats.double(), self.w)):
             tensor.grad = grad
         self.optimizer.step()
         self.mixture = self.params.mixture()

@@ -7,6 +7,8 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
 * ``"unrolled"`` (``kernel_unrolled``): entry-by-entry small-matrix algebra along the pair axis; the fast
   path, used whenever R = I.
 * ``"linalg"`` (``kernel_linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
+
+The mixture may be given in float64 (the fitters keep it so); the pass casts it to the data's dtype.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def chunks(n_points: int, n_components: int, max_pairs: int):
 
 
 def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None):
+    """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk."""
     backend = _backend(backend, R)
+    mixture = mixture.to(dtype=x.dtype)
     max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
         if backend == "linalg":

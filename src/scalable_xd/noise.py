@@ -10,6 +10,7 @@ Every container here answers ``batch(index, device, dtype) -> (B, d, d)`` and ``
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,19 +21,39 @@ import torch
 _CHECK_CHUNK = 65_536
 
 
-def _as_tensor(array) -> torch.Tensor:
+def as_float_tensor(array, name: str = "array") -> torch.Tensor:
+    """A floating-point tensor sharing memory with ``array`` where possible (memory-maps stay on disk).
+
+    Read-only arrays (memory-maps, broadcast views) are wrapped without a copy: this package never writes
+    to its inputs, so torch's warning about non-writable arrays does not apply.
+    """
     if isinstance(array, torch.Tensor):
         tensor = array.detach()
     else:
-        tensor = torch.as_tensor(np.asarray(array))
-    if not tensor.is_floating_point():
-        tensor = tensor.to(torch.float64)
-    return tensor
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.as_tensor(np.asarray(array))
+    if tensor.is_floating_point():
+        return tensor
+    if tensor.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool):
+        return tensor.to(torch.float64)
+    raise ValueError(f"{name} must be a numeric array, got dtype {tensor.dtype}")
 
 
 def first_bad_row(bad: torch.Tensor) -> int:
     """Index of the first row of ``bad`` (N, ...) with any True entry."""
     return int(torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1))[0, 0])
+
+
+def check_rows(values: torch.Tensor, is_bad, message: str) -> None:
+    """Raise ValueError(message.format(row=...)) at the first row where ``is_bad`` (elementwise) holds.
+
+    Runs in chunks, so that checking a memory-mapped billion-row array needs no array of its size.
+    """
+    for start in range(0, values.shape[0], _CHECK_CHUNK):
+        bad = is_bad(values[start : start + _CHECK_CHUNK])
+        if bad.any():
+            raise ValueError(message.format(row=start + first_bad_row(bad)))
 
 
 def _check_correlation_psd(corr: torch.Tensor, offset: int, what: str, tol: float = 1e-8) -> None:
@@ -51,7 +72,7 @@ class _ArrayNoise:
     """Noise held as one array whose first axis is the point and second the dimension."""
 
     def __init__(self, values):
-        self.values = _as_tensor(values)
+        self.values = as_float_tensor(values)
 
     def __len__(self) -> int:
         return self.values.shape[0]
@@ -114,11 +135,8 @@ class DiagonalNoise(_ArrayNoise):
         return torch.diag_embed(self._rows(index, device, dtype))
 
     def validate(self) -> None:
-        finite = torch.isfinite(self.values)
-        if not finite.all():
-            raise ValueError(f"Xcov row {first_bad_row(~finite)} contains NaN or inf")
-        if (self.values < 0).any():
-            raise ValueError(f"Xcov row {first_bad_row(self.values < 0)} has a negative variance")
+        check_rows(self.values, lambda v: ~torch.isfinite(v), "Xcov row {row} contains NaN or inf")
+        check_rows(self.values, lambda v: v < 0, "Xcov row {row} has a negative variance")
 
 
 class ZeroNoise:
@@ -156,8 +174,8 @@ class CompactCovariance:
     pairs: Sequence[tuple[int, int]]
 
     def __post_init__(self):
-        self.sigma = _as_tensor(self.sigma)
-        self.corr = _as_tensor(self.corr)
+        self.sigma = as_float_tensor(self.sigma)
+        self.corr = as_float_tensor(self.corr)
         self.pairs = [(int(i), int(j)) for i, j in self.pairs]
         if self.sigma.ndim != 2:
             raise ValueError(f"sigma must have shape (N, d), got {tuple(self.sigma.shape)}")
@@ -198,13 +216,9 @@ class CompactCovariance:
 
     def validate(self) -> None:
         for name, values in (("sigma", self.sigma), ("corr", self.corr)):
-            finite = torch.isfinite(values)
-            if not finite.all():
-                raise ValueError(f"{name} row {first_bad_row(~finite)} contains NaN or inf")
-        if (self.sigma < 0).any():
-            raise ValueError(f"sigma row {first_bad_row(self.sigma < 0)} has a negative standard deviation")
-        if (self.corr.abs() > 1).any():
-            raise ValueError(f"corr row {first_bad_row(self.corr.abs() > 1)} has a correlation outside [-1, 1]")
+            check_rows(values, lambda v: ~torch.isfinite(v), name + " row {row} contains NaN or inf")
+        check_rows(self.sigma, lambda v: v < 0, "sigma row {row} has a negative standard deviation")
+        check_rows(self.corr, lambda v: v.abs() > 1, "corr row {row} has a correlation outside [-1, 1]")
         for start in range(0, len(self), _CHECK_CHUNK):
             stop = start + _CHECK_CHUNK
             corr = self._correlation_matrices(self.corr[start:stop].to(torch.float64))

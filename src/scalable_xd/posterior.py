@@ -20,6 +20,7 @@ _MAX_PAIRS = 1 << 14
 
 def posterior_moments(x, S, mixture: Mixture, R=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean (B, D) and covariance (B, D, D) of p(v_i | x_i) for a batch."""
+    mixture = mixture.to(dtype=x.dtype)
     V = mixture.covariances
     means, covs = [], []
     for part in chunks(x.shape[0], mixture.n_components, _MAX_PAIRS):

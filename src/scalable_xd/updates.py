@@ -12,6 +12,13 @@ An online-EM step of size lambda from (qhat, m, V), with sums normalised by the 
 
 which equals the paper's eq. 7 (V = S/q - m m^T) in exact arithmetic but never subtracts the large m m^T
 terms, so it keeps float32 covariances positive definite when means are far larger than the spread.
+
+Rounding. The scatter V + V (...) V is positive semi-definite in exact arithmetic. Where a component holds
+a handful of stars whose scatter is nearly singular in some direction (and the noise there is tiny, like
+Gaia's positions), the float32 sums leave it indefinite by rounding: the update cancels terms of the size
+of V, so the error is ~eps |V|, which can exceed w. Such eigenvalues (down to -1e-4 times V's largest
+variance) are clipped to zero before the regularisation is added; anything more negative is not rounding
+and is left for the divergence check to report.
 With lambda = 1 it is one batch-EM step. (The paper's appendix A writes adjust(V, s, c, d) as
 sV + (c-d)(c+d)^T/2 + (c+d)(c-d)^T/2 = sV + cc^T - dd^T, which differs from its stated identity
 s(V + cc^T) - dd^T whenever s != 1; the form above needs no such recentring.)
@@ -33,6 +40,26 @@ def _eye_like(cov: torch.Tensor) -> torch.Tensor:
     return torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
 
 
+_ROUNDING = 1e-4  # negative eigenvalues down to this fraction of V's largest variance count as rounding
+
+
+def _psd(a: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Symmetrise ``a`` (K, D, D), computed from covariances ``V``, and clip the eigenvalues that rounding
+    pushed below zero (see above)."""
+    a = _symmetrise(a)
+    _, info = torch.linalg.cholesky_ex(a)
+    suspects = torch.nonzero((info > 0) & torch.isfinite(a).all(dim=(1, 2))).flatten()
+    if len(suspects) == 0:
+        return a
+    eig, vec = torch.linalg.eigh(a[suspects])
+    scale = torch.diagonal(V[suspects], dim1=-2, dim2=-1).amax(dim=-1)
+    rounding = (eig[:, 0] < 0) & (eig[:, 0] >= -_ROUNDING * scale)
+    clipped = (vec * eig.clamp_min(0.0).unsqueeze(-2)) @ vec.mT
+    a = a.clone()
+    a[suspects] = torch.where(rounding[:, None, None], _symmetrise(clipped), a[suspects])
+    return a
+
+
 def _live(q: torch.Tensor) -> torch.Tensor:
     """Components with a usable responsibility sum; the others are frozen, as in Bovy's reference code."""
     return q > torch.finfo(q.dtype).tiny
@@ -51,7 +78,7 @@ def em_update(mixture: Mixture, stats: Statistics, w: float) -> Mixture:
     q_safe = torch.where(live, q, torch.ones_like(q))
     u_bar = stats.U.to(V.dtype) / q_safe[:, None]
     inner = (stats.UU - stats.P).to(V.dtype) / q_safe[:, None, None] - u_bar[:, :, None] * u_bar[:, None, :]
-    scatter = V + V @ inner @ V  # sum r [(b - m')(b - m')^T + B] / q
+    scatter = _psd(V + V @ inner @ V, V)  # sum r [(b - m')(b - m')^T + B] / q
     if w > 0:
         new_cov = (q[:, None, None] * scatter + w * _eye_like(V)) / (q[:, None, None] + 1.0)
     else:
@@ -60,7 +87,7 @@ def em_update(mixture: Mixture, stats: Statistics, w: float) -> Mixture:
     return Mixture(
         weights=q / q.sum(),
         means=torch.where(live[:, None], new_mean, m),
-        covariances=torch.where(live[:, None, None], _symmetrise(new_cov), V),
+        covariances=torch.where(live[:, None, None], new_cov, V),
     )
 
 
@@ -73,7 +100,7 @@ def online_em_update(mixture: Mixture, stats: Statistics, step: float, w: float)
     q_safe = torch.where(live, q_new, torch.ones_like(q_new))
     g = step * stats.U / (n * q_safe[:, None])
     inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - g[:, :, None] * g[:, None, :]
-    new_cov = _symmetrise(V + V @ inner @ V) + w * _eye_like(V)
+    new_cov = _psd(V + V @ inner @ V, V) + w * _eye_like(V)
     new_mean = m + (V @ g.unsqueeze(-1)).squeeze(-1)
     return Mixture(
         weights=q_new,

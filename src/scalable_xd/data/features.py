@@ -207,14 +207,17 @@ def read_features(path) -> Features:
 
     table = pq.read_table(path)
     meta = json.loads((table.schema.metadata or {}).get(b"scalable_xd", b"{}"))
-    frame = table.to_pandas()
+
+    def columns(names, dtype):
+        return np.stack([table.column(name).to_numpy().astype(dtype, copy=False) for name in names], axis=1)
+
     return Features(
-        X=np.stack([frame[f"x_{name}"].to_numpy(np.float64) for name in FEATURES], axis=1),
-        sigma=np.stack([frame[f"sigma_{name}"].to_numpy(np.float64) for name in FEATURES], axis=1),
-        corr=np.stack([frame[name].to_numpy(np.float64) for name, _, _ in CORRELATIONS], axis=1),
-        n_missing=frame["n_missing"].to_numpy(np.int8),
-        source_id=frame["source_id"].to_numpy(np.int64),
-        random_index=frame["random_index"].to_numpy(np.int64),
+        X=columns([f"x_{name}" for name in FEATURES], np.float64),
+        sigma=columns([f"sigma_{name}" for name in FEATURES], np.float64),
+        corr=columns([name for name, _, _ in CORRELATIONS], np.float64),
+        n_missing=table.column("n_missing").to_numpy().astype(np.int8, copy=False),
+        source_id=table.column("source_id").to_numpy().astype(np.int64, copy=False),
+        random_index=table.column("random_index").to_numpy().astype(np.int64, copy=False),
         mode=meta.get("mode", "unknown"),
     )
 

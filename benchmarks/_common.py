@@ -1,0 +1,37 @@
+"""Shared bits of the benchmarks: machine description and JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    import numpy as np
+    import torch
+
+    import scalable_xd
+
+    return {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "scalable_xd": scalable_xd.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def write_result(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path
