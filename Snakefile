@@ -1,0 +1,32 @@
+# The scalable-xd experiment: regenerate the tables and figures of "Scalable Extreme Deconvolution"
+# (Ritchie & Murray 2019) from the Gaia DR2 archive, or offline from a DR2-like mock.
+#
+#   snakemake --cores all --use-conda                              # the paper (config/config.yaml)
+#   snakemake --cores all --configfile config/demo.yaml            # quick start, offline, ~15 min on a laptop
+#   snakemake --report report.html --configfile config/demo.yaml   # captioned HTML report
+
+from snakemake.utils import min_version, validate
+
+min_version("8.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/init.smk"
+include: "workflow/rules/fit.smk"
+include: "workflow/rules/report.smk"
+
+
+report: "workflow/report/workflow.rst"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

@@ -1,0 +1,316 @@
+"""The ``scalable-xd`` command line: each subcommand is one step of the experiment DAG.
+
+    scalable-xd mock      --n-rows N --seed S --output raw.parquet
+    scalable-xd query     --n-rows N --out-dir resources/gaia_dr2 [--chunk-rows R] [--tap-url URL]
+    scalable-xd features  --input RAW --out-dir DIR [--mode corrected|paper] [--split-seed S]
+    scalable-xd kmeans    --train train.parquet --n-components K --seed S --output init.npz
+    scalable-xd fit       --train ... --val ... --test ... --init init.npz --method M --output-model ... --output-metrics ...
+    scalable-xd table / plot-timing / plot-curves / plot-sky / plot-corner   (see ``report``)
+
+Every output is written atomically; ``fit`` checkpoints each epoch and resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("scalable_xd")
+
+
+# ------------------------------------------------------------------------------------------- data steps
+
+def _mock(args) -> None:
+    from .data.mock import make_mock
+    from .io import atomic_path
+
+    frame = make_mock(args.n_rows, seed=args.seed)
+    with atomic_path(args.output) as tmp:
+        frame.to_parquet(tmp, index=False)
+    log.info("wrote %d mock rows to %s", len(frame), args.output)
+
+
+def _query(args) -> None:
+    from .data.gaia import query_gaia, write_manifest
+
+    paths = query_gaia(
+        args.n_rows, args.out_dir, chunk_rows=args.chunk_rows, tap_url=args.tap_url, retries=args.retries,
+        request_timeout=args.request_timeout, job_timeout=args.job_timeout,
+    )  # fmt: skip
+    if args.manifest:
+        write_manifest(args.manifest, paths, n_rows=args.n_rows, tap_url=args.tap_url)
+    log.info("%d chunks complete in %s", len(paths), args.out_dir)
+
+
+def _features(args) -> None:
+    from .data.features import write_feature_splits
+
+    summary = write_feature_splits(args.input, args.out_dir, mode=args.mode, split_seed=args.split_seed)
+    log.info("features: %s rows, bad rows repaired: %s", summary["rows"], summary["bad_rows"])
+
+
+# ------------------------------------------------------------------------------------------- fitting steps
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def _load_split(path):
+    from .data.features import read_features
+
+    features = read_features(path)
+    return features, features.X, features.covariance()
+
+
+def _kmeans(args) -> None:
+    import torch
+
+    from ._torch import resolve_device, resolve_dtype
+    from .io import atomic_path
+    from .kmeans import minibatch_kmeans
+
+    _set_threads(args.threads)
+    _, X, _ = _load_split(args.train)
+    device = resolve_device(args.device)
+    tick = time.perf_counter()
+    centres, counts = minibatch_kmeans(
+        torch.as_tensor(X).to(resolve_dtype(args.dtype)), args.n_components, epochs=args.epochs,
+        batch_size=args.batch_size, seed=args.seed, device=device,
+    )  # fmt: skip
+    seconds = time.perf_counter() - tick
+    weights = counts.double().clamp_min(1.0).cpu().numpy()
+    with atomic_path(args.output, suffix=".npz") as tmp:
+        np.savez(tmp, weights=weights / weights.sum(), means=centres.double().cpu().numpy(), seconds=seconds)
+    log.info("k-means K=%d seed=%d: %.1f s on %s", args.n_components, args.seed, seconds, device)
+
+
+def _mean_loglik(model, features, X, noise) -> dict:
+    """Mean log-likelihood per star as the paper defines it, and with the 1e12-variance constants removed."""
+    from .data.features import MISSING_LOGLIK_CONSTANT
+
+    per_star = model.score_samples(X, noise)
+    return {
+        "loglik": float(per_star.mean()),
+        "loglik_observed": float((per_star - features.n_missing * MISSING_LOGLIK_CONSTANT).mean()),
+        "n": int(len(per_star)),
+        "mean_missing_entries": float(features.n_missing.mean()),
+    }
+
+
+def _fit(args) -> None:
+    import torch
+
+    import scalable_xd
+
+    from .estimator import XDGMM
+    from .io import write_json
+
+    _set_threads(args.threads)
+    with np.load(args.init) as init:
+        weights, means, kmeans_seconds = init["weights"], init["means"], float(init["seconds"])
+    train, X, noise = _load_split(args.train)
+    val, X_val, noise_val = _load_split(args.val)
+    model = XDGMM(
+        len(weights), args.method, batch_size=args.batch_size, epochs=args.epochs, step_size=args.step_size,
+        step_schedule=args.step_schedule, step_decay=args.step_decay, lr=args.lr, lr_decay=args.lr_decay,
+        decay_epoch=args.decay_epoch, w=args.w, tol=args.tol, device=args.device, dtype=args.dtype,
+        random_state=args.seed, weights_init=weights, means_init=means, verbose=1,
+    )  # fmt: skip
+    tick = time.perf_counter()
+    model.fit(X, noise, X_val=X_val, Xcov_val=noise_val, checkpoint=args.checkpoint)
+    wall = time.perf_counter() - tick
+    model.save(args.output_model)
+
+    metrics = {
+        "method": args.method,
+        "n_components": int(len(weights)),
+        "seed": args.seed,
+        "tag": args.tag,
+        "config_hash": args.config_hash,
+        "settings": model.get_params(),
+        "train_seconds": model.history_[-1]["seconds"],
+        "kmeans_seconds": kmeans_seconds,
+        "wall_seconds": wall,
+        "n_iter": model.n_iter_,
+        "converged": model.converged_,
+        "history": model.history_,
+        "covariance_mode": train.mode,
+        "device": str(model._device) + (f" ({torch.cuda.get_device_name(model._device)})" if model._device.type == "cuda" else ""),
+        "versions": {"scalable_xd": scalable_xd.__version__, "torch": torch.__version__, "numpy": np.__version__,
+                     "python": platform.python_version()},
+        "train": _mean_loglik(model, train, X, noise),
+        "val": _mean_loglik(model, val, X_val, noise_val),
+    }  # fmt: skip
+    if args.test:
+        test, X_test, noise_test = _load_split(args.test)
+        metrics["test"] = _mean_loglik(model, test, X_test, noise_test)
+    write_json(args.output_metrics, metrics)
+    if args.checkpoint:
+        Path(args.checkpoint).unlink(missing_ok=True)
+    log.info("%s K=%d seed=%d: val %.4f in %.1f s", args.method, len(weights), args.seed, metrics["val"]["loglik"],
+             metrics["train_seconds"])  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- reports
+
+def _table(args) -> None:
+    from .report.tables import write_loglik_table
+
+    write_loglik_table(args.metrics, args.output_prefix)
+
+
+def _plot_timing(args) -> None:
+    from .report.figures import plot_timing_vs_k
+
+    plot_timing_vs_k(args.metrics, args.output)
+
+
+def _plot_curves(args) -> None:
+    from .report.figures import plot_training_curves
+
+    plot_training_curves(args.metrics, args.output, n_components=args.n_components)
+
+
+def _plot_sky(args) -> None:
+    from .report.figures import plot_sky_density
+
+    plot_sky_density(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed)
+
+
+def _plot_corner(args) -> None:
+    from .report.figures import plot_corner
+
+    plot_corner(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed)
+
+
+# ------------------------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalable-xd", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("mock", help="write a Gaia-DR2-like mock catalogue (Parquet)")
+    p.add_argument("--n-rows", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", required=True)
+    p.set_defaults(run=_mock)
+
+    p = sub.add_parser("query", help="download the Gaia DR2 subset random_index < N (resumable)")
+    p.add_argument("--n-rows", type=int, required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--chunk-rows", type=int, default=200_000)
+    p.add_argument("--tap-url", default=None, help="TAP server root (default: the ESA Gaia archive)")
+    p.add_argument("--retries", type=int, default=5)
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per HTTP request")
+    p.add_argument("--job-timeout", type=float, default=5400.0, help="seconds a job may run")
+    p.add_argument("--manifest", default=None, help="JSON listing the chunk files, written when all are done")
+    p.set_defaults(run=_query)
+
+    p = sub.add_parser("features", help="features, compact noise covariances and the 80/10/10 split")
+    p.add_argument("--input", required=True,
+                   help="raw catalogue: a Parquet file, a directory of chunks, or a query manifest (.json)")  # fmt: skip
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--mode", choices=["corrected", "paper"], default="corrected")
+    p.add_argument("--split-seed", type=int, default=0)
+    p.set_defaults(run=_features)
+
+    p = sub.add_parser("kmeans", help="minibatch k-means initial weights and means")
+    p.add_argument("--train", required=True)
+    p.add_argument("--n-components", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--output", required=True)
+    p.set_defaults(run=_kmeans)
+
+    p = sub.add_parser("fit", help="fit one model and write its parameters and metrics")
+    for name in ("train", "val", "init", "output-model", "output-metrics"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--test", default=None)
+    p.add_argument("--method", choices=["em", "minibatch_em", "sgd"], required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--step-size", type=float, default=1e-2)
+    p.add_argument("--step-schedule", choices=["step", "cappe_moulines"], default="step")
+    p.add_argument("--step-decay", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--lr-decay", type=float, default=0.1)
+    p.add_argument("--decay-epoch", type=int, default=10)
+    p.add_argument("--w", type=float, default=1e-3)
+    p.add_argument("--tol", type=float, default=None, help="batch-EM tolerance (default: run all epochs)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
+    p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
+    p.add_argument("--config-hash", default=None)
+    p.set_defaults(run=_fit)
+
+    p = sub.add_parser("table", help="Table 1: log-likelihoods per method and K (csv, md, tex)")
+    p.add_argument("--metrics", nargs="+", required=True)
+    p.add_argument("--output-prefix", required=True, help="e.g. results/demo/tables/loglik")
+    p.set_defaults(run=_table)
+
+    p = sub.add_parser("plot-timing", help="Figure 1 right: training time against K")
+    p.add_argument("--metrics", nargs="+", required=True)
+    p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
+    p.set_defaults(run=_plot_timing)
+
+    p = sub.add_parser("plot-curves", help="Figure 1 left: training log-likelihood against rescaled epoch")
+    p.add_argument("--metrics", nargs="+", required=True)
+    p.add_argument("--n-components", type=int, required=True)
+    p.add_argument("--output", nargs="+", required=True)
+    p.set_defaults(run=_plot_curves)
+
+    for name, run, what in (("plot-sky", _plot_sky, "Figure 2: sky density of model samples beside the data"),
+                            ("plot-corner", _plot_corner, "corner plot of model samples over the data")):  # fmt: skip
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--model", required=True)
+        p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
+        p.add_argument("--n-samples", type=int, default=100_000)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--output", nargs="+", required=True)
+        p.set_defaults(run=run)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        args.run(args)
+    except (ValueError, RuntimeError, OSError) as err:
+        log.error("%s", err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

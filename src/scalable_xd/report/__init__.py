@@ -1,0 +1,1 @@
+"""Tables and figures of the paper, from the metrics and models the fit steps write."""

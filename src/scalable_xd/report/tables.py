@@ -1,0 +1,113 @@
+"""Table 1 of the paper: log-likelihoods per method and K, averaged over seeds.
+
+Validation log-likelihoods for every (method, K), mean +- standard deviation over seeds; test
+log-likelihood for the K each method's validation score picks. Each is given as the paper defines it
+(mean log p(x) per star, missing entries included with their variance 1e12) and for the observed entries
+alone (the -log(2 pi 1e12)/2 of each missing entry removed), which is comparable across data sets with
+different numbers of missing values.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from ..io import atomic_path, write_text
+
+METHOD_NAMES = {"em": "Batch EM (Bovy et al. 2011)", "minibatch_em": "Minibatch EM", "sgd": "SGD"}
+METHOD_ORDER = list(METHOD_NAMES)
+
+
+def load_metrics(paths) -> pd.DataFrame:
+    """One row per fit: method, K, seed, log-likelihoods and training time."""
+    rows = []
+    for path in paths:
+        m = json.loads(open(path).read())
+        row = {"method": m["method"], "K": m["n_components"], "seed": m["seed"],
+               "train_seconds": m["train_seconds"], "kmeans_seconds": m["kmeans_seconds"]}  # fmt: skip
+        for split in ("train", "val", "test"):
+            if split in m:
+                row[split] = m[split]["loglik"]
+                row[f"{split}_observed"] = m[split]["loglik_observed"]
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        raise ValueError("no metrics files given")
+    duplicated = frame.duplicated(["method", "K", "seed"])
+    if duplicated.any():
+        raise ValueError(f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}")
+    return frame
+
+
+def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation over seeds per (method, K); test scores at each method's best K."""
+    stats = ["val", "val_observed", "test", "test_observed", "train_seconds"]
+    grouped = frame.groupby(["method", "K"])
+    table = grouped[stats].agg(["mean", "std"])
+    table.columns = [f"{name}_{agg}" for name, agg in table.columns]
+    table["n_seeds"] = grouped.size()
+    table = table.reset_index()
+    best = table.loc[table.groupby("method")["val_mean"].idxmax(), ["method", "K"]]
+    table["best_K"] = [(m, k) in set(map(tuple, best.to_numpy())) for m, k in zip(table.method, table.K)]
+    for name in ("test", "test_observed"):
+        for agg in ("mean", "std"):
+            table.loc[~table.best_K, f"{name}_{agg}"] = np.nan
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    return table.sort_values(["method", "K"], key=lambda s: s.map(order) if s.name == "method" else s,
+                             ignore_index=True)  # fmt: skip
+
+
+def _pm(mean: float, sd: float, digits: int = 2) -> str:
+    if np.isnan(mean):
+        return "-"
+    return f"{mean:.{digits}f} ± {0.0 if np.isnan(sd) else sd:.{digits}f}"
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    lines = [
+        "| Method | K | Validation | Test | Validation (observed entries) | Test (observed entries) | Seeds |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    previous = None
+    for row in table.itertuples():
+        name = METHOD_NAMES.get(row.method, row.method) if row.method != previous else ""
+        previous = row.method
+        lines.append(
+            f"| {name} | {row.K} | {_pm(row.val_mean, row.val_std)} | {_pm(row.test_mean, row.test_std)} | "
+            f"{_pm(row.val_observed_mean, row.val_observed_std)} | {_pm(row.test_observed_mean, row.test_observed_std)} | "
+            f"{row.n_seeds} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def to_latex(table: pd.DataFrame) -> str:
+    lines = [
+        r"\begin{tabular}{llrrrr}",
+        r"\toprule",
+        r"Method & $K$ & Validation & Test & Validation (obs.) & Test (obs.) \\",
+        r"\midrule",
+    ]
+    previous = None
+    for row in table.itertuples():
+        if previous is not None and row.method != previous:
+            lines.append(r"\midrule")
+        name = METHOD_NAMES.get(row.method, row.method) if row.method != previous else ""
+        previous = row.method
+        cells = [_pm(row.val_mean, row.val_std), _pm(row.test_mean, row.test_std),
+                 _pm(row.val_observed_mean, row.val_observed_std), _pm(row.test_observed_mean, row.test_observed_std)]  # fmt: skip
+        cells = [c.replace("±", r"$\pm$").replace("-", "$-$", 1) if c != "-" else "--" for c in cells]
+        lines.append(f"{name} & {row.K} & " + " & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_loglik_table(metrics_paths, prefix) -> pd.DataFrame:
+    """Write ``<prefix>.csv``, ``.md`` and ``.tex``; returns the table."""
+    table = loglik_table(load_metrics(metrics_paths))
+    with atomic_path(f"{prefix}.csv") as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6f")
+    write_text(f"{prefix}.md", to_markdown(table))
+    write_text(f"{prefix}.tex", to_latex(table))
+    return table

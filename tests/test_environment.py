@@ -1,0 +1,77 @@
+"""pyproject.toml, environment.yml, the workflow's conda env and the configs stay consistent."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"torch": "pytorch", "matplotlib": "matplotlib-base"}
+
+
+def _pyproject_requirements(*groups: str) -> dict[str, str]:
+    """{conda name: lower bound} of the core dependencies and the named extras (self-references skipped)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lines = list(project["dependencies"])
+    for group in groups:
+        lines += project["optional-dependencies"][group]
+    requirements = {}
+    for line in lines:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", line.replace(" ", ""))
+        if match is None:
+            assert line.startswith("scalable-xd["), f"unexpected requirement form {line!r}"
+            continue
+        requirements[CONDA_NAMES.get(match.group(1), match.group(1))] = match.group(2)
+    return requirements
+
+
+def _conda_requirements(path: Path) -> dict[str, str]:
+    requirements = {}
+    for entry in yaml.safe_load(path.read_text())["dependencies"]:
+        if isinstance(entry, str) and entry not in ("pip",):
+            name, _, bound = entry.partition(" >=")
+            requirements[name] = bound
+    return requirements
+
+
+def test_workflow_env_has_what_the_rules_import():
+    env = _conda_requirements(REPO / "workflow" / "envs" / "scalable_xd.yaml")
+    wanted = _pyproject_requirements("data", "plots")
+    assert {k: v for k, v in env.items() if k != "python"} == wanted
+
+
+def test_environment_yml_mirrors_pyproject():
+    env = _conda_requirements(REPO / "environment.yml")
+    wanted = _pyproject_requirements("data", "plots", "workflow", "test")
+    assert {k: v for k, v in env.items() if k != "python"} == wanted
+    python = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert env["python"] == python.removeprefix(">=")
+
+
+def test_every_rule_names_an_existing_conda_env_and_a_log():
+    rules = list((REPO / "workflow" / "rules").glob("*.smk"))
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    env = re.search(r'^ENV = "(.+)"$', common, flags=re.M).group(1)
+    assert (REPO / "workflow" / "rules" / env).resolve().exists()
+    for path in rules:
+        text = path.read_text()
+        n_rules = len(re.findall(r"^rule \w+:", text, flags=re.M))
+        assert text.count("    conda:\n        ENV") == n_rules, path.name
+        assert text.count("    log:\n") == n_rules, path.name
+
+
+@pytest.mark.parametrize("name", ["config", "mock", "demo", "smoke"])
+def test_configs_validate_against_the_schema(name):
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    config = yaml.safe_load((REPO / "config" / f"{name}.yaml").read_text())
+    jsonschema.validate(config, schema)
+    assert config["report"]["figure_K"] in config["fit"]["n_components"]
+    assert config["report"]["seed"] in config["fit"]["seeds"]
+    if name in ("config", "mock"):  # the paper's protocol, appendix B
+        fit = config["fit"]
+        assert (fit["n_components"], fit["seeds"], fit["epochs"], fit["batch_size"]) == ([64, 128, 256, 512], list(range(10)), 20, 500)
+        assert (fit["step_size"], fit["step_decay"], fit["lr"], fit["lr_decay"], fit["decay_epoch"], fit["w"]) == (0.01, 0.5, 0.01, 0.1, 10, 0.001)
+        assert config["data"]["n_rows"] == 2_000_000 and config["init"]["kmeans_epochs"] == 10

@@ -1,0 +1,120 @@
+"""The real snakemake on config/smoke.yaml in a temporary directory, and the paper config's plan."""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+METHODS, KS, SEEDS = SMOKE["fit"]["methods"], SMOKE["fit"]["n_components"], SMOKE["fit"]["seeds"]
+FIGURE_K = SMOKE["report"]["figure_K"]
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake(workdir: Path, *args: str, configfile: str = "smoke.yaml", timeout: int = 600):
+    """Run snakemake as from an activated environment: this interpreter's directory first on PATH."""
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+               "--configfile", str(REPO / "config" / configfile)]  # fmt: skip
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout + result.stderr
+
+
+def planned_jobs(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run, as {rule: count}."""
+    stats = output.split("Job stats:")[1].split("\n\n")[0]
+    rows = re.findall(r"^(\w+)\s+(\d+)$", stats, flags=re.M)
+    return {rule: int(count) for rule, count in rows if rule != "total"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("smoke")
+    snakemake(workdir, "--cores", "2")
+    return workdir / "results" / "smoke"
+
+
+def test_table_has_one_finite_row_per_method_and_k(smoke):
+    table = pd.read_csv(smoke / "tables" / "loglik.csv")
+    assert sorted(zip(table.method, table.K)) == sorted((m, k) for m in METHODS for k in KS)
+    assert table[["val_mean", "val_std", "val_observed_mean", "train_seconds_mean"]].notna().all().all()
+    assert (table.n_seeds == len(SEEDS)).all()
+    best = table[table.best_K]
+    assert sorted(best.method) == sorted(METHODS) and best.test_mean.notna().all()
+    assert table[~table.best_K].test_mean.isna().all()
+    md, tex = (smoke / "tables" / "loglik.md").read_text(), (smoke / "tables" / "loglik.tex").read_text()
+    assert md.count("\n") == 2 + len(METHODS) * len(KS) and "±" in md
+    assert tex.startswith(r"\begin{tabular}") and tex.rstrip().endswith(r"\end{tabular}")
+
+
+def test_figures_are_images_of_the_expected_size(smoke):
+    from PIL import Image
+
+    expected = {"timing_vs_K": (700, 450), f"training_curves_K{FIGURE_K}": (700, 450), "sky_density": (1200, 450)}
+    expected.update({f"corner_{m}_K{FIGURE_K}": (1200, 1200) for m in METHODS})
+    for name, size in expected.items():
+        with Image.open(smoke / "figures" / f"{name}.png") as image:
+            assert image.size == size, name
+            assert len(np.unique(np.asarray(image.convert("L")))) > 50, f"{name} looks blank"
+    for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}", "sky_density"):
+        assert (smoke / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_metrics_are_complete(smoke):
+    for method in METHODS:
+        for k in KS:
+            for seed in SEEDS:
+                m = json.loads((smoke / "fits" / method / f"K{k}_seed{seed}" / "metrics.json").read_text())
+                assert (m["method"], m["n_components"], m["seed"], m["tag"]) == (method, k, seed, "smoke")
+                for split in ("train", "val", "test"):
+                    assert math.isfinite(m[split]["loglik"]) and math.isfinite(m[split]["loglik_observed"])
+                    assert m[split]["loglik_observed"] > m[split]["loglik"]  # missing entries removed
+                assert len(m["history"]) == SMOKE["fit"]["epochs"] + 1
+                assert m["train_seconds"] > 0 and m["device"] == "cpu" and len(m["config_hash"]) == 12
+                assert set(m["versions"]) == {"scalable_xd", "torch", "numpy", "python"}
+                assert not (smoke / "fits" / method / f"K{k}_seed{seed}" / "checkpoint.pt").exists()
+
+
+def test_second_run_is_a_no_op(smoke):
+    assert "Nothing to be done" in snakemake(smoke.parents[1], "--dry-run", "--cores", "2")
+
+
+def test_deleting_one_fit_reruns_only_it_and_its_dependents(smoke):
+    victim = smoke / "fits" / "sgd" / f"K{KS[0]}_seed{SEEDS[-1]}"
+    untouched = smoke / "fits" / "em" / f"K{KS[0]}_seed{SEEDS[-1]}" / "metrics.json"
+    before = untouched.stat().st_mtime_ns
+    (victim / "metrics.json").unlink()
+    plan = planned_jobs(snakemake(smoke.parents[1], "--dry-run", "--cores", "2"))
+    assert plan == {"fit": 1, "loglik_table": 1, "timing_vs_k": 1, "all": 1}
+    snakemake(smoke.parents[1], "--cores", "2")
+    assert (victim / "metrics.json").exists() and untouched.stat().st_mtime_ns == before
+
+
+def test_html_report_captions_every_output(smoke, tmp_path):
+    report = tmp_path / "report.html"
+    snakemake(smoke.parents[1], "--report", str(report))
+    html = report.read_text(errors="replace")
+    for caption in ("Table 1 of the paper", "Figure 1 (right)", "Figure 1 (left)", "Figure 2 of the paper", "Corner plot"):
+        assert caption in html
+
+
+def test_lint_is_clean(tmp_path):
+    assert "Congratulations, your workflow is in a good condition" in snakemake(tmp_path, "--lint")
+
+
+def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
+    plan = planned_jobs(snakemake(tmp_path, "--dry-run", "--cores", "4", configfile="config.yaml"))
+    assert plan["fit"] == 3 * 4 * 10 and plan["kmeans"] == 4 * 10
+    assert plan["query_gaia"] == 1 and "mock_catalogue" not in plan
+    assert not (tmp_path / "resources").exists()  # a dry run downloads nothing

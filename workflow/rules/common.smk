@@ -1,0 +1,65 @@
+# Shared names and helpers for the rule files. Every rule runs the checkout's own scalable_xd package
+# (src/ on PYTHONPATH) with the dependencies of workflow/envs/scalable_xd.yaml, so results always come
+# from this code, with or without --use-conda.
+
+import hashlib
+import json
+import os
+import shutil
+
+NAME = config["name"]
+RESULTS = f"results/{NAME}"
+DATA = f"{RESULTS}/data"
+METHODS = config["fit"]["methods"]
+KS = config["fit"]["n_components"]
+SEEDS = config["fit"]["seeds"]
+FIGURE_K = config["report"]["figure_K"]
+FIGURE_SEED = config["report"]["seed"]
+ENV = "../envs/scalable_xd.yaml"
+
+if FIGURE_K not in KS:
+    raise ValueError(f"report.figure_K = {FIGURE_K} is not one of fit.n_components {KS}")
+if FIGURE_SEED not in SEEDS:
+    raise ValueError(f"report.seed = {FIGURE_SEED} is not one of fit.seeds {SEEDS}")
+if config["report"]["sky_method"] not in METHODS:
+    raise ValueError(f"report.sky_method = {config['report']['sky_method']} is not one of fit.methods {METHODS}")
+
+CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+SRC = os.path.join(workflow.basedir, "src")
+CLI = f"PYTHONPATH={SRC}${{PYTHONPATH:+:$PYTHONPATH}} python -m scalable_xd"
+
+# Fits get every core unless told otherwise, so that concurrent jobs do not share (and distort) timings.
+FIT_THREADS = config["fit"].get("threads", 0) or (workflow.cores or 1)
+_device = config["fit"]["device"]
+FIT_GPUS = 1 if _device.startswith("cuda") or (_device == "auto" and shutil.which("nvidia-smi")) else 0
+
+
+def raw_catalogue():
+    """The raw DR2-schema catalogue: the archive query's manifest, or a mock Parquet file."""
+    n = config["data"]["n_rows"]
+    if config["data"]["source"] == "gaia":
+        return f"resources/gaia_dr2/random_index_lt_{n}.json"
+    return f"resources/mock/mock_n{n}_seed{config['data'].get('mock_seed', 0)}.parquet"
+
+
+def fit_dir(method, K, seed):
+    return f"{RESULTS}/fits/{method}/K{K}_seed{seed}"
+
+
+def all_metrics():
+    return [f"{fit_dir(m, k, s)}/metrics.json" for m in METHODS for k in KS for s in SEEDS]
+
+
+def figure_model(method):
+    return f"{fit_dir(method, FIGURE_K, FIGURE_SEED)}/model.npz"
+
+
+def final_outputs():
+    """The final targets: each fit's model and metrics (deliverables in their own right, and requested so
+    that deleting one reruns that fit and what depends on it), the table and the figures."""
+    fits = [f"{fit_dir(m, k, s)}/{name}" for m in METHODS for k in KS for s in SEEDS for name in ("model.npz", "metrics.json")]
+    tables = [f"{RESULTS}/tables/loglik.{ext}" for ext in ("csv", "md", "tex")]
+    figures = [f"{RESULTS}/figures/{name}.{ext}" for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}",
+                                                               "sky_density") for ext in ("png", "pdf")]
+    corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.png" for m in METHODS]
+    return fits + tables + figures + corners

@@ -1,0 +1,99 @@
+# Table 1, Figure 1 (training curves, timing against K), Figure 2 (sky density) and corner plots.
+
+
+rule loglik_table:
+    """Mean +- sd over seeds of validation (and best-K test) log-likelihoods per method and K."""
+    input:
+        metrics=all_metrics(),
+    output:
+        csv=report(f"{RESULTS}/tables/loglik.csv", caption="../report/loglik_table.rst", category="Table 1"),
+        md=f"{RESULTS}/tables/loglik.md",
+        tex=f"{RESULTS}/tables/loglik.tex",
+    params:
+        cli=CLI,
+        prefix=lambda wildcards, output: output.csv.removesuffix(".csv"),
+    log:
+        f"{RESULTS}/logs/report/loglik_table.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} table --metrics {input.metrics} --output-prefix {params.prefix} 2> {log}"
+
+
+rule timing_vs_k:
+    """Training time against K per method, +-2 sd over seeds (Figure 1, right)."""
+    input:
+        metrics=all_metrics(),
+    output:
+        png=report(f"{RESULTS}/figures/timing_vs_K.png", caption="../report/timing_vs_K.rst", category="Figure 1"),
+        pdf=f"{RESULTS}/figures/timing_vs_K.pdf",
+    params:
+        cli=CLI,
+    log:
+        f"{RESULTS}/logs/report/timing_vs_K.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} plot-timing --metrics {input.metrics} --output {output.png} {output.pdf} 2> {log}"
+
+
+rule training_curves:
+    """Mean training log-likelihood against time-rescaled epoch at one K (Figure 1, left)."""
+    input:
+        metrics=[f"{fit_dir(m, FIGURE_K, s)}/metrics.json" for m in METHODS for s in SEEDS],
+    output:
+        png=report(f"{RESULTS}/figures/training_curves_K{FIGURE_K}.png", caption="../report/training_curves.rst",
+                   category="Figure 1"),
+        pdf=f"{RESULTS}/figures/training_curves_K{FIGURE_K}.pdf",
+    params:
+        cli=CLI,
+        K=FIGURE_K,
+    log:
+        f"{RESULTS}/logs/report/training_curves.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} plot-curves --metrics {input.metrics} --n-components {params.K} "
+        "--output {output.png} {output.pdf} 2> {log}"
+
+
+rule sky_density:
+    """Sky density of model samples beside the data (Figure 2)."""
+    input:
+        model=figure_model(config["report"]["sky_method"]),
+        data=f"{DATA}/train.parquet",
+    output:
+        png=report(f"{RESULTS}/figures/sky_density.png", caption="../report/sky_density.rst", category="Figure 2"),
+        pdf=f"{RESULTS}/figures/sky_density.pdf",
+    params:
+        cli=CLI,
+        samples=config["report"]["samples"],
+    log:
+        f"{RESULTS}/logs/report/sky_density.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} plot-sky --model {input.model} --data {input.data} --n-samples {params.samples} "
+        "--output {output.png} {output.pdf} 2> {log}"
+
+
+rule corner:
+    """Corner plot of one method's model samples over the data, all seven features."""
+    input:
+        model=lambda wildcards: figure_model(wildcards.method),
+        data=f"{DATA}/test.parquet",
+    output:
+        report(f"{RESULTS}/figures/corner_{{method}}_K{FIGURE_K}.png", caption="../report/corner.rst",
+               category="Corner plots", labels={"method": "{method}"}),
+    wildcard_constraints:
+        method="em|minibatch_em|sgd",
+    params:
+        cli=CLI,
+        samples=config["report"]["samples"],
+    log:
+        f"{RESULTS}/logs/report/corner_{{method}}.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} plot-corner --model {input.model} --data {input.data} --n-samples {params.samples} "
+        "--output {output} 2> {log}"
