@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
 
+import scalable_xd.estimator
 import scalable_xd.training
 from scalable_xd import XDGMM, FitDivergedError
 
@@ -124,6 +125,29 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeyp
     assert [h["epoch"] for h in resumed.history_] == list(range(7))
     with pytest.raises(ValueError, match="different fit"):
         XDGMM(**{**settings, "w": 0.5}).fit(x, S, checkpoint=checkpoint)
+
+
+def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_path, monkeypatch):
+    x, S = data
+    settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
+    save = scalable_xd.training._save_checkpoint
+
+    def save_then_crash(cfg, fitter, epoch, history, converged):
+        save(cfg, fitter, epoch, history, converged)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
+    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save)
+    seed = scalable_xd.training.checkpoint_seed(tmp_path / "fit.ckpt")
+    monkeypatch.setattr(scalable_xd.estimator, "minibatch_kmeans", None)  # resuming must not re-run the init
+    resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
+    assert [h["epoch"] for h in resumed.history_] == list(range(5))
+    monkeypatch.undo()
+    fresh = XDGMM(**settings, random_state=seed).fit(x, S)
+    np.testing.assert_allclose(resumed.means_, fresh.means_, rtol=1e-12)
 
 
 def test_collapsing_component_raises_a_named_divergence():

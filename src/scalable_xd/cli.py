@@ -13,7 +13,6 @@ Every output is written atomically; ``fit`` checkpoints each epoch and resumes f
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import sys

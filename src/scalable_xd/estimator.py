@@ -18,12 +18,19 @@ from .kernel import log_densities
 from .kmeans import minibatch_kmeans
 from .mixture import Mixture
 from .posterior import posterior_moments
-from .training import EVAL_BATCH, LoopConfig, run
+from .training import EVAL_BATCH, LoopConfig, checkpoint_seed, run
 
 METHODS = ("em", "minibatch_em", "sgd")
 SCHEDULES = ("step", "cappe_moulines")
 COVARIANCE_UPDATES = ("stable", "naive")
 FORMAT_VERSION = 1
+
+
+def _placeholder_mixture(k: int, dim: int, device) -> Mixture:
+    """Valid parameters of the right shape, to be overwritten by a checkpoint's state."""
+    eye = torch.eye(dim, dtype=torch.float64, device=device)
+    return Mixture(torch.full((k,), 1.0 / k, dtype=torch.float64, device=device),
+                   torch.zeros(k, dim, dtype=torch.float64, device=device), eye.expand(k, dim, dim).clone())  # fmt: skip
 
 
 class XDGMM:
@@ -211,7 +218,7 @@ class XDGMM:
             )  # fmt: skip
         return SGD(mixture, w=self.w, lr=self.lr, lr_decay=self.lr_decay, decay_epoch=self.decay_epoch)
 
-    def fit(self, X, Xcov=None, *, R=None, X_val=None, Xcov_val=None, R_val=None, checkpoint=None) -> "XDGMM":
+    def fit(self, X, Xcov=None, *, R=None, X_val=None, Xcov_val=None, R_val=None, checkpoint=None) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. ``R`` (N, d, D) projects the model space onto the
         data (identity when None). Validation data, if given, is scored after every epoch. ``checkpoint``:
@@ -226,8 +233,17 @@ class XDGMM:
             val = Dataset(X_val, Xcov_val, R_val, name="X_val")
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
-        seed = self.random_state if self.random_state is not None else int(np.random.SeedSequence().entropy % 2**62)
-        mixture = self._initial_mixture(train, seed)
+        resumed_seed = checkpoint_seed(checkpoint)
+        if self.random_state is not None:
+            seed = self.random_state
+        elif resumed_seed is not None:
+            seed = resumed_seed
+        else:
+            seed = int(np.random.SeedSequence().entropy % 2**62)
+        if resumed_seed is None:
+            mixture = self._initial_mixture(train, seed)
+        else:  # the checkpoint holds the state; skip the (possibly long) k-means init
+            mixture = _placeholder_mixture(self.n_components, train.model_dim, self._device)
         fitter = self._make_fitter(mixture)
         config = LoopConfig(
             epochs=self.epochs,
@@ -343,7 +359,7 @@ class XDGMM:
             )  # fmt: skip
 
     @classmethod
-    def load(cls, path, device: str | None = None) -> "XDGMM":
+    def load(cls, path, device: str | None = None) -> XDGMM:
         """Read a model written by ``save``; ``device`` overrides the saved one (e.g. "cpu" for a GPU fit)."""
         with np.load(path, allow_pickle=False) as archive:
             meta = json.loads(str(archive["meta"]))

@@ -28,14 +28,14 @@ class Mixture:
         # A weight of exactly zero (a frozen, empty component) gives -inf, which logsumexp handles.
         return torch.log(self.weights)
 
-    def to(self, device=None, dtype=None) -> "Mixture":
+    def to(self, device=None, dtype=None) -> Mixture:
         return Mixture(
             self.weights.to(device=device, dtype=dtype),
             self.means.to(device=device, dtype=dtype),
             self.covariances.to(device=device, dtype=dtype),
         )
 
-    def clone(self) -> "Mixture":
+    def clone(self) -> Mixture:
         return Mixture(self.weights.clone(), self.means.clone(), self.covariances.clone())
 
     def first_invalid_component(self) -> tuple[int, str] | None:

@@ -39,11 +39,11 @@ class Statistics:
     def n_points(self) -> int:
         return self.loglik.shape[0]
 
-    def double(self) -> "Statistics":
+    def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
         return Statistics(self.loglik, self.q.double(), self.U.double(), self.UU.double(), self.P.double())
 
-    def combine(self, other: "Statistics") -> "Statistics":
+    def combine(self, other: Statistics) -> Statistics:
         return Statistics(
             torch.cat([self.loglik, other.loglik]),
             self.q + other.q,

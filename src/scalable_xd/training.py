@@ -82,6 +82,13 @@ def _save_checkpoint(cfg: LoopConfig, fitter, epoch: int, history: list, converg
         torch.save(state, tmp)
 
 
+def checkpoint_seed(path) -> int | None:
+    """The seed a checkpointed fit used (so that a fit without random_state can resume it), or None."""
+    if path is None or not Path(path).exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)["fingerprint"].get("seed")
+
+
 def _load_checkpoint(cfg: LoopConfig, fitter):
     state = torch.load(cfg.checkpoint, map_location=cfg.device, weights_only=False)
     if state.get("fingerprint") != cfg.fingerprint:

@@ -72,7 +72,7 @@ class Features:
     def covariance(self) -> CompactCovariance:
         return CompactCovariance(self.sigma, self.corr, CORRELATION_PAIRS)
 
-    def subset(self, rows) -> "Features":
+    def subset(self, rows) -> Features:
         return Features(
             self.X[rows], self.sigma[rows], self.corr[rows], self.n_missing[rows], self.source_id[rows],
             self.random_index[rows], self.mode, {},
