@@ -94,24 +94,29 @@ def test_same_random_state_gives_identical_fits(data, method):
         np.testing.assert_array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
 
 
+def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) -> None:
+    """Fit until the checkpoint of ``after_epoch`` is written, then stop as a killed job would."""
+    save = scalable_xd.training._save_checkpoint
+
+    def save_then_crash(cfg, fitter, epoch, history, converged):
+        save(cfg, fitter, epoch, history, converged)
+        if epoch == after_epoch:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scalable_xd.training, "_save_checkpoint", save_then_crash)
+        with pytest.raises(KeyboardInterrupt):
+            XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
+
+
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeypatch):
     x, S = data
     settings = dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5)
     uninterrupted = XDGMM(**settings).fit(x, S)
 
-    save = scalable_xd.training._save_checkpoint
-
-    def save_then_crash(cfg, fitter, epoch, history, converged):
-        save(cfg, fitter, epoch, history, converged)
-        if epoch == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save_then_crash)
     checkpoint = tmp_path / "fit.ckpt"
-    with pytest.raises(KeyboardInterrupt):
-        XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
-    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save)
+    _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch=3)
 
     epochs_run = []
     order = scalable_xd.training.epoch_order
@@ -130,17 +135,7 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeyp
 def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_path, monkeypatch):
     x, S = data
     settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
-    save = scalable_xd.training._save_checkpoint
-
-    def save_then_crash(cfg, fitter, epoch, history, converged):
-        save(cfg, fitter, epoch, history, converged)
-        if epoch == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save_then_crash)
-    with pytest.raises(KeyboardInterrupt):
-        XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
-    monkeypatch.setattr(scalable_xd.training, "_save_checkpoint", save)
+    _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
     seed = scalable_xd.training.checkpoint_seed(tmp_path / "fit.ckpt")
     monkeypatch.setattr(scalable_xd.estimator, "minibatch_kmeans", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
