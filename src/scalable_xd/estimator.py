@@ -11,14 +11,12 @@ import torch
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .dataset import Dataset
-from .errors import NotPositiveDefiniteError
 from .fitters import SGD, BatchEM, MinibatchEM
 from .io import atomic_path
-from .kernel import log_densities
 from .kmeans import minibatch_kmeans
 from .mixture import Mixture
 from .posterior import posterior_moments
-from .training import EVAL_BATCH, LoopConfig, checkpoint_seed, run
+from .training import EVAL_BATCH, LoopConfig, checkpoint_seed, run, scored_batches
 
 METHODS = ("em", "minibatch_em", "sgd")
 SCHEDULES = ("step", "cappe_moulines")
@@ -286,13 +284,7 @@ class XDGMM:
         data = Dataset(X, Xcov, R)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
-        for start in range(0, len(data), EVAL_BATCH):
-            x, S, Rb = data.batch(slice(start, start + EVAL_BATCH), self._device, self._dtype)
-            try:
-                loglik, log_dens = log_densities(x, S, mixture, Rb)
-            except NotPositiveDefiniteError as err:
-                raise NotPositiveDefiniteError(start + err.row, err.component) from None
-            yield start, loglik, log_dens
+        return scored_batches(data, mixture, self._device, self._dtype)
 
     def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
         """log p(x_i) under the convolved model for each point, shape (N,)."""

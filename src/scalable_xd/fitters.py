@@ -31,8 +31,6 @@ def _mixture_from_state(state: dict, like: Mixture) -> Mixture:
 class BatchEM:
     """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch."""
 
-    updates_per_batch = False
-
     def __init__(self, mixture: Mixture, *, w: float):
         self.mixture = mixture
         self.w = w
@@ -66,8 +64,6 @@ class MinibatchEM:
     lambda_t = (t0 + t)^-kappa over update count t, with t0 = step_size^(-1/kappa) so that it starts at
     ``step_size`` and decays as Cappe & Moulines recommend (kappa in (0.5, 1]).
     """
-
-    updates_per_batch = True
 
     def __init__(
         self,
@@ -123,8 +119,6 @@ class SGD:
     multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the paper: 1e-2 then 1e-3 after 10).
     Gradients come analytically from the kernel's sums, so no autograd graph is built.
     """
-
-    updates_per_batch = True
 
     def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int):
         self.params = CholeskyParameters(mixture)

@@ -36,17 +36,21 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
     return [order[start : start + batch_size] for start in range(0, n, batch_size)]
 
 
-def total_loglik(data: Dataset, mixture: Mixture, device, dtype, batch_size: int = EVAL_BATCH) -> float:
-    """Sum over all points of log p(x_i), accumulated in float64."""
-    total = 0.0
+def scored_batches(data: Dataset, mixture: Mixture, device, dtype, batch_size: int = EVAL_BATCH):
+    """Yield (start row, log p(x) (B,), log alpha_j N_ij (B, K)) over a data set in bounded-memory batches;
+    a factorisation failure names the row of the whole data set."""
     for start in range(0, len(data), batch_size):
         x, S, R = data.batch(slice(start, start + batch_size), device, dtype)
         try:
-            loglik, _ = log_densities(x, S, mixture, R)
+            loglik, log_dens = log_densities(x, S, mixture, R)
         except NotPositiveDefiniteError as err:
             raise NotPositiveDefiniteError(start + err.row, err.component) from None
-        total += float(loglik.sum(dtype=torch.float64))
-    return total
+        yield start, loglik, log_dens
+
+
+def total_loglik(data: Dataset, mixture: Mixture, device, dtype) -> float:
+    """Sum over all points of log p(x_i), accumulated in float64."""
+    return sum(float(ll.sum(dtype=torch.float64)) for _, ll, _ in scored_batches(data, mixture, device, dtype))
 
 
 @dataclass
