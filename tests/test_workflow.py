@@ -86,6 +86,22 @@ def test_metrics_are_complete(smoke):
                 assert not (smoke / "fits" / method / f"K{k}_seed{seed}" / "checkpoint.pt").exists()
 
 
+def test_metrics_agree_with_the_saved_model(smoke):
+    """The reported log-likelihoods, recomputed star by star from the saved model and the data split."""
+    from scalable_xd import XDGMM
+    from scalable_xd.data.features import read_features
+
+    fit = smoke / "fits" / "minibatch_em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
+    metrics = json.loads((fit / "metrics.json").read_text())
+    model = XDGMM.load(fit / "model.npz")
+    for split in ("val", "test"):
+        data = read_features(smoke / "data" / f"{split}.parquet")
+        per_star = model.score_samples(data.X, data.covariance()).astype(np.float64)
+        observed = per_star + data.n_missing * 0.5 * math.log(2 * math.pi * 1e12)
+        assert metrics[split]["loglik"] == pytest.approx(per_star.mean(), rel=1e-5)
+        assert metrics[split]["loglik_observed"] == pytest.approx(observed.mean(), rel=1e-5)
+
+
 def test_second_run_is_a_no_op(smoke):
     assert "Nothing to be done" in snakemake(smoke.parents[1], "--dry-run", "--cores", "2")
 

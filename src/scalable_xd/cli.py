@@ -64,11 +64,10 @@ def _set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _load_split(path):
+def _read_split(path):
     from .data.features import read_features
 
-    features = read_features(path)
-    return features, features.X, features.covariance()
+    return read_features(path)
 
 
 def _kmeans(args) -> None:
@@ -79,7 +78,7 @@ def _kmeans(args) -> None:
     from .kmeans import minibatch_kmeans
 
     _set_threads(args.threads)
-    _, X, _ = _load_split(args.train)
+    X = _read_split(args.train).X
     device = resolve_device(args.device)
     tick = time.perf_counter()
     centres, counts = minibatch_kmeans(
@@ -93,16 +92,18 @@ def _kmeans(args) -> None:
     log.info("k-means K=%d seed=%d: %.1f s on %s", args.n_components, args.seed, seconds, device)
 
 
-def _mean_loglik(model, features, X, noise) -> dict:
-    """Mean log-likelihood per star as the paper defines it, and with the 1e12-variance constants removed."""
+def _loglik_summary(mean_loglik: float, features) -> dict:
+    """Mean log-likelihood per star as the paper defines it, and of the observed entries alone: each missing
+    entry adds the same constant, so the mean of the latter is the former less that constant times the mean
+    number of missing entries."""
     from .data.features import MISSING_LOGLIK_CONSTANT
 
-    per_star = model.score_samples(X, noise)
+    missing = float(features.n_missing.mean())
     return {
-        "loglik": float(per_star.mean()),
-        "loglik_observed": float((per_star - features.n_missing * MISSING_LOGLIK_CONSTANT).mean()),
-        "n": int(len(per_star)),
-        "mean_missing_entries": float(features.n_missing.mean()),
+        "loglik": mean_loglik,
+        "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
+        "n": len(features),
+        "mean_missing_entries": missing,
     }
 
 
@@ -117,8 +118,7 @@ def _fit(args) -> None:
     _set_threads(args.threads)
     with np.load(args.init) as init:
         weights, means, kmeans_seconds = init["weights"], init["means"], float(init["seconds"])
-    train, X, noise = _load_split(args.train)
-    val, X_val, noise_val = _load_split(args.val)
+    train, val = _read_split(args.train), _read_split(args.val)
     model = XDGMM(
         len(weights), args.method, batch_size=args.batch_size, epochs=args.epochs, step_size=args.step_size,
         step_schedule=args.step_schedule, step_decay=args.step_decay, lr=args.lr, lr_decay=args.lr_decay,
@@ -126,7 +126,7 @@ def _fit(args) -> None:
         random_state=args.seed, weights_init=weights, means_init=means, verbose=1,
     )  # fmt: skip
     tick = time.perf_counter()
-    model.fit(X, noise, X_val=X_val, Xcov_val=noise_val, checkpoint=args.checkpoint)
+    model.fit(train.X, train.covariance(), X_val=val.X, Xcov_val=val.covariance(), checkpoint=args.checkpoint)
     wall = time.perf_counter() - tick
     model.save(args.output_model)
 
@@ -147,12 +147,13 @@ def _fit(args) -> None:
         "device": str(model._device) + (f" ({torch.cuda.get_device_name(model._device)})" if model._device.type == "cuda" else ""),
         "versions": {"scalable_xd": scalable_xd.__version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
-        "train": _mean_loglik(model, train, X, noise),
-        "val": _mean_loglik(model, val, X_val, noise_val),
+        # The last epoch's evaluation already scored the final parameters on train and val.
+        "train": _loglik_summary(model.history_[-1]["train_loglik"], train),
+        "val": _loglik_summary(model.history_[-1]["val_loglik"], val),
     }  # fmt: skip
     if args.test:
-        test, X_test, noise_test = _load_split(args.test)
-        metrics["test"] = _mean_loglik(model, test, X_test, noise_test)
+        test = _read_split(args.test)
+        metrics["test"] = _loglik_summary(model.score(test.X, test.covariance()), test)
     write_json(args.output_metrics, metrics)
     if args.checkpoint:
         Path(args.checkpoint).unlink(missing_ok=True)
