@@ -126,3 +126,9 @@ def test_unit_change_on_the_server_is_refused(catalogue):
     table["ra_error"].unit = "deg"
     with pytest.raises(ValueError, match="column ra_error arrived in deg but the pipeline expects mas"):
         table_to_frame(table)
+
+
+def test_chunks_of_another_chunking_are_refused(catalogue, tmp_path):
+    chunk_path(tmp_path, 0, 3000).write_bytes(b"")
+    with pytest.raises(ValueError, match="holds chunks of another chunking .*gaia_dr2_ri_0000000000_0000003000"):
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url="http://127.0.0.1:9/", **FAST)

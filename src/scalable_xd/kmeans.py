@@ -45,6 +45,8 @@ def minibatch_kmeans(
     Work runs on ``device`` in X's dtype; batches are drawn from a permutation seeded by ``seed``.
     """
     n = X.shape[0]
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be positive, got {epochs} and {batch_size}")
     if n_clusters > n:
         raise ValueError(f"n_clusters={n_clusters} is larger than the number of points ({n})")
     generator = torch.Generator().manual_seed(seed)

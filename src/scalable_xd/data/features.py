@@ -180,13 +180,6 @@ def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- storage
 
-def _feature_columns() -> dict[str, str]:
-    columns = {f"x_{name}": "float64" for name in FEATURES}
-    columns.update({f"sigma_{name}": "float64" for name in FEATURES})
-    columns.update({name: "float32" for name, _, _ in CORRELATIONS})
-    return columns
-
-
 def features_to_arrow(features: Features):
     import pyarrow as pa
 

@@ -239,11 +239,11 @@ def query_gaia(
     out_dir.mkdir(parents=True, exist_ok=True)
     ranges = chunk_ranges(n_rows, chunk_rows)
     todo = [(lo, hi) for lo, hi in ranges if not chunk_is_complete(chunk_path(out_dir, lo, hi), lo, hi)]
-    stale = [p for p in out_dir.glob("gaia_dr2_ri_*.parquet") if _CHUNK_NAME.search(p.name) and
-             tuple(int(v) for v in _CHUNK_NAME.search(p.name).groups()) not in ranges]  # fmt: skip
+    found = {p.name: _CHUNK_NAME.search(p.name) for p in out_dir.glob("gaia_dr2_ri_*.parquet")}
+    stale = [name for name, match in found.items() if match and (int(match[1]), int(match[2])) not in ranges]
     if stale:
         raise ValueError(
-            f"{out_dir} holds chunks of another chunking ({stale[0].name}); use a fresh directory or the same chunk_rows"
+            f"{out_dir} holds chunks of another chunking ({stale[0]}); use a fresh directory or the same chunk_rows"
         )
     log.info("%d of %d chunks to download from %s", len(todo), len(ranges), tap_url)
     if todo:

@@ -7,6 +7,7 @@ the images are comparable run to run: ``FIGSIZE`` inches at ``DPI``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> None:
     plt = _pyplot()
     curves = {}
     for path in metrics_paths:
-        m = json.loads(open(path).read())
+        m = json.loads(Path(path).read_text())
         if m["n_components"] == n_components:
             curves.setdefault(m["method"], []).append(m["history"])
     if not curves:

@@ -10,6 +10,7 @@ different numbers of missing values.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ def load_metrics(paths) -> pd.DataFrame:
     """One row per fit: method, K, seed, log-likelihoods and training time."""
     rows = []
     for path in paths:
-        m = json.loads(open(path).read())
+        m = json.loads(Path(path).read_text())
         row = {"method": m["method"], "K": m["n_components"], "seed": m["seed"],
                "train_seconds": m["train_seconds"], "kmeans_seconds": m["kmeans_seconds"]}  # fmt: skip
         for split in ("train", "val", "test"):
