@@ -11,7 +11,10 @@ An online-EM step of size lambda from (qhat, m, V), with sums normalised by the 
     m'    = m + V g,                            V' = V + V [lambda (UU - P) / qhat' - g g^T] V,
 
 which equals the paper's eq. 7 (V = S/q - m m^T) in exact arithmetic but never subtracts the large m m^T
-terms, so it keeps float32 covariances positive definite when means are far larger than the spread.
+terms, so it stays accurate when the means are far larger than the spread. With lambda = 1 it is one
+batch-EM step. (The paper's appendix A writes adjust(V, s, c, d) as sV + (c-d)(c+d)^T/2 + (c+d)(c-d)^T/2
+= sV + cc^T - dd^T, which differs from its stated identity s(V + cc^T) - dd^T whenever s != 1; the form
+above needs no such recentring.)
 
 Rounding. The scatter V + V (...) V is positive semi-definite in exact arithmetic. Where a component holds
 a handful of stars whose scatter is nearly singular in some direction (and the noise there is tiny, like
@@ -19,9 +22,6 @@ Gaia's positions), the float32 sums leave it indefinite by rounding: the update 
 of V, so the error is ~eps |V|, which can exceed w. Such eigenvalues (down to -1e-4 times V's largest
 variance) are clipped to zero before the regularisation is added; anything more negative is not rounding
 and is left for the divergence check to report.
-With lambda = 1 it is one batch-EM step. (The paper's appendix A writes adjust(V, s, c, d) as
-sV + (c-d)(c+d)^T/2 + (c+d)(c-d)^T/2 = sV + cc^T - dd^T, which differs from its stated identity
-s(V + cc^T) - dd^T whenever s != 1; the form above needs no such recentring.)
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def online_em_update(mixture: Mixture, stats: Statistics, step: float, w: float)
 def online_em_update_naive(mixture: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
     """The same step written as the paper's eq. 6-7: running raw sums, then V = S/q - m m^T.
 
-    Kept for comparison (``covariance_update="naive"``): it loses float32 precision when |m| >> spread.
+    Kept for comparison (``covariance_update="naive"``): subtracting m m^T loses the covariance once the
+    means exceed the spread ~1e4 times in float32 arithmetic, ~1e8 times in float64 (the fits' precision).
     """
     V, m = mixture.covariances, mixture.means
     n = stats.n_points
