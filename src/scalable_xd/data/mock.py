@@ -161,30 +161,36 @@ def _select(rng, galactic_l, galactic_b, apparent_g):
     return (rng.random(len(apparent_g)) < keep_probability) & (apparent_g > 3.0)
 
 
+def _rejection_sample(n: int, oversample: int, draw) -> dict:
+    """The first n kept candidates, column by column: ``draw(batch)`` returns (columns, keep mask) and is
+    called with batches ``oversample`` times the shortfall until enough are kept."""
+    kept, total = [], 0
+    while total < n:
+        columns, keep = draw(max(oversample * (n - total), 2000))
+        kept.append({name: values[keep] for name, values in columns.items()})
+        total += int(keep.sum())
+    return {name: np.concatenate([part[name] for part in kept])[:n] for name in kept[0]}
+
+
 def _milky_way_population(rng, name: str, n: int) -> dict:
     sampler, giant_fraction, dwarf_mean, dwarf_sd = _MILKY_WAY[name]
-    kept = []
-    total = 0
-    while total < n:
-        batch = max(4 * (n - total), 2000)
+
+    def draw(batch):
         x, y, z, vx, vy, vz = sampler(rng, batch)
         gl, gb, dist = _heliocentric_galactic(x, y, z)
         mag, colour = _absolute_magnitudes(rng, batch, giant_fraction, dwarf_mean, dwarf_sd)
         a_g = _extinction(gb, dist)
         g = mag + 5 * np.log10(dist * 100.0) + a_g
-        keep = _select(rng, gl, gb, g)
-        kept.append(dict(x=x, y=y, z=z, vx=vx, vy=vy, vz=vz, g=g, bp_rp=colour + 0.45 * a_g, keep=keep))
-        total += int(keep.sum())
-    cat = {k: np.concatenate([part[k][part["keep"]] for part in kept])[:n] for k in kept[0] if k != "keep"}
+        columns = dict(x=x, y=y, z=z, vx=vx, vy=vy, vz=vz, g=g, bp_rp=colour + 0.45 * a_g)
+        return columns, _select(rng, gl, gb, g)
+
+    cat = _rejection_sample(n, 4, draw)
     ra, dec, dist, pmra, pmdec = _galactocentric_icrs(cat["x"], cat["y"], cat["z"], cat["vx"], cat["vy"], cat["vz"])
     return dict(ra=ra, dec=dec, distance=dist, pmra=pmra, pmdec=pmdec, g=cat["g"], bp_rp=cat["bp_rp"])
 
 
 def _magellanic_population(rng, cloud: dict, n: int) -> dict:
-    kept = []
-    total = 0
-    while total < n:
-        batch = max(6 * (n - total), 2000)
+    def draw(batch):
         radius = rng.gamma(2.0, cloud["scale"], batch) / cloud["distance"]  # radians
         angle = rng.uniform(0, 2 * np.pi, batch)
         dist = cloud["distance"] + rng.normal(0, 0.05 * cloud["distance"], batch)
@@ -192,9 +198,9 @@ def _magellanic_population(rng, cloud: dict, n: int) -> dict:
         a_g = 0.15 + rng.exponential(0.1, batch)
         g = mag + 5 * np.log10(dist * 100.0) + a_g
         keep = (rng.random(batch) < 1.0 / (1.0 + np.exp((g - 20.7) / 0.2))) & (g > 3.0)
-        kept.append(dict(radius=radius, angle=angle, dist=dist, g=g, bp_rp=colour + 0.45 * a_g, keep=keep))
-        total += int(keep.sum())
-    cat = {k: np.concatenate([part[k][part["keep"]] for part in kept])[:n] for k in kept[0] if k != "keep"}
+        return dict(radius=radius, angle=angle, dist=dist, g=g, bp_rp=colour + 0.45 * a_g), keep
+
+    cat = _rejection_sample(n, 6, draw)
     dec = cloud["dec"] + np.degrees(0.8 * cat["radius"] * np.sin(cat["angle"]))
     ra = (cloud["ra"] + np.degrees(cat["radius"] * np.cos(cat["angle"])) / np.cos(np.radians(dec))) % 360.0
     dispersion = 20.0 / (4.74 * cat["dist"])  # 20 km/s internal motions, in mas/yr
