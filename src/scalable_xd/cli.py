@@ -75,7 +75,7 @@ def _kmeans(args) -> None:
 
     from ._torch import resolve_device, resolve_dtype
     from .io import atomic_path
-    from .kmeans import minibatch_kmeans
+    from .kmeans import minibatch_kmeans, weights_from_counts
 
     _set_threads(args.threads)
     X = _read_split(args.train).X
@@ -86,9 +86,8 @@ def _kmeans(args) -> None:
         batch_size=args.batch_size, seed=args.seed, device=device,
     )  # fmt: skip
     seconds = time.perf_counter() - tick
-    weights = counts.double().clamp_min(1.0).cpu().numpy()
     with atomic_path(args.output, suffix=".npz") as tmp:
-        np.savez(tmp, weights=weights / weights.sum(), means=centres.double().cpu().numpy(), seconds=seconds)
+        np.savez(tmp, weights=weights_from_counts(counts).numpy(), means=centres.double().cpu().numpy(), seconds=seconds)
     log.info("k-means K=%d seed=%d: %.1f s on %s", args.n_components, args.seed, seconds, device)
 
 

@@ -13,7 +13,7 @@ from ._torch import dtype_name, resolve_device, resolve_dtype
 from .dataset import Dataset
 from .fitters import SGD, BatchEM, MinibatchEM
 from .io import atomic_path
-from .kmeans import minibatch_kmeans
+from .kmeans import minibatch_kmeans, weights_from_counts
 from .mixture import Mixture
 from .posterior import posterior_moments
 from .training import EVAL_BATCH, LoopConfig, checkpoint_seed, run, scored_batches
@@ -181,7 +181,7 @@ class XDGMM:
             )  # fmt: skip
             means = centres.to("cpu", f64)
             if weights is None:
-                weights = counts.to("cpu", f64).clamp_min(1.0)
+                weights = weights_from_counts(counts)
         if weights is None:
             weights = torch.ones(k, dtype=f64)
         if self.covariances_init is None:

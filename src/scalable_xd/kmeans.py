@@ -76,3 +76,10 @@ def minibatch_kmeans(
             centres[empty] = X[picks].to(device)
             counts[empty] = 0
     return centres, epoch_counts
+
+
+def weights_from_counts(counts: torch.Tensor) -> torch.Tensor:
+    """Initial mixture weights from the k-means counts (paper appendix B.2), in float64 on the CPU: each
+    count floored at one point, so that no component starts with weight zero, then normalised."""
+    counts = counts.to("cpu", torch.float64).clamp_min(1.0)
+    return counts / counts.sum()
