@@ -248,11 +248,11 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
     rows = dict.fromkeys(SPLITS, 0)
     missing_entries = dict.fromkeys(SPLITS, 0)
     schema_meta = {b"scalable_xd": json.dumps({"mode": mode, "split_seed": split_seed}).encode()}
-    with contextlib.ExitStack() as stack:
+    schema = features_to_arrow(_empty_features(mode)).schema.with_metadata(schema_meta)
+    with contextlib.ExitStack() as stack:  # each writer closes before its file moves into place
         writers = {}
         for name in SPLITS:
             tmp = stack.enter_context(atomic_path(out_dir / f"{name}.parquet"))
-            schema = features_to_arrow(_empty_features(mode)).schema.with_metadata(schema_meta)
             writers[name] = stack.enter_context(pq.ParquetWriter(tmp, schema))
         for fragment in tqdm(fragments, desc="features", unit="chunk", disable=not progress or None):
             features = compute_features(fragment.to_table(columns=list(QUERY_COLUMNS)), mode)

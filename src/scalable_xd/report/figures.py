@@ -37,8 +37,10 @@ def _save(fig, outputs) -> None:
     _pyplot().close(fig)
 
 
-def _methods(frame):
-    return [m for m in METHOD_ORDER if m in set(frame.method)]
+def _in_paper_order(methods) -> list[str]:
+    """The given method names in the paper's order (EM, minibatch EM, SGD)."""
+    present = set(methods)
+    return [m for m in METHOD_ORDER if m in present]
 
 
 def plot_timing_vs_k(metrics_paths, outputs) -> None:
@@ -46,7 +48,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> None:
     plt = _pyplot()
     frame = load_metrics(metrics_paths)
     fig, ax = plt.subplots(figsize=FIGSIZE["timing"])
-    for method in _methods(frame):
+    for method in _in_paper_order(frame.method):
         stats = frame[frame.method == method].groupby("K")["train_seconds"].agg(["mean", "std"]).fillna(0.0)
         ax.errorbar(stats.index, stats["mean"], yerr=2 * stats["std"], marker="o", capsize=4,
                     color=COLOURS.get(method), label=METHOD_NAMES.get(method, method))  # fmt: skip
@@ -78,7 +80,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> None:
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
     fig, ax = plt.subplots(figsize=FIGSIZE["curves"])
-    for method in [m for m in METHOD_ORDER if m in curves]:
+    for method in _in_paper_order(curves):
         runs = curves[method]
         length = min(len(h) for h in runs)  # batch EM may stop early at its tolerance
         loglik = np.array([[e["train_loglik"] for e in h[:length]] for h in runs])
