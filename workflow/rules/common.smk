@@ -16,6 +16,11 @@ SEEDS = config["fit"]["seeds"]
 FIGURE_K = config["report"]["figure_K"]
 FIGURE_SEED = config["report"]["seed"]
 ENV = "../envs/scalable_xd.yaml"
+# Optional settings are filled in from the schema's defaults by validate() in the Snakefile.
+
+
+wildcard_constraints:
+    method="|".join(METHODS),
 
 if FIGURE_K not in KS:
     raise ValueError(f"report.figure_K = {FIGURE_K} is not one of fit.n_components {KS}")
@@ -29,7 +34,7 @@ SRC = os.path.join(workflow.basedir, "src")
 CLI = f"PYTHONPATH={SRC}${{PYTHONPATH:+:$PYTHONPATH}} python -m scalable_xd"
 
 # Fits get every core unless told otherwise, so that concurrent jobs do not share (and distort) timings.
-FIT_THREADS = config["fit"].get("threads", 0) or (workflow.cores or 1)
+FIT_THREADS = config["fit"]["threads"] or (workflow.cores or 1)
 _device = config["fit"]["device"]
 FIT_GPUS = 1 if _device.startswith("cuda") or (_device == "auto" and shutil.which("nvidia-smi")) else 0
 
@@ -39,7 +44,7 @@ def raw_catalogue():
     n = config["data"]["n_rows"]
     if config["data"]["source"] == "gaia":
         return f"resources/gaia_dr2/random_index_lt_{n}.json"
-    return f"resources/mock/mock_n{n}_seed{config['data'].get('mock_seed', 0)}.parquet"
+    return f"resources/mock/mock_n{n}_seed{config['data']['mock_seed']}.parquet"
 
 
 def fit_dir(method, K, seed):

@@ -9,8 +9,8 @@ rule query_gaia:
     params:
         cli=CLI,
         chunk_dir=lambda wildcards, output: output.manifest.removesuffix(".json"),
-        chunk_rows=config["data"].get("chunk_rows", 200000),
-        tap_url=config["data"].get("tap_url", "https://gea.esac.esa.int/"),
+        chunk_rows=config["data"]["chunk_rows"],
+        tap_url=config["data"]["tap_url"],
     log:
         "logs/query_gaia_{n_rows}.log",
     conda:

@@ -12,8 +12,6 @@ rule fit:
     output:
         model=f"{RESULTS}/fits/{{method}}/K{{K}}_seed{{seed}}/model.npz",
         metrics=f"{RESULTS}/fits/{{method}}/K{{K}}_seed{{seed}}/metrics.json",
-    wildcard_constraints:
-        method="em|minibatch_em|sgd",
     params:
         cli=CLI,
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),

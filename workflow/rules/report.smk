@@ -85,8 +85,6 @@ rule corner:
     output:
         report(f"{RESULTS}/figures/corner_{{method}}_K{FIGURE_K}.png", caption="../report/corner.rst",
                category="Corner plots", labels={"method": "{method}"}),
-    wildcard_constraints:
-        method="em|minibatch_em|sgd",
     params:
         cli=CLI,
         samples=config["report"]["samples"],
