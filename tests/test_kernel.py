@@ -34,7 +34,9 @@ def test_log_densities_match_scipy(backend):
     np.testing.assert_allclose(loglik.numpy(), np.logaddexp.reduce(expected, axis=1), rtol=1e-12)
 
 
-@pytest.mark.parametrize("projected, backend", [(False, "unrolled"), (False, "linalg"), (True, "linalg")])
+@pytest.mark.parametrize(
+    "projected, backend", [(False, "unrolled"), (False, "compiled"), (False, "linalg"), (True, "linalg")]
+)
 def test_statistics_reproduce_eq5_sums(projected, backend):
     """sum r b = q m + V U and sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V, per component."""
     rng = np.random.default_rng(2)
@@ -56,7 +58,7 @@ def test_statistics_reproduce_eq5_sums(projected, backend):
     np.testing.assert_allclose(from_stats, scatter, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["unrolled", "linalg"])
+@pytest.mark.parametrize("backend", ["unrolled", "compiled", "linalg"])
 def test_failed_factorisation_names_row_and_component(backend):
     rng = np.random.default_rng(3)
     x, S, weights, means, covs = _problem(rng, n=10, k=3, d=2)
@@ -87,23 +89,27 @@ def _hard_problem(rng, n=300, k=16, d=7):
     return x, S, weights, means, covs
 
 
+@pytest.mark.parametrize("backend", ["unrolled", "compiled"])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
-def test_unrolled_pass_matches_the_reference_on_hard_inputs(dtype, rtol):
+def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol):
     x, S, weights, means, covs = _hard_problem(np.random.default_rng(4))
+    weights[3] = 0.0  # a frozen component: log alpha = -inf
     args = [torch.tensor(a, dtype=dtype) for a in (x, S)] + [_mixture(weights, means, covs).to(dtype=dtype)]
     reference = batch_statistics(*args, backend="linalg")
-    fast = batch_statistics(*args, backend="unrolled", max_pairs=1000)
+    fast = batch_statistics(*args, backend=backend, max_pairs=1000)
     for name in ("loglik", "q", "U", "UU", "P"):
         got, want = getattr(fast, name).double(), getattr(reference, name).double()
         scale = want.abs().amax(dim=tuple(range(1, want.ndim)), keepdim=True) if want.ndim > 1 else want.abs().max()
+        scale = scale.clamp_min(1e-300)  # the frozen component's rows are exactly 0
         assert ((got - want).abs() / scale).max() < rtol, name
-    _, dens_fast = log_densities(*args, backend="unrolled")
+    _, dens_fast = log_densities(*args, backend=backend)
     _, dens_ref = log_densities(*args, backend="linalg")
     np.testing.assert_allclose(dens_fast.double().numpy(), dens_ref.double().numpy(), rtol=rtol, atol=rtol)
 
 
-def test_unrolled_backend_refuses_projections():
+@pytest.mark.parametrize("backend", ["unrolled", "compiled"])
+def test_fast_backends_refuse_projections(backend):
     rng = np.random.default_rng(5)
     x, S, weights, means, covs = _problem(rng, n=4, k=2, d=2)
     with pytest.raises(ValueError, match="R = I only"):
-        batch_statistics(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), torch.tensor(np.ones((4, 2, 2))), backend="unrolled")
+        batch_statistics(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), torch.tensor(np.ones((4, 2, 2))), backend=backend)

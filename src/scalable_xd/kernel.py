@@ -6,6 +6,9 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
 
 * ``"unrolled"`` (``kernel_unrolled``): entry-by-entry small-matrix algebra along the pair axis; the fast
   path, used whenever R = I.
+* ``"compiled"``: the same code through ``torch.compile``, which fuses its ~300 small ops per chunk into a
+  few loops (C++ on CPU, Triton on CUDA). ~1.8x the eager speed on CPU, after a one-off compile of ~40 s
+  per dtype (cached on disk by PyTorch); worth it for long fits, opt-in through ``XDGMM(compile=True)``.
 * ``"linalg"`` (``kernel_linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
 The mixture may be given in float64 (the fitters keep it so); the pass casts it to the data's dtype.
@@ -13,20 +16,22 @@ The mixture may be given in float64 (the fitters keep it so); the pass casts it 
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from .kernel_linalg import linalg_chunk
-from .kernel_unrolled import unrolled_chunk
+from .kernel_unrolled import unrolled_chunk, unrolled_terms
 from .mixture import Mixture
 from .statistics import Statistics
 
-BACKENDS = ("auto", "unrolled", "linalg")
+BACKENDS = ("auto", "unrolled", "compiled", "linalg")
 
 # Pairs per chunk. The unrolled pass is fastest on CPU between ~2^16 and ~2^18 pairs (its ~100 (K, B)
 # temporaries then stay in cache); on a GPU far larger chunks amortise kernel launches. The LAPACK path
 # holds several (pairs, d, d) stacks, ~25 MB each in float64 at 2^16 pairs.
-_MAX_PAIRS = {("unrolled", "cpu"): 1 << 17, ("unrolled", "cuda"): 1 << 22, ("linalg", "cpu"): 1 << 16,
-              ("linalg", "cuda"): 1 << 20}  # fmt: skip
+_MAX_PAIRS = {("unrolled", "cpu"): 1 << 17, ("unrolled", "cuda"): 1 << 22, ("compiled", "cpu"): 1 << 17,
+              ("compiled", "cuda"): 1 << 22, ("linalg", "cpu"): 1 << 16, ("linalg", "cuda"): 1 << 20}  # fmt: skip
 
 
 def _backend(name: str, R) -> str:
@@ -34,9 +39,16 @@ def _backend(name: str, R) -> str:
         raise ValueError(f"unknown kernel backend {name!r}: choose one of {', '.join(BACKENDS)}")
     if name == "auto":
         return "linalg" if R is not None else "unrolled"
-    if name == "unrolled" and R is not None:
-        raise ValueError("the unrolled kernel handles R = I only; use backend='linalg' with projections")
+    if name in ("unrolled", "compiled") and R is not None:
+        raise ValueError(f"the {name} kernel handles R = I only; use backend='linalg' with projections")
     return name
+
+
+@cache
+def _compiled_terms():
+    """``unrolled_terms`` through torch.compile (built on first use; needs a C++ compiler on CPU, Triton on
+    CUDA). Sizes are symbolic, so chunks of any length share one graph per dtype and dimension."""
+    return torch.compile(unrolled_terms, dynamic=True)
 
 
 def chunks(n_points: int, n_components: int, max_pairs: int):
@@ -54,6 +66,8 @@ def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
         if backend == "linalg":
             yield linalg_chunk(x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start)
+        elif backend == "compiled":
+            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, terms=_compiled_terms())
         else:
             yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start)
 

@@ -62,21 +62,24 @@ def _triangular_inverse(L, inv_diag):
     return W
 
 
-def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int):
-    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I."""
-    dim = x.shape[1]
-    V, m = mixture.covariances, mixture.means
-    L, inv_diag = _cholesky(V, S)
-    diag = torch.stack([L[j][j] for j in range(dim)])  # (D, K, B)
-    raise_for_failed_pairs((~(torch.isfinite(diag) & (diag > 0)).all(0)).T, row_offset)
+def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool):
+    """The pass over one chunk as plain tensors, so that ``torch.compile`` can fuse it (see ``kernel``).
 
-    diff = [x[:, i][None] - m[:, i, None] for i in range(dim)]  # d_ij, entry by entry, (K, B)
+    Returns (failed (K, B), log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
+    (q (K,), U (K, D), UU (K, D, D), lower triangle of P (K, D(D+1)/2) in row-major order).
+    """
+    dim = x.shape[1]
+    L, inv_diag = _cholesky(covariances, S)
+    diag = torch.stack([L[j][j] for j in range(dim)])  # (D, K, B)
+    failed = ~(torch.isfinite(diag) & (diag > 0)).all(0)
+
+    diff = [x[:, i][None] - means[:, i, None] for i in range(dim)]  # d_ij, entry by entry, (K, B)
     z = _forward_substitute(L, inv_diag, diff)
     maha = torch.stack(z).square().sum(0)
-    log_dens = mixture.log_weights[:, None] - torch.log(diag).sum(0) - 0.5 * (maha + dim * LOG_2PI)
+    log_dens = log_weights[:, None] - torch.log(diag).sum(0) - 0.5 * (maha + dim * LOG_2PI)
     loglik = torch.logsumexp(log_dens, dim=0)
     if not with_stats:
-        return loglik, log_dens.T, None
+        return failed, loglik, log_dens
 
     resp = torch.exp(log_dens - loglik)  # (K, B)
     W = _triangular_inverse(L, inv_diag)
@@ -87,21 +90,33 @@ def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int):
         for k in range(i + 1, dim):
             s = torch.addcmul(s, W[k][i], z[k])
         u.append(s)
-    rows, cols, t_inv = [], [], []
+    t_inv = []
     for i in range(dim):
         for j in range(i + 1):
             s = W[i][i] * W[i][j]
             for k in range(i + 1, dim):
                 s = torch.addcmul(s, W[k][i], W[k][j])
-            rows.append(i)
-            cols.append(j)
             t_inv.append(s)
 
     u = torch.stack(u, dim=1)  # (K, D, B)
     ru = u * resp[:, None, :]
-    p_lower = torch.bmm(torch.stack(t_inv, dim=1), resp.unsqueeze(-1)).squeeze(-1)  # (K, D(D+1)/2)
-    P = torch.zeros_like(V)
+    p_lower = torch.bmm(torch.stack(t_inv, dim=1), resp.unsqueeze(-1)).squeeze(-1)
+    return failed, loglik, log_dens, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), p_lower
+
+
+def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, terms=unrolled_terms):
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I.
+
+    ``terms`` is ``unrolled_terms`` itself or a compiled version of it.
+    """
+    out = terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, with_stats)
+    failed, loglik, log_dens = out[:3]
+    raise_for_failed_pairs(failed.T, row_offset)
+    if not with_stats:
+        return loglik, log_dens.T, None
+    q, U, UU, p_lower = out[3:]
+    rows, cols = torch.tril_indices(x.shape[1], x.shape[1], device=x.device)
+    P = torch.zeros_like(UU)
     P[:, rows, cols] = p_lower
     P[:, cols, rows] = p_lower
-    stats = Statistics(loglik, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), P)
-    return loglik, log_dens.T, stats
+    return loglik, log_dens.T, Statistics(loglik, q, U, UU, P)
