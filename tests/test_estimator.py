@@ -94,6 +94,22 @@ def test_same_random_state_gives_identical_fits(data, method):
         np.testing.assert_array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
 
 
+def test_compiled_kernel_gives_the_same_fit_and_scores(data):
+    """compile=True changes speed, not results; projected data keeps the LAPACK path."""
+    x, S = data
+    settings = dict(n_components=K, method="minibatch_em", epochs=2, dtype="float64", device="cpu", random_state=3)
+    eager = XDGMM(**settings).fit(x, S)
+    compiled = XDGMM(compile=True, **settings).fit(x, S)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(compiled, attr), getattr(eager, attr), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        [h["train_loglik"] for h in compiled.history_], [h["train_loglik"] for h in eager.history_], rtol=1e-12
+    )
+    R = np.random.default_rng(41).normal(size=(100, 2, D))
+    S_obs = np.einsum("nij,njk,nlk->nil", R, S[:100], R)
+    np.testing.assert_allclose(compiled.score_samples(x[:100, :2], S_obs, R=R), eager.score_samples(x[:100, :2], S_obs, R=R))
+
+
 def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) -> None:
     """Fit until the checkpoint of ``after_epoch`` is written, then stop as a killed job would."""
     save = scalable_xd.training._save_checkpoint
@@ -197,6 +213,8 @@ def test_bad_shapes_and_parameters_are_named(data):
         XDGMM(2, step_size=2.0)
     with pytest.raises(ValueError, match="n_components must be a positive integer"):
         XDGMM(0)
+    with pytest.raises(ValueError, match="compile must be True or False, got 'yes'"):
+        XDGMM(2, compile="yes")
     with pytest.raises(ValueError, match=r"means_init must have shape \(2, 3\)"):
         XDGMM(2, device="cpu", means_init=np.zeros((3, 3))).fit(x, S)
     with pytest.raises(ValueError, match="covariances_init component 1 is not symmetric positive definite"):

@@ -130,7 +130,9 @@ def test_lint_is_clean(tmp_path):
 
 
 def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
-    plan = planned_jobs(snakemake(tmp_path, "--dry-run", "--cores", "4", configfile="config.yaml"))
+    output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="config.yaml")
+    plan = planned_jobs(output)
     assert plan["fit"] == 3 * 4 * 10 and plan["kmeans"] == 4 * 10
+    assert output.count(" --compile ") == plan["fit"]  # the long fits use the fused kernel
     assert plan["query_gaia"] == 1 and "mock_catalogue" not in plan
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing

@@ -122,7 +122,7 @@ def _fit(args) -> None:
         len(weights), args.method, batch_size=args.batch_size, epochs=args.epochs, step_size=args.step_size,
         step_schedule=args.step_schedule, step_decay=args.step_decay, lr=args.lr, lr_decay=args.lr_decay,
         decay_epoch=args.decay_epoch, w=args.w, tol=args.tol, device=args.device, dtype=args.dtype,
-        random_state=args.seed, weights_init=weights, means_init=means, verbose=1,
+        compile=args.compile, random_state=args.seed, weights_init=weights, means_init=means, verbose=1,
     )  # fmt: skip
     tick = time.perf_counter()
     model.fit(train.X, train.covariance(), X_val=val.X, Xcov_val=val.covariance(), checkpoint=args.checkpoint)
@@ -256,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=None, help="batch-EM tolerance (default: run all epochs)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--compile", action="store_true", help="fuse the statistics pass with torch.compile")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
     p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")

@@ -56,6 +56,10 @@ class XDGMM:
     device : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     dtype : ``"float32"`` or ``"float64"``: the precision of the per-pair statistics pass, the hot path.
         Parameters and their updates are always float64 (K x D x D numbers; see ``fitters``).
+    compile : run the statistics pass through ``torch.compile`` (R = I only; projected data keeps the LAPACK
+        path). Same results to float tolerance, ~1.8x faster on CPU after a one-off compile of ~40 s per dtype
+        (cached on disk by PyTorch), and the fused kernel a GPU needs. Needs a C++ compiler on CPU, Triton
+        on CUDA.
     random_state : seeds the k-means init and the batch order; the same value gives the same fit on CPU.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
     verbose : 0 silent, 1 a line per epoch on stderr, 2 also a progress bar per epoch (off when not a TTY).
@@ -85,6 +89,7 @@ class XDGMM:
         kmeans_epochs: int = 10,
         device: str = "auto",
         dtype: str = "float32",
+        compile: bool = False,
         random_state: int | None = None,
         weights_init=None,
         means_init=None,
@@ -108,6 +113,7 @@ class XDGMM:
         self.kmeans_epochs = kmeans_epochs
         self.device = device
         self.dtype = dtype
+        self.compile = compile
         self.random_state = random_state
         self.weights_init = weights_init
         self.means_init = means_init
@@ -153,15 +159,22 @@ class XDGMM:
         in_range("w", 0, math.inf)
         if self.tol is not None:
             in_range("tol", 0, math.inf)
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True or False, got {self.compile!r}")
         self._device = resolve_device(self.device)
         self._dtype = resolve_dtype(self.dtype)
+
+    @property
+    def _backend(self) -> str:
+        """The kernel backend (see ``kernel``); "auto" picks the LAPACK path for projected data."""
+        return "compiled" if self.compile else "auto"
 
     def get_params(self) -> dict:
         """The constructor arguments (initial-parameter arrays excluded), as JSON-friendly values."""
         keys = [
             "n_components", "method", "batch_size", "epochs", "step_size", "step_schedule", "step_decay", "kappa",
             "lr", "lr_decay", "decay_epoch", "w", "tol", "covariance_update", "kmeans_epochs", "device", "dtype",
-            "random_state", "verbose",
+            "compile", "random_state", "verbose",
         ]  # fmt: skip
         return {key: getattr(self, key) for key in keys}
 
@@ -250,11 +263,12 @@ class XDGMM:
             seed=seed,
             device=self._device,
             dtype=self._dtype,
+            backend=self._backend,
             w=self.w,
             tol=self.tol if self.method == "em" else None,
             verbose=self.verbose,
             checkpoint=None if checkpoint is None else Path(checkpoint),
-            fingerprint={**self.get_params(), "verbose": None, "n": len(train), "d": train.obs_dim,
+            fingerprint={**self.get_params(), "verbose": None, "compile": None, "n": len(train), "d": train.obs_dim,
                          "D": train.model_dim, "seed": seed},
         )  # fmt: skip
         history, converged = run(fitter, train, val, config)
@@ -284,7 +298,7 @@ class XDGMM:
         data = Dataset(X, Xcov, R)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
-        return scored_batches(data, mixture, self._device, self._dtype)
+        return scored_batches(data, mixture, self._device, self._dtype, self._backend)
 
     def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
         """log p(x_i) under the convolved model for each point, shape (N,)."""

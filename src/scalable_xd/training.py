@@ -36,21 +36,27 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
     return [order[start : start + batch_size] for start in range(0, n, batch_size)]
 
 
-def scored_batches(data: Dataset, mixture: Mixture, device, dtype, batch_size: int = EVAL_BATCH):
+def _backend_for(backend: str, R) -> str:
+    """The requested kernel for R = I batches; projected batches take the LAPACK path ("auto")."""
+    return backend if R is None else "auto"
+
+
+def scored_batches(data: Dataset, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH):
     """Yield (start row, log p(x) (B,), log alpha_j N_ij (B, K)) over a data set in bounded-memory batches;
     a factorisation failure names the row of the whole data set."""
     for start in range(0, len(data), batch_size):
         x, S, R = data.batch(slice(start, start + batch_size), device, dtype)
         try:
-            loglik, log_dens = log_densities(x, S, mixture, R)
+            loglik, log_dens = log_densities(x, S, mixture, R, backend=_backend_for(backend, R))
         except NotPositiveDefiniteError as err:
             raise NotPositiveDefiniteError(start + err.row, err.component) from None
         yield start, loglik, log_dens
 
 
-def total_loglik(data: Dataset, mixture: Mixture, device, dtype) -> float:
+def total_loglik(data: Dataset, mixture: Mixture, device, dtype, backend: str) -> float:
     """Sum over all points of log p(x_i), accumulated in float64."""
-    return sum(float(ll.sum(dtype=torch.float64)) for _, ll, _ in scored_batches(data, mixture, device, dtype))
+    batches = scored_batches(data, mixture, device, dtype, backend)
+    return sum(float(ll.sum(dtype=torch.float64)) for _, ll, _ in batches)
 
 
 @dataclass
@@ -61,6 +67,7 @@ class LoopConfig:
     seed: int
     device: torch.device
     dtype: torch.dtype
+    backend: str  # kernel backend for R = I batches (see ``kernel``)
     w: float
     tol: float | None
     verbose: int = 0
@@ -122,10 +129,10 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig) -> tuple[l
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": total_loglik(train, fitter.mixture, cfg.device, cfg.dtype) / len(train),
+            "train_loglik": total_loglik(train, fitter.mixture, cfg.device, cfg.dtype, cfg.backend) / len(train),
             "val_loglik": None
             if val is None
-            else total_loglik(val, fitter.mixture, cfg.device, cfg.dtype) / len(val),
+            else total_loglik(val, fitter.mixture, cfg.device, cfg.dtype, cfg.backend) / len(val),
             "step_size": fitter.step_size(max(epoch - 1, 0)),
         }
 
@@ -143,7 +150,7 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig) -> tuple[l
         for number, index in enumerate(tqdm(batches, disable=cfg.verbose < 2 or None, leave=False)):
             x, S, R = train.batch(index, cfg.device, cfg.dtype)
             try:
-                stats = batch_statistics(x, S, fitter.mixture, R)
+                stats = batch_statistics(x, S, fitter.mixture, R, backend=_backend_for(cfg.backend, R))
             except NotPositiveDefiniteError as err:
                 raise FitDivergedError(
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number

@@ -19,7 +19,8 @@ rule fit:
             f"--{key.replace('_', '-')} {config['fit'][key]}"
             for key in ("epochs", "batch_size", "step_size", "step_decay", "lr", "lr_decay", "decay_epoch",
                         "w", "device", "dtype")
-        ),
+        )
+        + (" --compile" if config["fit"]["compile"] else ""),
         tag=NAME,
         config_hash=CONFIG_HASH,
     threads: FIT_THREADS
