@@ -1,4 +1,4 @@
-"""On CUDA, every method agrees with the CPU result to float32 tolerance (skipped without a GPU)."""
+"""On CUDA, every method and kernel agrees with the CPU result to float32 tolerance (skipped without a GPU)."""
 
 import numpy as np
 import pytest
@@ -13,8 +13,9 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
-def test_cuda_fit_matches_cpu(method):
+def test_cuda_fit_matches_cpu(method, compile):
     rng = np.random.default_rng(70)
     k, d = 4, 3
     x, S, _, _ = draw_xd_data(
@@ -23,7 +24,23 @@ def test_cuda_fit_matches_cpu(method):
     init = dict(means_init=x[:k], weights_init=np.ones(k) / k)
     settings = dict(n_components=k, method=method, epochs=3, dtype="float32", random_state=0, **init)
     cpu = XDGMM(device="cpu", **settings).fit(x, S)
-    gpu = XDGMM(device="cuda", **settings).fit(x, S)
+    gpu = XDGMM(device="cuda", compile=compile, **settings).fit(x, S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=2e-3, atol=2e-3)
     assert gpu.score(x, S) == pytest.approx(cpu.score(x, S), abs=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["unrolled", "compiled"])
+def test_cuda_pass_matches_the_cpu_reference_on_hard_inputs(backend):
+    from test_kernel import _hard_problem, _mixture
+
+    from scalable_xd.kernel import batch_statistics
+
+    x, S, weights, means, covs = _hard_problem(np.random.default_rng(4), n=3000, k=64)
+    reference = batch_statistics(torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), backend="linalg")
+    args = [torch.tensor(a, dtype=torch.float32, device="cuda") for a in (x, S)]
+    fast = batch_statistics(*args, _mixture(weights, means, covs).to("cuda", torch.float32), backend=backend)
+    for name in ("loglik", "q", "U", "UU", "P"):
+        got, want = getattr(fast, name).double().cpu(), getattr(reference, name)
+        scale = want.abs().amax(dim=tuple(range(1, want.ndim)), keepdim=True) if want.ndim > 1 else want.abs().max()
+        assert ((got - want).abs() / scale).max() < 1e-4, name
