@@ -4,12 +4,16 @@
     python benchmarks/bench_fit.py --device cuda --n-components 64 512 --batch-sizes 500 50000
 
 Throughput is (point, component) pairs per second of the per-batch statistics pass (q, U, UU, P and the
-log-likelihood), for each kernel backend: ``unrolled`` (the fast path), ``linalg`` (batched LAPACK calls,
+log-likelihood), for each kernel backend: ``unrolled`` (the eager fast path), ``compiled`` (the same code
+through torch.compile; its first call, the compile, is reported apart), ``linalg`` (batched LAPACK calls,
 the first implementation) and ``reference``, the straightforward PyTorch formulation the paper's equations
 suggest: form T_ij, b_ij and B_ij for every pair with batched inverses, then sum r b and r (b b^T + B).
-Epoch times are training seconds per epoch of each method with the default kernel (evaluation passes
-excluded), from given initial parameters (no k-means), at batch 500 as in the paper. Every figure is the
-best of several runs: the development VMs share their cores, and single timings vary by 20-30%.
+Achieved flop/s count the arithmetic the unrolled pass performs per pair (``flops_per_pair``), set against
+the FP32 peak where it is known (``--peak-tflops``, or the table below for GPUs).
+Epoch times are training seconds per epoch of each method with the eager and the compiled kernel
+(evaluation passes excluded), from given initial parameters (no k-means), at batch 500 as in the paper.
+Every figure is the best of several runs: the development VMs share their cores, and single timings vary
+by 20-30%.
 """
 
 from __future__ import annotations
@@ -23,16 +27,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.kernel import batch_statistics
+from scalable_xd.kernel_unrolled import unrolled_terms
 from scalable_xd.mixture import Mixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, write_result  # noqa: E402
 
 D = 7
+# Dense FP32 (non-tensor-core) peaks from the vendors' data sheets, TFLOP/s.
+FP32_PEAK_TFLOPS = {"H100 80GB HBM3": 66.9, "H100 PCIe": 51.2, "H100 NVL": 60.0, "H200": 66.9, "A100": 19.5}
 
 
 def reference_statistics(x, S, mixture: Mixture):
@@ -51,6 +59,40 @@ def reference_statistics(x, S, mixture: Mixture):
     return resp.sum(0), sum_b, sum_bb, torch.logsumexp(log_dens, dim=1)
 
 
+class _FlopCounter(TorchDispatchMode):
+    """Arithmetic of every op a function dispatches: elementwise ops count one per output element (addcmul
+    two; sign flips and comparisons none), reductions one per input element (logsumexp three), bmm 2mnk."""
+
+    ELEMENTWISE = {"add": 1, "sub": 1, "mul": 1, "div": 1, "addcmul": 2, "sqrt": 1, "reciprocal": 1, "exp": 1,
+                   "log": 1, "pow": 1}  # fmt: skip
+    REDUCTIONS = {"sum": 1, "logsumexp": 3}
+
+    def __init__(self):
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in self.ELEMENTWISE:
+            self.flops += self.ELEMENTWISE[name] * out.numel()
+        elif name in self.REDUCTIONS:
+            self.flops += self.REDUCTIONS[name] * args[0].numel()
+        elif name == "bmm":
+            (batch, m, k), n = args[0].shape, args[1].shape[-1]
+            self.flops += 2 * batch * m * n * k
+        return out
+
+
+def flops_per_pair(k: int) -> float:
+    """Floating-point operations of the unrolled pass (statistics and log-likelihood) per pair."""
+    x, S, mixture = synthetic(256, k, torch.float64)
+    counter = _FlopCounter()
+    with counter:
+        unrolled_terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, True)
+    return counter.flops / (256 * k)
+
+
 def synthetic(n: int, k: int, dtype, seed: int = 0):
     """Gaia-sized problem: 7-D points, per-point full noise covariances, a K-component mixture."""
     gen = torch.Generator().manual_seed(seed)
@@ -63,23 +105,26 @@ def synthetic(n: int, k: int, dtype, seed: int = 0):
     return x.to(dtype), S.to(dtype), mixture.to(dtype=dtype)
 
 
-def pairs_per_second(fn, x, S, mixture, batch: int, device, repeats: int) -> float:
+def pairs_per_second(fn, x, S, mixture, batch: int, device, repeats: int) -> tuple[float, float]:
+    """(best pairs/s, seconds of the first call: warm-up, or the compile of a compiled kernel)."""
     xb, Sb, mix = x[:batch].to(device), S[:batch].to(device), mixture.to(device)
-    fn(xb, Sb, mix)  # warm-up
+    tick = time.perf_counter()
+    fn(xb, Sb, mix)
     synchronize(device)
+    first = time.perf_counter() - tick
     best = float("inf")
     for _ in range(repeats):
         tick = time.perf_counter()
         fn(xb, Sb, mix)
         synchronize(device)
         best = min(best, time.perf_counter() - tick)
-    return batch * mixture.n_components / best
+    return batch * mixture.n_components / best, first
 
 
-def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, epochs: int) -> float:
+def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, epochs: int, compile: bool) -> float:
     """Training seconds of the fastest of ``epochs`` epochs (this VM's neighbours make single runs noisy)."""
     model = XDGMM(
-        mixture.n_components, method, epochs=epochs, tol=None, device=str(device), dtype=dtype_name,
+        mixture.n_components, method, epochs=epochs, tol=None, device=str(device), dtype=dtype_name, compile=compile,
         random_state=0, weights_init=mixture.weights.double().numpy(), means_init=mixture.means.double().numpy(),
         covariances_init=mixture.covariances.double().numpy(),
     ).fit(x, S)  # fmt: skip
@@ -96,37 +141,48 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per method; the fastest is reported")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats of the pass; the fastest is reported")
     parser.add_argument("--skip-epochs", action="store_true", help="measure the statistics pass only")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="FP32 peak of the device, TFLOP/s")
     parser.add_argument("--label", default=None, help="suffix of the output file name")
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = args.peak_tflops or next((v for key, v in FP32_PEAK_TFLOPS.items() if key in device_name), None)
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         for k in args.n_components:
             x, S, mixture = synthetic(args.n, k, dtype)
             for batch in args.batch_sizes:
-                row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": batch}
-                for backend in ("unrolled", "linalg"):
-                    row[f"{backend}_pairs_per_s"] = pairs_per_second(
+                row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": batch,
+                       "flops_per_pair": flops_per_pair(k)}  # fmt: skip
+                for backend in ("unrolled", "compiled", "linalg"):
+                    rate, first = pairs_per_second(
                         partial(batch_statistics, backend=backend), x, S, mixture, batch, device, args.repeats
                     )
+                    row[f"{backend}_pairs_per_s"] = rate
+                    row[f"{backend}_gflop_per_s"] = rate * row["flops_per_pair"] / 1e9
+                    if peak is not None:
+                        row[f"{backend}_fraction_of_fp32_peak"] = row[f"{backend}_gflop_per_s"] / (peak * 1e3)
+                    if backend == "compiled":
+                        row["compiled_first_call_s"] = first
                 ref_batch = min(batch, max(1, (1 << 16) // k))  # the reference holds (B, K, D, D) several times
-                row["reference_pairs_per_s"] = pairs_per_second(
+                row["reference_pairs_per_s"], _ = pairs_per_second(
                     reference_statistics, x, S, mixture, ref_batch, device, args.repeats
                 )
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             if not args.skip_epochs:
                 for method in ("em", "minibatch_em", "sgd"):
-                    seconds = epoch_seconds(method, x, S, mixture, device, dtype_name, args.epochs)
-                    row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": 500, "method": method,
-                           "seconds_per_epoch": seconds}  # fmt: skip
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+                    for compile in (False, True):
+                        seconds = epoch_seconds(method, x, S, mixture, device, dtype_name, args.epochs, compile)
+                        row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": 500, "method": method,
+                               "kernel": "compiled" if compile else "unrolled",
+                               "seconds_per_epoch": seconds}  # fmt: skip
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
 
-    info = {"benchmark": "bench_fit", **machine(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}  # fmt: skip
+    info = {"benchmark": "bench_fit", **machine(), "device": device_name, "fp32_peak_tflops": peak}
     write_result(f"bench_fit_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": rows})
 
 
