@@ -57,9 +57,9 @@ class XDGMM:
     dtype : ``"float32"`` or ``"float64"``: the precision of the per-pair statistics pass, the hot path.
         Parameters and their updates are always float64 (K x D x D numbers; see ``fitters``).
     compile : run the statistics pass through ``torch.compile`` (R = I only; projected data keeps the LAPACK
-        path). Same results to float tolerance, ~1.8x faster on CPU after a one-off compile of ~40 s per dtype
-        (cached on disk by PyTorch), and the fused kernel a GPU needs. Needs a C++ compiler on CPU, Triton
-        on CUDA.
+        path). Same results to float tolerance; 2-3.5x faster on CPU after a one-off compile of ~40 s per
+        dtype (cached on disk by PyTorch); on CUDA its ~370 small launches per chunk become a few Triton
+        kernels. Needs a C++ compiler on CPU, Triton on CUDA.
     random_state : seeds the k-means init and the batch order; the same value gives the same fit on CPU.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
     verbose : 0 silent, 1 a line per epoch on stderr, 2 also a progress bar per epoch (off when not a TTY).

@@ -6,8 +6,8 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
 
 * ``"unrolled"`` (``kernel_unrolled``): entry-by-entry small-matrix algebra along the pair axis; the fast
   path, used whenever R = I.
-* ``"compiled"``: the same code through ``torch.compile``, which fuses its ~300 small ops per chunk into a
-  few loops (C++ on CPU, Triton on CUDA). ~1.8x the eager speed on CPU, after a one-off compile of ~40 s
+* ``"compiled"``: the same code through ``torch.compile``, which fuses its ~370 small ops per chunk into a
+  few loops (C++ on CPU, Triton on CUDA). 2-3.5x the eager speed on CPU, after a one-off compile of ~40 s
   per dtype (cached on disk by PyTorch); worth it for long fits, opt-in through ``XDGMM(compile=True)``.
 * ``"linalg"`` (``kernel_linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
