@@ -29,6 +29,13 @@ def machine() -> dict:
     }
 
 
+def device_name(device) -> str:
+    """The GPU's model name, or "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def write_result(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -30,7 +30,7 @@ from scalable_xd.io import atomic_path
 from scalable_xd.kmeans import minibatch_kmeans, weights_from_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import device_name, machine, write_result  # noqa: E402
 
 SCRATCH = Path(__file__).resolve().parent / "scratch"
 
@@ -98,8 +98,7 @@ def main(argv=None) -> None:
         "final_train_loglik": model.history_[-1]["train_loglik"], "final_val_loglik": model.history_[-1]["val_loglik"],
     }  # fmt: skip
     print(json.dumps(row), flush=True)
-    info = {"benchmark": "bench_paper_fit", **machine(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}  # fmt: skip
+    info = {"benchmark": "bench_paper_fit", **machine(), "device": device_name(device)}
     write_result(f"bench_paper_fit_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": [row]})
 
 
