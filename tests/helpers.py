@@ -78,3 +78,41 @@ def xd_em_step(x, S, weights, means, covs, w=0.0):
     eye = np.eye(means.shape[1])
     new_covs = (scatter + w * eye) / (q[:, None, None] + 1.0) if w > 0 else scatter / q[:, None, None]
     return q / q.sum(), new_means, new_covs
+
+
+def kernel_problem(rng, n=40, k=5, d=3, d_obs=None):
+    """A random mixture (k components in d dimensions) and n noisy points of dimension d_obs."""
+    weights = rng.dirichlet(np.ones(k))
+    means = rng.normal(scale=3, size=(k, d))
+    covs = random_spd(rng, k, d)
+    d_obs = d if d_obs is None else d_obs
+    S = random_spd(rng, n, d_obs, scale=0.5)
+    x = rng.normal(scale=3, size=(n, d_obs))
+    return x, S, weights, means, covs
+
+
+def hard_kernel_problem(rng, n=300, k=16, d=7):
+    """Gaia-like trouble: entries missing with variance 1e12, tiny and huge noise, nearly singular V_j."""
+    x, S, weights, means, covs = kernel_problem(rng, n=n, k=k, d=d)
+    missing = rng.random((n, d)) < 0.15
+    for i, j in zip(*np.nonzero(missing)):
+        x[i, j] = 0.0
+        S[i, j, :] = S[i, :, j] = 0.0
+        S[i, j, j] = 1e12
+    scale = np.ones(d)
+    scale[:2] = 1e-7  # positions: variances ~1e-16 deg^2 next to a sky spread of ~1e2
+    S[: n // 4] *= np.outer(scale, scale)
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    covs[: k // 4] = (q * np.geomspace(1e-5, 10.0, d)) @ q.T  # condition number 1e6
+    return x, S, weights, means, covs
+
+
+def max_row_relative_error(got, want):
+    """Largest |got - want| relative to the largest |want| of its row (its component, for (K, ...) sums; the
+    whole array for a vector); rows that are exactly zero compare absolutely."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if want.ndim == 1:
+        scale = np.abs(want).max()
+    else:
+        scale = np.abs(want).max(axis=tuple(range(1, want.ndim)), keepdims=True)
+    return float((np.abs(got - want) / np.maximum(scale, 1e-300)).max())
