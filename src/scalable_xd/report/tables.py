@@ -66,6 +66,12 @@ def _pm(mean: float, sd: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {0.0 if np.isnan(sd) else sd:.{digits}f}"
 
 
+def _cells(row) -> list[str]:
+    """Validation, test, and both for the observed entries alone, as "mean ± sd" (or "-")."""
+    return [_pm(row.val_mean, row.val_std), _pm(row.test_mean, row.test_std),
+            _pm(row.val_observed_mean, row.val_observed_std), _pm(row.test_observed_mean, row.test_observed_std)]  # fmt: skip
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     lines = [
         "| Method | K | Validation | Test | Validation (observed entries) | Test (observed entries) | Seeds |",
@@ -75,11 +81,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     for row in table.itertuples():
         name = METHOD_NAMES.get(row.method, row.method) if row.method != previous else ""
         previous = row.method
-        lines.append(
-            f"| {name} | {row.K} | {_pm(row.val_mean, row.val_std)} | {_pm(row.test_mean, row.test_std)} | "
-            f"{_pm(row.val_observed_mean, row.val_observed_std)} | {_pm(row.test_observed_mean, row.test_observed_std)} | "
-            f"{row.n_seeds} |"
-        )
+        lines.append(f"| {name} | {row.K} | " + " | ".join(_cells(row)) + f" | {row.n_seeds} |")
     return "\n".join(lines) + "\n"
 
 
@@ -96,9 +98,7 @@ def to_latex(table: pd.DataFrame) -> str:
             lines.append(r"\midrule")
         name = METHOD_NAMES.get(row.method, row.method) if row.method != previous else ""
         previous = row.method
-        cells = [_pm(row.val_mean, row.val_std), _pm(row.test_mean, row.test_std),
-                 _pm(row.val_observed_mean, row.val_observed_std), _pm(row.test_observed_mean, row.test_observed_std)]  # fmt: skip
-        cells = [c.replace("±", r"$\pm$").replace("-", "$-$", 1) if c != "-" else "--" for c in cells]
+        cells = [c.replace("±", r"$\pm$").replace("-", "$-$", 1) if c != "-" else "--" for c in _cells(row)]
         lines.append(f"{name} & {row.K} & " + " & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
