@@ -8,7 +8,7 @@ from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
 from scalable_xd import XDGMM, FitDivergedError
 from scalable_xd.kernel import batch_statistics
 from scalable_xd.mixture import Mixture
-from scalable_xd.updates import CholeskyParameters, online_em_update, online_em_update_naive
+from scalable_xd.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
 
 
 def _tensors(*arrays, dtype=torch.float64):
@@ -16,8 +16,9 @@ def _tensors(*arrays, dtype=torch.float64):
 
 
 def _eq6_7(x, S, weights, means, covs, step, w):
-    """The paper's eq. 4-7 literally: per-pair b, B; raw sums; V = S_hat / q_hat - m m^T (+ w I)."""
-    r, b, B = xd_pair_posteriors(x, S, weights, means, covs)
+    """The paper's eq. 4-7 literally, from an unregularised running state ``covs``: the E-step's per-pair
+    b, B use covs + w I; raw sums; the new state is S_hat / q_hat - m m^T (w never enters the sums)."""
+    r, b, B = xd_pair_posteriors(x, S, weights, means, covs + w * np.eye(means.shape[1]))
     n = len(x)
     q_b = r.sum(0) / n
     s_b = np.einsum("nk,nkd->kd", r, b) / n
@@ -28,7 +29,7 @@ def _eq6_7(x, S, weights, means, covs, step, w):
     second_hat = (1 - step) * weights[:, None, None] * (covs + mm) + step * second_b
     new_means = s_hat / q_hat[:, None]
     new_covs = second_hat / q_hat[:, None, None] - new_means[:, :, None] * new_means[:, None, :]
-    return q_hat, new_means, new_covs + w * np.eye(means.shape[1])
+    return q_hat, new_means, new_covs
 
 
 @pytest.mark.parametrize("update", [online_em_update, online_em_update_naive])
@@ -37,10 +38,10 @@ def test_online_updates_equal_paper_equations_in_float64(update):
     k, d = 4, 3
     weights, means, covs = rng.dirichlet(np.ones(k)), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d)
     x, S, _, _ = draw_xd_data(rng, 200, weights, means + 0.3, covs * 1.5, 0.2, 1.0)
-    mixture = Mixture(*_tensors(weights, means, covs))
-    stats = batch_statistics(*_tensors(x, S), mixture)
-    new = update(mixture, stats, step=0.3, w=1e-3)
-    expected = _eq6_7(x, S, weights, means, covs, step=0.3, w=1e-3)
+    state = Mixture(*_tensors(weights, means, covs))
+    stats = batch_statistics(*_tensors(x, S), regularised(state, 0.05))
+    new = update(state, stats, step=0.3, w=0.05)
+    expected = _eq6_7(x, S, weights, means, covs, step=0.3, w=0.05)
     np.testing.assert_allclose(new.weights.numpy(), expected[0], rtol=1e-12)
     np.testing.assert_allclose(new.means.numpy(), expected[1], rtol=1e-11)
     np.testing.assert_allclose(new.covariances.numpy(), expected[2], rtol=1e-8, atol=1e-10)
@@ -63,10 +64,10 @@ def test_stable_update_keeps_float32_covariances_positive_definite(far_from_orig
     weights = np.ones(k) / k
     m64 = Mixture(*_tensors(weights, means, np.stack([np.eye(3)] * k)))
     m32 = m64.to(dtype=torch.float32)
-    exact = online_em_update(m64, batch_statistics(*_tensors(x[:500], S[:500]), m64), 0.5, 1e-3).covariances
+    exact = online_em_update(m64, batch_statistics(*_tensors(x[:500], S[:500]), m64), 0.5, 0.0).covariances
     stats32 = batch_statistics(*_tensors(x[:500], S[:500], dtype=torch.float32), m32)
-    stable = online_em_update(m32, stats32, 0.5, 1e-3).covariances
-    naive = online_em_update_naive(m32, stats32, 0.5, 1e-3).covariances
+    stable = online_em_update(m32, stats32, 0.5, 0.0).covariances
+    naive = online_em_update_naive(m32, stats32, 0.5, 0.0).covariances
     assert torch.linalg.eigvalsh(stable.double()).min() > 0.1
     np.testing.assert_allclose(stable.double().numpy(), exact.numpy(), atol=1e-3)
     # The naive form subtracts m m^T ~ 1e8 with float32 spacing ~8 there: the result is noise.

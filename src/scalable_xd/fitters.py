@@ -16,7 +16,7 @@ import torch
 
 from .statistics import Statistics
 from .mixture import Mixture
-from .updates import CholeskyParameters, em_update, online_em_update, online_em_update_naive
+from .updates import CholeskyParameters, em_update, online_em_update, online_em_update_naive, regularised
 
 
 def _mixture_state(mixture: Mixture) -> dict:
@@ -63,6 +63,9 @@ class MinibatchEM:
     epochs are done (the paper: 1e-2, halved after 10); ``schedule="cappe_moulines"`` uses
     lambda_t = (t0 + t)^-kappa over update count t, with t0 = step_size^(-1/kappa) so that it starts at
     ``step_size`` and decays as Cappe & Moulines recommend (kappa in (0.5, 1]).
+
+    The running state (``state``) is unregularised; ``mixture``, which the E-step uses and the fit reports,
+    adds ``w I`` to its covariances (see ``updates.regularised``). The initial covariances seed the state.
     """
 
     def __init__(
@@ -77,7 +80,7 @@ class MinibatchEM:
         kappa: float,
         covariance_update: str,
     ):
-        self.mixture = mixture
+        self.state = mixture
         self.w = w
         self.base_step = step_size
         self.schedule = schedule
@@ -97,18 +100,22 @@ class MinibatchEM:
     def start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
 
+    @property
+    def mixture(self) -> Mixture:
+        return regularised(self.state, self.w)
+
     def observe(self, stats: Statistics) -> None:
-        self.mixture = self.update(self.mixture, stats.double(), self.step_size(self._epoch), self.w)
+        self.state = self.update(self.state, stats.double(), self.step_size(self._epoch), self.w)
         self.n_updates += 1
 
     def end_epoch(self) -> None:
         return None
 
     def state_dict(self) -> dict:
-        return {"mixture": _mixture_state(self.mixture), "n_updates": self.n_updates}
+        return {"state": _mixture_state(self.state), "n_updates": self.n_updates}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mixture = _mixture_from_state(state["mixture"], self.mixture)
+        self.state = _mixture_from_state(state["state"], self.state)
         self.n_updates = int(state["n_updates"])
 
 

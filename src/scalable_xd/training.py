@@ -25,15 +25,30 @@ from .mixture import Mixture
 
 # Points per evaluation batch; the kernel chunks it further to bound memory.
 EVAL_BATCH = 8192
+# Version of the checkpoint layout; 2: minibatch EM stores its unregularised running state.
+CHECKPOINT_FORMAT = 2
+
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """(start, stop) of each batch of an epoch over n points. A remainder of n mod batch_size joins the
+    last batch, so every batch holds between batch_size and 2 batch_size - 1 points (or all n when
+    n < batch_size). A separate remainder batch of a handful of points would get a full minibatch-EM or
+    Adam step from almost no data, and a fit could end on it."""
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] < batch_size:
+        starts.pop()
+    return [(start, stop) for start, stop in zip(starts, starts[1:] + [n])]
 
 
 def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
-    """Batches of one epoch: slices in order, or a permutation that depends only on (seed, epoch)."""
+    """Batches of one epoch (see ``batch_bounds``): slices in order, or a permutation that depends only on
+    (seed, epoch)."""
+    bounds = batch_bounds(n, batch_size)
     if not shuffle:
-        return [slice(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+        return [slice(start, stop) for start, stop in bounds]
     epoch_seed = int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed))
-    return [order[start : start + batch_size] for start in range(0, n, batch_size)]
+    return [order[start:stop] for start, stop in bounds]
 
 
 def _backend_for(backend: str, R) -> str:
@@ -83,6 +98,7 @@ def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
 
 def _save_checkpoint(cfg: LoopConfig, fitter, epoch: int, history: list, converged: bool) -> None:
     state = {
+        "format": CHECKPOINT_FORMAT,
         "fingerprint": cfg.fingerprint,
         "epoch": epoch,
         "history": history,
@@ -102,6 +118,11 @@ def checkpoint_seed(path) -> int | None:
 
 def _load_checkpoint(cfg: LoopConfig, fitter):
     state = torch.load(cfg.checkpoint, map_location=cfg.device, weights_only=False)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"checkpoint {cfg.checkpoint} has format {state.get('format', 1)}, this version of scalable-xd "
+            f"reads format {CHECKPOINT_FORMAT} (minibatch EM's running state changed); delete it to start fresh"
+        )
     if state.get("fingerprint") != cfg.fingerprint:
         raise ValueError(
             f"checkpoint {cfg.checkpoint} was written by a different fit (other data or settings); "

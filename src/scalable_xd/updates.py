@@ -91,33 +91,60 @@ def em_update(mixture: Mixture, stats: Statistics, w: float) -> Mixture:
     )
 
 
-def online_em_update(mixture: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
-    """One minibatch (online) EM step in the centred form above, then + w I (paper appendix B)."""
-    V, m = mixture.covariances, mixture.means
+def regularised(state: Mixture, w: float) -> Mixture:
+    """The mixture an online-EM state describes: its running covariances plus ``w I``.
+
+    Online EM keeps its running statistics free of the regularisation and adds ``w I`` only to the
+    covariance the E-step uses and the fit reports, as the paper's code does with its running sums. Adding
+    it to the running state instead feeds it back through every later step: at the fixed point each
+    covariance then carries about ``(w / step) I`` extra (0.1 to 0.2 per feature at the paper's settings).
+    """
+    if w == 0:
+        return state
+    return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
+
+
+def online_em_update(state: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
+    """One minibatch (online) EM step in the centred form above; returns the new running state.
+
+    ``state`` holds the running weights, means and unregularised covariances Vr; the statistics were
+    computed with the E-step covariance V = Vr + w I (``regularised``). The posterior scatter of the batch
+    about m is then q V + V (UU - P) V, so the running centred scatter updates exactly as
+
+        Vr' = Vr + (lambda q_b / qhat') w I + V [lambda (UU - P) / qhat' - g g^T] V,
+
+    which is the module docstring's form when w = 0.
+    """
+    Vr, m = state.covariances, state.means
+    V = Vr + w * _eye_like(Vr)
     n = stats.n_points
-    q_new = (1.0 - step) * mixture.weights + step * stats.q / n
+    q_b = stats.q / n
+    q_new = (1.0 - step) * state.weights + step * q_b
     live = _live(q_new)
     q_safe = torch.where(live, q_new, torch.ones_like(q_new))
     g = step * stats.U / (n * q_safe[:, None])
     inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - g[:, :, None] * g[:, None, :]
-    new_cov = _psd(V + V @ inner @ V, V) + w * _eye_like(V)
+    shift = (step * w * q_b / q_safe)[:, None, None] * _eye_like(Vr)
+    new_cov = _psd(Vr + shift + V @ inner @ V, V)
     new_mean = m + (V @ g.unsqueeze(-1)).squeeze(-1)
     return Mixture(
         weights=q_new,
         means=torch.where(live[:, None], new_mean, m),
-        covariances=torch.where(live[:, None, None], new_cov, V),
+        covariances=torch.where(live[:, None, None], new_cov, Vr),
     )
 
 
-def online_em_update_naive(mixture: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
-    """The same step written as the paper's eq. 6-7: running raw sums, then V = S/q - m m^T.
+def online_em_update_naive(state: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
+    """The same step written as the paper's eq. 6-7: running raw sums, then Vr = S/q - m m^T.
 
     Kept for comparison (``covariance_update="naive"``): subtracting m m^T loses the covariance once the
     means exceed the spread ~1e4 times in float32 arithmetic, ~1e8 times in float64 (the fits' precision).
+    As in ``online_em_update``, ``state`` is unregularised and the statistics used V = Vr + w I.
     """
-    V, m = mixture.covariances, mixture.means
+    Vr, m = state.covariances, state.means
+    V = Vr + w * _eye_like(Vr)
     n = stats.n_points
-    q_old = mixture.weights
+    q_old = state.weights
     q_b = stats.q / n
     vu = (V @ (stats.U / n).unsqueeze(-1)).squeeze(-1)
     mm = m[:, :, None] * m[:, None, :]
@@ -130,16 +157,15 @@ def online_em_update_naive(mixture: Mixture, stats: Statistics, step: float, w: 
     )
     q_new = (1.0 - step) * q_old + step * q_b
     s_new = (1.0 - step) * q_old[:, None] * m + step * s_b
-    second_new = (1.0 - step) * q_old[:, None, None] * (V + mm) + step * second_b
+    second_new = (1.0 - step) * q_old[:, None, None] * (Vr + mm) + step * second_b
     live = _live(q_new)
     q_safe = torch.where(live, q_new, torch.ones_like(q_new))
     new_mean = s_new / q_safe[:, None]
-    new_cov = second_new / q_safe[:, None, None] - new_mean[:, :, None] * new_mean[:, None, :]
-    new_cov = _symmetrise(new_cov) + w * _eye_like(V)
+    new_cov = _symmetrise(second_new / q_safe[:, None, None] - new_mean[:, :, None] * new_mean[:, None, :])
     return Mixture(
         weights=q_new,
         means=torch.where(live[:, None], new_mean, m),
-        covariances=torch.where(live[:, None, None], new_cov, V),
+        covariances=torch.where(live[:, None, None], new_cov, Vr),
     )
 
 

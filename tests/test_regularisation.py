@@ -1,0 +1,115 @@
+"""Regularisation and batching must not bias a fit: w shifts a covariance by about w, whatever the method
+or step size, and a fit does not depend on N mod batch_size."""
+
+import numpy as np
+import pytest
+import torch
+
+from scalable_xd import XDGMM
+from scalable_xd.training import CHECKPOINT_FORMAT, batch_bounds
+
+
+@pytest.fixture(scope="module")
+def narrow_gaussian():
+    """One 2-D Gaussian of variance 0.01 and no noise: any excess variance is the regularisation's."""
+    rng = np.random.default_rng(40)
+    x = rng.normal(scale=0.1, size=(20_000, 2))
+    return x, np.zeros((len(x), 2, 2))
+
+
+def _fitted_covariance(x, S, method, w, step=1e-2):
+    """The paper's schedule (step or learning rate decayed halfway), with batches of 250 so that a step of
+    1e-2 forgets the initial covariance I (weight exp(-12) after 20 epochs)."""
+    model = XDGMM(1, method, w=w, step_size=step, epochs=20, decay_epoch=10, batch_size=250, dtype="float64",
+                  device="cpu", random_state=0, means_init=np.zeros((1, 2)))  # fmt: skip
+    return model.fit(x, S).covariances_[0]
+
+
+@pytest.mark.parametrize(
+    "method, step", [("em", None), ("sgd", None), ("minibatch_em", 1e-2), ("minibatch_em", 1e-1)]
+)
+@pytest.mark.parametrize("w", [1e-3, 1e-2])
+def test_regularisation_shifts_a_covariance_by_about_w(narrow_gaussian, method, step, w):
+    """The bound: each entry of V(w) - V(0) lies within [-0.1 w, 1.1 w] (diagonal) or +-0.1 w (off it).
+
+    Why: online EM keeps w out of its running state and reports Vr + w I, with Vr the same scatter the w = 0
+    fit converges to (no noise: the posterior is the data), so its shift is w I; Bovy's EM gives
+    (q V + w)/(q + 1), a shift of (w - V)/(N + 1) ~ 0; SGD's penalty w / tr V is one term against the
+    log-likelihood of a 500-star batch, a shift ~ w V^2 / (250 tr V^2) << w. Feeding w back into the running
+    state, as before, gave about w / step: 10 to 100 times the bound.
+    """
+    x, S = narrow_gaussian
+    step = step or 1e-2
+    shift = _fitted_covariance(x, S, method, w, step) - _fitted_covariance(x, S, method, 0.0, step)
+    diagonal, off_diagonal = np.diag(shift), shift[0, 1]
+    assert np.all(diagonal <= 1.1 * w) and np.all(diagonal >= -0.1 * w), diagonal
+    assert abs(off_diagonal) <= 0.1 * w
+    if method == "minibatch_em":
+        np.testing.assert_allclose(diagonal, w, rtol=0.05)
+
+
+def test_minibatch_em_with_regularisation_recovers_the_true_variance(narrow_gaussian):
+    """The issue's case: at the paper's w = 1e-3 and step 1e-2 the fitted variance was 0.208; truth 0.0100."""
+    x, S = narrow_gaussian
+    variances = np.diag(_fitted_covariance(x, S, "minibatch_em", 1e-3))
+    np.testing.assert_allclose(variances, 0.01 + 1e-3, rtol=0.05)
+
+
+def test_old_checkpoints_are_refused_with_a_clear_message(narrow_gaussian, tmp_path):
+    x, S = narrow_gaussian
+    path = tmp_path / "fit.ckpt"
+    XDGMM(1, "minibatch_em", epochs=1, device="cpu", random_state=0).fit(x[:1000], S[:1000], checkpoint=path)
+    state = torch.load(path, weights_only=False)
+    assert state["format"] == CHECKPOINT_FORMAT
+    del state["format"]  # what a checkpoint written before the format was versioned looks like
+    torch.save(state, path)
+    with pytest.raises(ValueError, match="has format 1.*delete it to start fresh"):
+        XDGMM(1, "minibatch_em", epochs=2, device="cpu", random_state=0).fit(x[:1000], S[:1000], checkpoint=path)
+
+
+@pytest.mark.parametrize("n, batch, expected", [
+    (3000, 500, [500] * 6), (3001, 500, [500] * 5 + [501]), (3499, 500, [500] * 5 + [999]),
+    (300, 500, [300]), (500, 500, [500]), (1, 500, [1]),
+])  # fmt: skip
+def test_a_remainder_joins_the_last_batch(n, batch, expected):
+    bounds = batch_bounds(n, batch)
+    assert [stop - start for start, stop in bounds] == expected
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.fixture(scope="module")
+def two_gaussians_1d():
+    """Two 1-D Gaussians with heteroscedastic noise, in the spirit of Bovy et al.'s test_oned."""
+    rng = np.random.default_rng(41)
+    n = 3001
+    first = rng.random(n) < 0.3
+    v = np.where(first, rng.normal(-3.0, 1.0, n), rng.normal(3.0, 2.0, n))
+    sd = rng.uniform(0.2, 0.6, n)
+    x = (v + sd * rng.normal(size=n))[:, None]
+    return x, (sd**2)[:, None, None]
+
+
+def _sorted_fit(model):
+    order = np.argsort(model.means_[:, 0])
+    return model.weights_[order], model.covariances_[order, 0, 0]
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_fit_does_not_depend_on_n_mod_batch_size(two_gaussians_1d, method):
+    """N = 3001 used to end every epoch on a one-star batch with a full step: weights (0.234, 0.766)
+    against (0.302, 0.699) at N = 3000. Now both agree with each other and with batch EM."""
+    x, S = two_gaussians_1d
+    init = dict(means_init=[[-1.0], [1.0]], weights_init=[0.5, 0.5], dtype="float64", device="cpu", random_state=0)
+    # Online EM with steps lambda_t tracks batch EM after about sum(lambda_t) iterations (45 here); Adam
+    # moves a mean by at most ~lr a step, and these start 2 units away.
+    settings = dict(epochs=200, decay_epoch=100, batch_size=500, step_size=0.05, lr=0.05)
+    fits = [
+        _sorted_fit(XDGMM(2, method, **settings, **init).fit(x[:n], S[:n]))
+        for n in (3000, 3001)
+    ]
+    em = _sorted_fit(XDGMM(2, "em", epochs=500, tol=1e-9, **init).fit(x, S))
+    for weights, variances in fits:
+        np.testing.assert_allclose(weights, em[0], atol=0.03)
+        np.testing.assert_allclose(variances, em[1], rtol=0.1)
+    np.testing.assert_allclose(fits[0][0], fits[1][0], atol=0.02)
