@@ -16,7 +16,8 @@ builds the 7x7 matrices batch by batch on the fitting device). Two modes:
 
 Bad rows are repaired by a fixed rule and counted in ``Features.counts``, never silently:
 
-* ``invalid_error``: an astrometric value present but its error NaN or not positive -> treated as missing.
+* ``invalid_error``: a value present but its error (for photometry in ``corrected`` mode: a passband's
+  flux_over_error) NaN or not positive -> treated as missing.
 * ``missing_correlation``: a correlation NaN while both its values are present -> 0.
 * ``correlation_out_of_range``: a correlation with |rho| > 1 -> 0.
 * ``not_positive_definite``: a star whose astrometric correlation matrix is not positive definite
@@ -41,13 +42,17 @@ import pandas as pd
 
 from ..io import atomic_path, write_json
 from ..noise import CompactCovariance
-from .schema import ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, QUERY_COLUMNS
+from .schema import (
+    ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, FLUX_OVER_ERROR, QUERY_COLUMNS, ZERO_POINT_ERROR,
+)  # fmt: skip
 
 MODES = ("corrected", "paper")
+TRUE_COLUMNS = tuple(f"true_{name}" for name in FEATURES)
 MAS_PER_DEG = 3.6e6
 MISSING_SIGMA = 1e6  # variance 1e12
 MISSING_LOGLIK_CONSTANT = -0.5 * np.log(2 * np.pi * MISSING_SIGMA**2)
-PHOTOMETRIC_SIGMA = {"corrected": 0.1, "paper": 0.01}
+PAPER_PHOTOMETRIC_SIGMA = 0.01  # what the paper's code gave bp_rp and G
+MAG_PER_LN_FLUX = 2.5 / np.log(10)
 SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
 _PD_FLOOR = 1e-6
 _COUNTS = ("invalid_error", "missing_correlation", "correlation_out_of_range", "not_positive_definite")
@@ -65,6 +70,7 @@ class Features:
     random_index: np.ndarray
     mode: str
     counts: dict = field(default_factory=dict)
+    true: np.ndarray | None = None  # (N, 7) noise-free values, where the catalogue knows them (the mock)
 
     def __len__(self) -> int:
         return len(self.X)
@@ -75,7 +81,7 @@ class Features:
     def subset(self, rows) -> Features:
         return Features(
             self.X[rows], self.sigma[rows], self.corr[rows], self.n_missing[rows], self.source_id[rows],
-            self.random_index[rows], self.mode, {},
+            self.random_index[rows], self.mode, {}, None if self.true is None else self.true[rows],
         )  # fmt: skip
 
 
@@ -116,7 +122,13 @@ def compute_features(table, mode: str = "corrected") -> Features:
         errors[:, 0] /= MAS_PER_DEG * np.cos(np.radians(values[:, 1]))
         errors[:, 1] /= MAS_PER_DEG
     sigma[:, :5] = errors
-    sigma[:, 5:] = PHOTOMETRIC_SIGMA[mode]
+    if mode == "corrected":
+        sigma[:, 5:] = photometric_errors(frame)
+        bad_photometry = present[:, 5:] & ~(sigma[:, 5:] > 0)  # a flux_over_error NaN or not positive
+        counts["invalid_error"] = int((bad_error.any(axis=1) | bad_photometry.any(axis=1)).sum())
+        present[:, 5:] &= ~bad_photometry
+    else:
+        sigma[:, 5:] = PAPER_PHOTOMETRIC_SIGMA
 
     gets_missing_variance = ~present
     if mode == "paper":  # the paper's code gave a missing colour (or G) the ordinary photometric variance
@@ -143,7 +155,28 @@ def compute_features(table, mode: str = "corrected") -> Features:
         random_index=frame["random_index"].to_numpy(dtype=np.int64),
         mode=mode,
         counts=counts,
+        true=_true_values(frame),
     )
+
+
+def _true_values(frame: pd.DataFrame) -> np.ndarray | None:
+    """The noise-free values the mock carries (``true_<feature>``), or None for real data."""
+    if not all(name in frame for name in TRUE_COLUMNS):
+        return None
+    return np.stack([_column(frame, name) for name in TRUE_COLUMNS], axis=1)
+
+
+def photometric_errors(table) -> np.ndarray:
+    """(N, 2) errors in mag of bp_rp and phot_g_mean_mag from the flux_over_error columns (see the module
+    docstring); NaN where a passband's flux_over_error is missing or not positive."""
+    frame = _as_frame(table)
+
+    def magnitude_error(band):
+        snr = _column(frame, FLUX_OVER_ERROR[band])
+        snr = np.where(snr > 0, snr, np.nan)
+        return np.hypot(MAG_PER_LN_FLUX / snr, ZERO_POINT_ERROR[band])
+
+    return np.stack([np.hypot(magnitude_error("bp"), magnitude_error("rp")), magnitude_error("g")], axis=1)
 
 
 def _not_positive_definite(corr: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
@@ -191,6 +224,9 @@ def features_to_arrow(features: Features):
     for p, (name, _, _) in enumerate(CORRELATIONS):
         data[name] = features.corr[:, p].astype(np.float32)
     data["n_missing"] = features.n_missing
+    if features.true is not None:
+        for k, name in enumerate(TRUE_COLUMNS):
+            data[name] = features.true[:, k]
     return pa.table(data)
 
 
@@ -212,6 +248,7 @@ def read_features(path) -> Features:
         source_id=table.column("source_id").to_numpy().astype(np.int64, copy=False),
         random_index=table.column("random_index").to_numpy().astype(np.int64, copy=False),
         mode=meta.get("mode", "unknown"),
+        true=columns(TRUE_COLUMNS, np.float64) if TRUE_COLUMNS[0] in table.column_names else None,
     )
 
 
@@ -241,21 +278,24 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
-    fragments = list(_raw_dataset(raw_path).get_fragments())
+    dataset = _raw_dataset(raw_path)
+    fragments = list(dataset.get_fragments())
     if not fragments:
         raise ValueError(f"no Parquet data found at {raw_path}")
+    has_truth = all(name in dataset.schema.names for name in TRUE_COLUMNS)
+    columns = list(QUERY_COLUMNS) + (list(TRUE_COLUMNS) if has_truth else [])
     counts = dict.fromkeys(_COUNTS, 0)
     rows = dict.fromkeys(SPLITS, 0)
     missing_entries = dict.fromkeys(SPLITS, 0)
     schema_meta = {b"scalable_xd": json.dumps({"mode": mode, "split_seed": split_seed}).encode()}
-    schema = features_to_arrow(_empty_features(mode)).schema.with_metadata(schema_meta)
+    schema = features_to_arrow(_empty_features(mode, has_truth)).schema.with_metadata(schema_meta)
     with contextlib.ExitStack() as stack:  # each writer closes before its file moves into place
         writers = {}
         for name in SPLITS:
             tmp = stack.enter_context(atomic_path(out_dir / f"{name}.parquet"))
             writers[name] = stack.enter_context(pq.ParquetWriter(tmp, schema))
         for fragment in tqdm(fragments, desc="features", unit="chunk", disable=not progress or None):
-            features = compute_features(fragment.to_table(columns=list(QUERY_COLUMNS)), mode)
+            features = compute_features(fragment.to_table(columns=columns), mode)
             for key in counts:
                 counts[key] += features.counts[key]
             splits = split_of(features.random_index, split_seed)
@@ -268,6 +308,7 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
         "mode": mode,
         "split_seed": split_seed,
         "features": list(FEATURES),
+        "true_values": has_truth,
         "rows": rows,
         "missing_entries": missing_entries,
         "bad_rows": counts,
@@ -276,7 +317,7 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
     return summary
 
 
-def _empty_features(mode: str) -> Features:
+def _empty_features(mode: str, has_truth: bool) -> Features:
     empty = np.empty((0, len(FEATURES)))
     return Features(empty, empty, np.empty((0, len(CORRELATIONS))), np.empty(0, np.int8), np.empty(0, np.int64),
-                    np.empty(0, np.int64), mode)  # fmt: skip
+                    np.empty(0, np.int64), mode, {}, empty if has_truth else None)  # fmt: skip

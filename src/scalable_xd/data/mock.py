@@ -19,6 +19,11 @@ halo) and the two Magellanic Clouds, seen through a dust layer by a magnitude-li
   GAIA_FACTS.md and the shared real sample), with 0.3 dex scatter and a scanning-law factor that varies
   with ecliptic latitude; the other errors scale by 0.80 (ra*), 0.78 (dec), 1.70 (pmra), 1.56 (pmdec)
   (Lindegren et al. 2018). ``ra_error`` is sigma_ra* in mas, as in the archive.
+* Photometry errors: each passband's photon-noise error in mag is a + b 10^(c (G - 17)), through the
+  medians of the real sample (GAIA_FACTS.md; mmag: G 0.3 / 1.0 / 6.6, BP 1.8 / 10 / 120, RP 1.0 / 5.0 / 53
+  at G 13 / 17 / 20), with 0.1 dex scatter, capped at 0.5 mag. The catalogue publishes them as the archive
+  does, ``phot_<band>_mean_flux_over_error`` = (2.5 / ln 10) / error; the noise drawn also includes the
+  zero-point uncertainty (Evans et al. 2018), which ``features`` adds back as its floor.
 * Correlations: Fisher-z normal per coefficient with the medians and spreads of the real sample plus a
   sky pattern in ecliptic longitude (the scanning law), shrunk towards zero where a star's 5x5 matrix
   would not be positive definite.
@@ -36,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .schema import ASTROMETRY, CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
+from .schema import ASTROMETRY, CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, FLUX_OVER_ERROR, QUERY_COLUMNS, ZERO_POINT_ERROR
 
 MAS_PER_DEG = 3.6e6
 R_SUN_KPC = 8.122
@@ -60,6 +65,10 @@ _CORR_SPREAD = 0.26
 _CORR_PATTERN = 0.15
 
 _OBLIQUITY = np.deg2rad(23.4393)
+
+# Photon-noise magnitude error a + b 10^(c (G - 17)) per passband, a and b in mag.
+_PHOT_ERR = {"g": (0.00025, 0.00075, 0.309), "bp": (0.0015, 0.0085, 0.381), "rp": (0.0008, 0.0042, 0.365)}
+_PHOT_ERR_CAP = 0.5
 
 
 def _galactocentric_icrs(x, y, z, vx, vy, vz):
@@ -244,6 +253,15 @@ def _parallax_error(rng, g, ecl_lat):
     return base * scan * np.exp(rng.normal(0, 0.3 * np.log(10) / 2, len(g)))
 
 
+def _photometric_errors(rng, g) -> dict:
+    """Photon-noise magnitude error per passband (see the module docstring)."""
+    errors = {}
+    for band, (a, b, c) in _PHOT_ERR.items():
+        scatter = np.exp(rng.normal(0, 0.1 * np.log(10) / 2, len(g)))
+        errors[band] = np.minimum((a + b * 10 ** (c * (g - 17.0))) * scatter, _PHOT_ERR_CAP)
+    return errors
+
+
 def make_mock(n_rows: int, seed: int = 0) -> pd.DataFrame:
     """A DR2-like catalogue of ``n_rows`` stars: the query's columns (``schema.QUERY_COLUMNS``) plus
     ``true_<feature>`` noise-free values and ``population``. Deterministic for (n_rows, seed)."""
@@ -292,14 +310,17 @@ def _observe(rng, true: dict, population: np.ndarray) -> pd.DataFrame:
     noise = sigma * np.einsum("nij,nj->ni", np.linalg.cholesky(corr), rng.normal(size=(n, 5)))
     cos_dec = np.cos(np.radians(true["dec"]))
     dec = true["dec"] + noise[:, 1] / MAS_PER_DEG
+    phot = _photometric_errors(rng, g)
+    total = {band: np.hypot(phot[band], ZERO_POINT_ERROR[band]) for band in phot}
+    colour_sigma = np.hypot(total["bp"], total["rp"])
     observed = {
         "ra": (true["ra"] + noise[:, 0] / (MAS_PER_DEG * cos_dec)) % 360.0,
         "dec": np.clip(dec, -90.0, 90.0),
         "parallax": true["parallax"] + noise[:, 2],
         "pmra": true["pmra"] + noise[:, 3],
         "pmdec": true["pmdec"] + noise[:, 4],
-        "bp_rp": true["bp_rp"] + rng.normal(0, 1, n) * np.minimum(0.005 + 0.03 * 10 ** (0.4 * (g - 19)), 0.3),
-        "phot_g_mean_mag": g + rng.normal(0, 1, n) * (0.0003 + 0.002 * 10 ** (0.2 * (g - 17))),
+        "bp_rp": true["bp_rp"] + rng.normal(0, 1, n) * colour_sigma,
+        "phot_g_mean_mag": g + rng.normal(0, 1, n) * total["g"],
     }
     frame = pd.DataFrame(
         {
@@ -310,10 +331,11 @@ def _observe(rng, true: dict, population: np.ndarray) -> pd.DataFrame:
             **{name: rho[:, p] for p, (name, _, _) in enumerate(CORRELATIONS)},
             "bp_rp": observed["bp_rp"],
             "phot_g_mean_mag": observed["phot_g_mean_mag"],
+            **{FLUX_OVER_ERROR[band]: 2.5 / np.log(10) / phot[band] for band in phot},
         }
     )
     frame.loc[two_parameter, list(FIVE_PARAMETER_ONLY)] = np.nan
-    frame.loc[no_colour, "bp_rp"] = np.nan
+    frame.loc[no_colour, ["bp_rp", FLUX_OVER_ERROR["bp"], FLUX_OVER_ERROR["rp"]]] = np.nan
     frame = frame.astype({name: dtype for name, (dtype, _) in QUERY_COLUMNS.items()})
     for name in FEATURES:
         frame[f"true_{name}"] = true[name]

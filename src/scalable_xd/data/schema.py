@@ -22,6 +22,11 @@ CORRELATION_PAIRS = tuple((i, j) for _, i, j in CORRELATIONS)
 
 _MAS_PER_YR = "mas / yr"
 
+# DR2 publishes fluxes with errors, not magnitude errors: the signal-to-noise column of each passband.
+FLUX_OVER_ERROR = {band: f"phot_{band}_mean_flux_over_error" for band in ("g", "bp", "rp")}
+# Uncertainty (mag) of each passband's Vega zero-point (Evans et al. 2018): the floor of a magnitude error.
+ZERO_POINT_ERROR = {"g": 0.0018, "bp": 0.0014, "rp": 0.0019}
+
 # name -> (numpy dtype, astropy unit string or None), in the order the query selects them.
 QUERY_COLUMNS = {
     "source_id": ("int64", None),
@@ -39,6 +44,7 @@ QUERY_COLUMNS = {
     **{name: ("float32", None) for name, _, _ in CORRELATIONS},
     "bp_rp": ("float32", "mag"),
     "phot_g_mean_mag": ("float32", "mag"),
+    **{name: ("float32", None) for name in FLUX_OVER_ERROR.values()},
 }
 
 # Columns that are NULL for two-parameter solutions (position only).
