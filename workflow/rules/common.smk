@@ -47,6 +47,19 @@ def raw_catalogue():
     return f"resources/mock/mock_n{n}_seed{config['data']['mock_seed']}.parquet"
 
 
+# Truth metrics (``scalable_xd.truth``) need the mock's noise-free values: real data have none.
+HAS_TRUTH = config["data"]["source"] == "mock"
+REFERENCE_KINDS = ["oracle", "noisy"]
+
+
+def reference_metrics(K):
+    """The references a fit at K is scored against: one per kind and K, from the report seed's k-means init
+    (a reference estimates what a K-component mixture can do, not a seed's luck)."""
+    if not HAS_TRUTH:
+        return []
+    return [f"{RESULTS}/references/{kind}/K{K}_seed{FIGURE_SEED}.json" for kind in REFERENCE_KINDS]
+
+
 def fit_dir(method, K, seed):
     return f"{RESULTS}/fits/{method}/K{K}_seed{seed}"
 
@@ -63,7 +76,7 @@ def final_outputs():
     """The final targets: each fit's model and metrics (deliverables in their own right, and requested so
     that deleting one reruns that fit and what depends on it), the table and the figures."""
     fits = [f"{fit_dir(m, k, s)}/{name}" for m in METHODS for k in KS for s in SEEDS for name in ("model.npz", "metrics.json")]
-    tables = [f"{RESULTS}/tables/loglik.{ext}" for ext in ("csv", "md", "tex")]
+    tables = [f"{RESULTS}/tables/loglik.{ext}" for ext in ("csv", "md", "tex")] + [f"{RESULTS}/claims.md"]
     figures = [f"{RESULTS}/figures/{name}.{ext}" for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}",
                                                                "sky_density") for ext in ("png", "pdf")]
     corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.png" for m in METHODS]

@@ -9,6 +9,7 @@ rule fit:
         val=f"{DATA}/val.parquet",
         test=f"{DATA}/test.parquet",
         init=f"{RESULTS}/init/K{{K}}_seed{{seed}}.npz",
+        references=lambda wildcards: reference_metrics(wildcards.K),
     output:
         model=f"{RESULTS}/fits/{{method}}/K{{K}}_seed{{seed}}/model.npz",
         metrics=f"{RESULTS}/fits/{{method}}/K{{K}}_seed{{seed}}/metrics.json",
@@ -23,6 +24,7 @@ rule fit:
         + (" --compile" if config["fit"]["compile"] else ""),
         tag=NAME,
         config_hash=CONFIG_HASH,
+        references=lambda wildcards, input: f"--reference {' '.join(input.references)}" if input.references else "",
     threads: FIT_THREADS
     resources:
         gpu=FIT_GPUS,
@@ -34,4 +36,35 @@ rule fit:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
         "--method {wildcards.method} --seed {wildcards.seed} {params.settings} --threads {threads} "
         "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
-        "--output-model {output.model} --output-metrics {output.metrics} 2> {log}"
+        "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
+
+
+rule reference:
+    """A reference for the truth metrics (mock only): batch EM from the k-means init on the true values
+    (oracle) or on the noisy values with their noise ignored (noisy); scored on the test stars' true values."""
+    input:
+        train=f"{DATA}/train.parquet",
+        test=f"{DATA}/test.parquet",
+        init=f"{RESULTS}/init/K{{K}}_seed{{seed}}.npz",
+    output:
+        f"{RESULTS}/references/{{kind}}/K{{K}}_seed{{seed}}.json",
+    wildcard_constraints:
+        kind="|".join(REFERENCE_KINDS),
+    params:
+        cli=CLI,
+        settings=" ".join(
+            [f"--{key} {config['fit'][key]}" for key in ("w", "device", "dtype")]
+            + [f"--epochs {config['truth']['reference_epochs']}", f"--tol {config['truth']['reference_tol']}"]
+        )
+        + (" --compile" if config["fit"]["compile"] else ""),
+    threads: FIT_THREADS
+    resources:
+        gpu=FIT_GPUS,
+    log:
+        f"{RESULTS}/logs/references/{{kind}}/K{{K}}_seed{{seed}}.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} reference --train {input.train} --test {input.test} --init {input.init} "
+        "--kind {wildcards.kind} --seed {wildcards.seed} {params.settings} --threads {threads} "
+        "--output-metrics {output} 2> {log}"

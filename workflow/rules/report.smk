@@ -20,6 +20,22 @@ rule loglik_table:
         "{params.cli} table --metrics {input.metrics} --output-prefix {params.prefix} 2> {log}"
 
 
+rule claims:
+    """Each claim of the paper with its verdict on this run and the numbers that decide it."""
+    input:
+        metrics=all_metrics(),
+    output:
+        report(f"{RESULTS}/claims.md", caption="../report/claims.rst", category="Claims"),
+    params:
+        cli=CLI,
+    log:
+        f"{RESULTS}/logs/report/claims.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} claims --metrics {input.metrics} --output {output} 2> {log}"
+
+
 rule timing_vs_k:
     """Training time against K per method, +-2 sd over seeds (Figure 1, right)."""
     input:

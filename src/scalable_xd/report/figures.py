@@ -103,15 +103,26 @@ def _model_samples(model_path, n_samples: int, seed: int):
     return model, model.sample(n_samples, random_state=seed)
 
 
+def _subsample(X, n_rows: int, seed: int):
+    if len(X) > n_rows:
+        X = X[np.random.default_rng(seed).choice(len(X), n_rows, replace=False)]
+    return X
+
+
 def _data_rows(data_path, n_rows: int, seed: int, complete: bool):
     """Up to ``n_rows`` feature rows of a split; ``complete`` keeps only stars with every feature measured."""
     from ..data.features import read_features
 
     data = read_features(data_path)
-    X = data.X[data.n_missing == 0] if complete else data.X
-    if len(X) > n_rows:
-        X = X[np.random.default_rng(seed).choice(len(X), n_rows, replace=False)]
-    return X
+    return _subsample(data.X[data.n_missing == 0] if complete else data.X, n_rows, seed)
+
+
+def _true_rows(data_path, n_rows: int, seed: int):
+    """Up to ``n_rows`` noise-free rows of a split (all its stars), or None for data without truth."""
+    from ..data.features import read_features
+
+    true = read_features(data_path).true
+    return None if true is None else _subsample(true, n_rows, seed)
 
 
 def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, seed: int = 0) -> None:
@@ -147,18 +158,28 @@ def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, s
     _save(fig, outputs)
 
 
+TRUE_COLOUR = "tab:purple"
+
+
 def plot_corner(model_path, data_path, outputs, n_samples: int = 100_000, seed: int = 0) -> None:
-    """Corner plot of deconvolved model samples (colour) over the noisy data (black), all seven features."""
+    """Corner plot of deconvolved model samples (colour) over the noisy data (black), all seven features,
+    and, where the data know them (a mock), the true values (purple, dashed): the model should follow the
+    true values, narrower than the data wherever the noise matters."""
     import corner
 
     model, samples = _model_samples(model_path, n_samples, seed)
     observed = _data_rows(data_path, n_samples, seed, complete=True)  # x = 0 stands for "missing": leave out
+    true = _true_rows(data_path, n_samples, seed)
     ranges = [tuple(np.percentile(observed[:, k], [0.5, 99.5])) for k in range(observed.shape[1])]
-    fig = corner.corner(observed, labels=FEATURE_LABELS, range=ranges, color="black", bins=40, plot_datapoints=False,
-                        plot_density=False, levels=(0.39, 0.86), hist_kwargs={"density": True})  # fmt: skip
-    corner.corner(samples, fig=fig, range=ranges, color=COLOURS.get(model.method, "tab:red"), bins=40,
-                  plot_datapoints=False, plot_density=False, levels=(0.39, 0.86), hist_kwargs={"density": True})  # fmt: skip
+    style = dict(range=ranges, bins=40, plot_datapoints=False, plot_density=False, levels=(0.39, 0.86))
+    fig = corner.corner(observed, labels=FEATURE_LABELS, color="black", hist_kwargs={"density": True}, **style)
+    corner.corner(samples, fig=fig, color=COLOURS.get(model.method, "tab:red"), hist_kwargs={"density": True}, **style)
+    layers = "model samples (colour) over the data (black)"
+    if true is not None:
+        corner.corner(true, fig=fig, color=TRUE_COLOUR, contour_kwargs={"linestyles": "dashed"},
+                      hist_kwargs={"density": True, "linestyle": "dashed"}, **style)  # fmt: skip
+        layers += " and the true values (purple, dashed)"
     fig.set_size_inches(12, 12)
-    fig.suptitle(f"{METHOD_NAMES.get(model.method, model.method)}, K = {model.n_components}: model samples (colour) "
-                 "over the data (black), 1 and 2 sigma contours", fontsize=12)  # fmt: skip
+    fig.suptitle(f"{METHOD_NAMES.get(model.method, model.method)}, K = {model.n_components}: {layers}, "
+                 "1 and 2 sigma contours", fontsize=12)  # fmt: skip
     _save(fig, outputs)

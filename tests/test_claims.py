@@ -1,0 +1,90 @@
+"""The claims report on metrics files written by hand, where the verdicts are known."""
+
+import json
+
+import pytest
+
+from scalable_xd.report.claims import FAILS, HOLDS, UNMEASURED, claims, time_to_converge, write_claims
+from scalable_xd.report.tables import write_loglik_table
+
+
+def _history(final: float, reach_at: float, total: float) -> list[dict]:
+    """A curve that climbs from final - 1 and first comes within 0.05 of ``final`` at ``reach_at`` seconds."""
+    return [
+        {"epoch": 0, "seconds": 0.0, "train_loglik": final - 1.0, "val_loglik": final - 1.0},
+        {"epoch": 1, "seconds": reach_at / 2, "train_loglik": final - 0.5, "val_loglik": final - 0.5},
+        {"epoch": 2, "seconds": reach_at, "train_loglik": final - 0.04, "val_loglik": final - 0.04},
+        {"epoch": 3, "seconds": total, "train_loglik": final, "val_loglik": final},
+    ]
+
+
+def _write(tmp_path, method, K, seed, val, seconds, reach_at, gap=None, mode="corrected"):
+    split = {"loglik": val - 10.0, "loglik_observed": val, "n": 100, "mean_missing_entries": 0.5}
+    true = {"available": False, "reason": "real data"}
+    if gap is not None:
+        true = {"available": True, "test_true_loglik": -10.0, "true_gap_closed": gap}
+    metrics = {"method": method, "n_components": K, "seed": seed, "train_seconds": seconds, "kmeans_seconds": 1.0,
+               "covariance_mode": mode, "device": "cpu", "history": _history(val, reach_at, seconds),
+               "train": split, "val": split, "test": split, "true": true}  # fmt: skip
+    path = tmp_path / f"{mode}_{method}_{K}_{seed}.json"
+    path.write_text(json.dumps(metrics))
+    return path
+
+
+@pytest.fixture
+def paper_like(tmp_path):
+    """The paper's Table 1 shape: SGD best, everything within 0.25, minibatch time ~ sqrt(K), EM ~ K."""
+    paths = []
+    for K, base in ((64, -26.10), (128, -25.96)):
+        for seed in (0, 1):
+            paths.append(_write(tmp_path, "em", K, seed, base, seconds=K * 1.0, reach_at=K * 0.9, gap=0.9))
+            paths.append(_write(tmp_path, "minibatch_em", K, seed, base + 0.05, seconds=K**0.5, reach_at=2.0, gap=0.85))
+            paths.append(_write(tmp_path, "sgd", K, seed, base + 0.2, seconds=K**0.5, reach_at=3.0, gap=0.7))
+    return paths
+
+
+def test_paper_like_metrics_give_the_expected_verdicts(paper_like):
+    verdicts = [verdict for _, verdict, _ in claims(paper_like)]
+    assert verdicts == [HOLDS, HOLDS, HOLDS, HOLDS, UNMEASURED, FAILS]  # SGD closes only 70% of the gap
+    evidence = {number: text for number, (_, _, text) in enumerate(claims(paper_like), start=1)}
+    assert "K=64: 0.150" in evidence[1]  # SGD minus the best other method
+    assert "Minibatch EM: 0.50; SGD: 0.50" in evidence[4]  # the log-log slopes of sqrt(K)
+    assert "K=64: 57.6" in evidence[3]  # batch EM's time to converge, 0.9 K
+
+
+def test_a_method_that_loses_is_reported(tmp_path):
+    paths = [_write(tmp_path, "em", K, 0, -26.0, seconds=10, reach_at=5) for K in (64, 128)]
+    paths += [_write(tmp_path, "sgd", K, 0, -26.4, seconds=12, reach_at=8) for K in (64, 128)]
+    verdict = {claim: verdict for claim, verdict, _ in claims(paths)}
+    assert verdict["SGD gives the best validation log-likelihood at every K"] == FAILS
+    assert verdict["Minibatch EM and SGD are comparable to batch EM in log-likelihood"] == FAILS  # 0.4 > 0.25
+    assert verdict["The minibatch methods converge faster than batch EM in wall time"] == FAILS
+    assert verdict["(this project) Every method closes at least 80% of the gap to the truth"] == UNMEASURED
+
+
+def test_both_covariance_modes_are_compared(tmp_path):
+    paths = [_write(tmp_path, "em", 64, 0, -26.0, 10, 5, mode="corrected"),
+             _write(tmp_path, "em", 64, 0, -26.3, 10, 5, mode="paper")]  # fmt: skip
+    _, verdict, evidence = claims(paths)[4]
+    assert verdict == HOLDS and "max 0.300" in evidence
+
+
+def test_time_to_converge():
+    assert time_to_converge(_history(-26.0, reach_at=7.0, total=20.0)) == 7.0
+
+
+def test_claims_and_table_files(paper_like, tmp_path):
+    write_claims(paper_like, tmp_path / "claims.md", device_note="a 2-core CPU")
+    text = (tmp_path / "claims.md").read_text()
+    assert text.count("**holds**") == 4 and "timed on a 2-core CPU" in text
+    table = write_loglik_table(paper_like, tmp_path / "loglik")
+    assert table.loc[table.method == "sgd", "gap_closed_mean"].tolist() == pytest.approx([0.7, 0.7])
+    markdown = (tmp_path / "loglik.md").read_text()
+    assert "| Gap closed |" in markdown and "70% ± 0%" in markdown
+    assert r"70\% $\pm$ 0\%" in (tmp_path / "loglik.tex").read_text()
+
+
+def test_table_says_na_without_truth(tmp_path):
+    paths = [_write(tmp_path, "em", 64, seed, -26.0, 10, 5) for seed in (0, 1)]
+    write_loglik_table(paths, tmp_path / "loglik")
+    assert "| n/a | n/a |" in (tmp_path / "loglik.md").read_text()

@@ -1,0 +1,74 @@
+"""Truth metrics: the true-value log-likelihood against scipy, the references' data, the gap closed, and
+every method deconvolving a known mixture better than ignoring the noise (scikit-learn as the references)."""
+
+import math
+
+import numpy as np
+import pytest
+from helpers import draw_xd_data, xd_loglik
+from sklearn.mixture import GaussianMixture
+
+from scalable_xd import XDGMM
+from scalable_xd.data.features import compute_features
+from scalable_xd.data.mock import make_mock
+from scalable_xd.truth import NO_TRUTH, gap_closed, reference_data, true_loglik, truth_metrics
+
+WEIGHTS = np.array([0.4, 0.6])
+MEANS = np.array([[0.0, 0.0], [3.0, 1.0]])
+COVS = np.array([[[0.3, 0.1], [0.1, 0.2]], [[0.5, -0.2], [-0.2, 0.4]]])
+
+
+@pytest.fixture(scope="module")
+def noisy_mixture():
+    """Noise as large as the intrinsic spread, so that ignoring it costs a lot of log-likelihood."""
+    rng = np.random.default_rng(50)
+    x, S, v, _ = draw_xd_data(rng, 12_000, WEIGHTS, MEANS, COVS, 0.3, 0.9)
+    return x[:10_000], S[:10_000], v[:10_000], v[10_000:]
+
+
+def test_true_loglik_matches_scipy(noisy_mixture):
+    x, S, _, v_test = noisy_mixture
+    model = XDGMM(2, "em", epochs=3, device="cpu", dtype="float64", random_state=0).fit(x, S)
+    expected = xd_loglik(v_test[:300], np.zeros((300, 2, 2)), model.weights_, model.means_, model.covariances_)
+    assert true_loglik(model, v_test[:300]) == pytest.approx(expected.mean(), rel=1e-10)
+
+
+def test_gap_closed():
+    assert gap_closed(-2.0, noisy=-3.0, oracle=-1.0) == pytest.approx(0.5)
+    assert gap_closed(-4.0, noisy=-3.0, oracle=-1.0) == pytest.approx(-0.5)
+    assert math.isnan(gap_closed(-1.0, noisy=-1.0, oracle=-1.0))  # no gap: nothing to close
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_every_method_closes_most_of_the_gap(noisy_mixture, method):
+    """References fitted by scikit-learn (independent of this package): a GMM of the true values and one of
+    the noisy values. Each method at its defaults (the paper's settings) must close >= 80% of the gap."""
+    x, S, v, v_test = noisy_mixture
+    oracle = GaussianMixture(2, covariance_type="full", random_state=0).fit(v).score(v_test)
+    noisy = GaussianMixture(2, covariance_type="full", random_state=0).fit(x).score(v_test)
+    model = XDGMM(2, method, device="cpu", random_state=0).fit(x, S)
+    assert oracle - noisy > 0.2  # the noise matters here
+    assert gap_closed(true_loglik(model, v_test), noisy, oracle) >= 0.8
+
+
+@pytest.fixture(scope="module")
+def mock():
+    return make_mock(3000, seed=5)
+
+
+def test_reference_data_keep_missingness_but_drop_noise(mock):
+    features = compute_features(mock)
+    X, variances = reference_data(features, "noisy")
+    missing = features.sigma >= 1e6
+    np.testing.assert_array_equal(X, features.X)
+    assert (variances[missing] == 1e12).all() and (variances[~missing] == 0).all()
+    true, zeros = reference_data(features, "oracle")
+    np.testing.assert_array_equal(true, mock[[c for c in mock if c.startswith("true_")]].to_numpy())
+    assert (zeros == 0).all()
+
+
+def test_real_data_say_there_is_no_truth(mock):
+    real_like = compute_features(mock.drop(columns=[c for c in mock if c.startswith("true_")]))
+    with pytest.raises(ValueError, match="training split has no true_<feature> columns"):
+        reference_data(real_like, "oracle")
+    assert truth_metrics(None, real_like, None) == {"available": False, "reason": NO_TRUTH}
