@@ -20,7 +20,7 @@ def narrow_gaussian():
 def _fitted_covariance(x, S, method, w, step=1e-2):
     """The paper's schedule (step or learning rate decayed halfway), with batches of 250 so that a step of
     1e-2 forgets the initial covariance I (weight exp(-12) after 20 epochs)."""
-    model = XDGMM(1, method, w=w, step_size=step, epochs=20, decay_epoch=10, batch_size=250, dtype="float64",
+    model = XDGMM(1, method, w=w, step_size=step, step_schedule="step", epochs=20, decay_epoch=10, batch_size=250, dtype="float64",
                   device="cpu", random_state=0, means_init=np.zeros((1, 2)))  # fmt: skip
     return model.fit(x, S).covariances_[0]
 
@@ -103,7 +103,7 @@ def test_fit_does_not_depend_on_n_mod_batch_size(two_gaussians_1d, method):
     init = dict(means_init=[[-1.0], [1.0]], weights_init=[0.5, 0.5], dtype="float64", device="cpu", random_state=0)
     # Online EM with steps lambda_t tracks batch EM after about sum(lambda_t) iterations (45 here); Adam
     # moves a mean by at most ~lr a step, and these start 2 units away.
-    settings = dict(epochs=200, decay_epoch=100, batch_size=500, step_size=0.05, lr=0.05)
+    settings = dict(epochs=200, decay_epoch=100, batch_size=500, step_size=0.05, step_schedule="step", lr=0.05)
     fits = [
         _sorted_fit(XDGMM(2, method, **settings, **init).fit(x[:n], S[:n]))
         for n in (3000, 3001)

@@ -97,12 +97,15 @@ def test_naive_update_diverges_where_even_float64_runs_out_of_digits():
         XDGMM(covariance_update="naive", **settings).fit(x, S)
 
 
-def test_sgd_gradients_match_finite_differences():
+@pytest.mark.parametrize("scale", [None, [0.5, 3.0, 20.0]])
+def test_sgd_gradients_match_finite_differences(scale):
     rng = np.random.default_rng(22)
     k, d, w = 3, 3, 0.7
     weights, means, covs = rng.dirichlet(np.ones(k)), rng.normal(scale=2, size=(k, d)), random_spd(rng, k, d)
     x, S, _, _ = draw_xd_data(rng, 60, weights, means, covs, 0.3, 1.0)
-    params = CholeskyParameters(Mixture(*_tensors(weights, means, covs)))
+    s = np.ones(d) if scale is None else np.array(scale)
+    params = CholeskyParameters(Mixture(*_tensors(weights, means, covs)), None if scale is None else torch.tensor(s))
+    np.testing.assert_allclose(params.mixture().covariances.numpy(), covs, rtol=1e-12)
     stats = batch_statistics(*_tensors(x, S), params.mixture())
     analytic = [g.numpy() for g in params.loss_gradients(stats, w)]
     base = [t.numpy().copy() for t in params.tensors()]
@@ -110,9 +113,10 @@ def test_sgd_gradients_match_finite_differences():
     def loss(values):
         logits, mu, raw = values
         chol = np.tril(raw, -1) + np.einsum("kd,de->kde", np.exp(np.diagonal(raw, axis1=1, axis2=2)), np.eye(d))
+        chol = s[:, None] * chol  # L = diag(s) Lt
         cov = chol @ np.transpose(chol, (0, 2, 1))
         alpha = np.exp(logits - np.logaddexp.reduce(logits))
-        return -xd_loglik(x, S, alpha, mu, cov).sum() + (w / np.trace(cov, axis1=1, axis2=2)).sum()
+        return -xd_loglik(x, S, alpha, s * mu, cov).sum() + (w / np.trace(cov, axis1=1, axis2=2)).sum()
 
     eps = 1e-6
     for which, shape in enumerate(t.shape for t in base):
@@ -141,6 +145,17 @@ def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(metho
     f64 = XDGMM(dtype="float64", **settings).fit(x, S)
     assert np.linalg.eigvalsh(f32.covariances_).min() > 0
     np.testing.assert_allclose(f32.covariances_, f64.covariances_, atol=1e-3 * np.abs(f64.covariances_).max())
+
+
+def test_feature_scale_is_the_mixtures_spread():
+    from scalable_xd.updates import feature_scale
+
+    rng = np.random.default_rng(25)
+    weights, means, covs = rng.dirichlet(np.ones(3)), rng.normal(scale=[1.0, 100.0], size=(3, 2)), random_spd(rng, 3, 2)
+    labels = rng.choice(3, size=400_000, p=weights)
+    draws = means[labels] + np.einsum("nij,nj->ni", np.linalg.cholesky(covs)[labels], rng.normal(size=(400_000, 2)))
+    scale = feature_scale(Mixture(*_tensors(weights, means, covs))).numpy()
+    np.testing.assert_allclose(scale, draws.std(axis=0), rtol=0.01)
 
 
 def test_psd_projection_clips_rounding_only():

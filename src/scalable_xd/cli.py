@@ -124,7 +124,7 @@ def _fit(args) -> None:
     model = XDGMM(
         len(weights), args.method, batch_size=args.batch_size, epochs=args.epochs, step_size=args.step_size,
         step_schedule=args.step_schedule, step_decay=args.step_decay, lr=args.lr, lr_decay=args.lr_decay,
-        decay_epoch=args.decay_epoch, w=args.w, tol=args.tol, device=args.device, dtype=args.dtype,
+        decay_epoch=args.decay_epoch, sgd_scaling=args.sgd_scaling, w=args.w, tol=args.tol, device=args.device, dtype=args.dtype,
         compile=args.compile, random_state=args.seed, weights_init=weights, means_init=means, verbose=1,
     )  # fmt: skip
     tick = time.perf_counter()
@@ -294,11 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--step-size", type=float, default=1e-2)
-    p.add_argument("--step-schedule", choices=["step", "cappe_moulines"], default="step")
+    p.add_argument("--step-size", type=float, default=0.1, help="minibatch EM's first step (the paper: 0.01)")
+    p.add_argument("--step-schedule", choices=["step", "cappe_moulines"], default="cappe_moulines",
+                   help="minibatch EM: (t0 + t)^-kappa from --step-size, or the paper's --step-size halved once")  # fmt: skip
     p.add_argument("--step-decay", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--lr-decay", type=float, default=0.1)
+    p.add_argument("--sgd-scaling", choices=["spread", "none"], default="spread",
+                   help="SGD parameters in units of each feature's spread (default) or the features' own (the paper)")  # fmt: skip
     p.add_argument("--decay-epoch", type=int, default=10)
     p.add_argument("--w", type=float, default=1e-3)
     p.add_argument("--tol", type=float, default=None, help="batch-EM tolerance (default: run all epochs)")

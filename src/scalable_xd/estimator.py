@@ -21,6 +21,7 @@ from .training import EVAL_BATCH, LoopConfig, checkpoint_seed, run, scored_batch
 METHODS = ("em", "minibatch_em", "sgd")
 SCHEDULES = ("step", "cappe_moulines")
 COVARIANCE_UPDATES = ("stable", "naive")
+SGD_SCALINGS = ("spread", "none")
 FORMAT_VERSION = 1
 
 
@@ -44,10 +45,17 @@ class XDGMM:
     batch_size : points per minibatch for minibatch_em, sgd and the k-means init (batch EM sums over the
         whole data set, in chunks of at least 8,192 points).
     epochs : passes over the training data (for ``"em"``: the maximum number of iterations).
-    step_size, step_schedule, step_decay, kappa : minibatch-EM step sizes; ``"step"`` multiplies
-        ``step_size`` by ``step_decay`` after ``decay_epoch`` epochs (the paper: 1e-2, halved after 10),
-        ``"cappe_moulines"`` uses (t0 + t)^-kappa starting at ``step_size``.
+    step_size, step_schedule, step_decay, kappa : minibatch-EM step sizes. ``"cappe_moulines"`` (default)
+        uses lambda_t = (t0 + t)^-kappa over update count t, starting at ``step_size`` (default 0.1): its
+        sum, the number of batch-EM iterations online EM roughly amounts to, grows with the number of
+        updates whatever N is. ``"step"`` is the paper's: ``step_size`` (the paper: 1e-2) multiplied by
+        ``step_decay`` after ``decay_epoch`` epochs; its 20 epochs amount to 0.15 N / batch_size EM
+        iterations, plenty at the paper's 1.6 million stars but 3 for 10,000 (an under-converged fit).
     lr, lr_decay : SGD (Adam) learning rate, multiplied by ``lr_decay`` after ``decay_epoch`` epochs.
+    sgd_scaling : ``"spread"`` (default) measures SGD's parameters in units of each feature's spread under
+        the initial mixture, so that ``lr`` is a fraction of every feature's range; ``"none"`` is the
+        paper's parametrisation in the features' own units, where a mean moves ~``lr`` per step whether
+        its feature spans 0.3 mas or 300 degrees.
     w : covariance regularisation: EM as Bovy et al. ((sum + wI)/(q + 1)); minibatch EM adds wI after each
         update; SGD adds the penalty sum_j w / tr(V_j) to the loss.
     tol : batch EM stops once an iteration improves the mean training log-likelihood by less than this.
@@ -76,12 +84,13 @@ class XDGMM:
         *,
         batch_size: int = 500,
         epochs: int = 20,
-        step_size: float = 1e-2,
-        step_schedule: str = "step",
+        step_size: float = 0.1,
+        step_schedule: str = "cappe_moulines",
         step_decay: float = 0.5,
         kappa: float = 0.6,
         lr: float = 1e-2,
         lr_decay: float = 0.1,
+        sgd_scaling: str = "spread",
         decay_epoch: int = 10,
         w: float = 1e-3,
         tol: float = 1e-6,
@@ -106,6 +115,7 @@ class XDGMM:
         self.kappa = kappa
         self.lr = lr
         self.lr_decay = lr_decay
+        self.sgd_scaling = sgd_scaling
         self.decay_epoch = decay_epoch
         self.w = w
         self.tol = tol
@@ -151,6 +161,8 @@ class XDGMM:
             raise ValueError(
                 f"unknown covariance_update {self.covariance_update!r}: choose one of {', '.join(COVARIANCE_UPDATES)}"
             )
+        if self.sgd_scaling not in SGD_SCALINGS:
+            raise ValueError(f"unknown sgd_scaling {self.sgd_scaling!r}: choose one of {', '.join(SGD_SCALINGS)}")
         in_range("step_size", 0, 1, low_open=True)
         in_range("step_decay", 0, 1, low_open=True)
         in_range("kappa", 0.5, 1, low_open=True)
@@ -173,7 +185,7 @@ class XDGMM:
         """The constructor arguments (initial-parameter arrays excluded), as JSON-friendly values."""
         keys = [
             "n_components", "method", "batch_size", "epochs", "step_size", "step_schedule", "step_decay", "kappa",
-            "lr", "lr_decay", "decay_epoch", "w", "tol", "covariance_update", "kmeans_epochs", "device", "dtype",
+            "lr", "lr_decay", "sgd_scaling", "decay_epoch", "w", "tol", "covariance_update", "kmeans_epochs", "device", "dtype",
             "compile", "random_state", "verbose",
         ]  # fmt: skip
         return {key: getattr(self, key) for key in keys}
@@ -227,7 +239,8 @@ class XDGMM:
                 step_decay=self.step_decay, decay_epoch=self.decay_epoch, kappa=self.kappa,
                 covariance_update=self.covariance_update,
             )  # fmt: skip
-        return SGD(mixture, w=self.w, lr=self.lr, lr_decay=self.lr_decay, decay_epoch=self.decay_epoch)
+        return SGD(mixture, w=self.w, lr=self.lr, lr_decay=self.lr_decay, decay_epoch=self.decay_epoch,
+                   scaling=self.sgd_scaling)  # fmt: skip
 
     def fit(self, X, Xcov=None, *, R=None, X_val=None, Xcov_val=None, R_val=None, checkpoint=None) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a

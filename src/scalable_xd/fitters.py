@@ -16,7 +16,7 @@ import torch
 
 from .statistics import Statistics
 from .mixture import Mixture
-from .updates import CholeskyParameters, em_update, online_em_update, online_em_update_naive, regularised
+from .updates import CholeskyParameters, em_update, feature_scale, online_em_update, online_em_update_naive, regularised
 
 
 def _mixture_state(mixture: Mixture) -> dict:
@@ -125,10 +125,14 @@ class SGD:
     Loss per batch: the summed negative log-likelihood plus sum_j w / tr(V_j). Learning rate ``lr``,
     multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the paper: 1e-2 then 1e-3 after 10).
     Gradients come analytically from the kernel's sums, so no autograd graph is built.
+
+    ``scaling="spread"`` measures the parameters in units of each feature's spread under the initial
+    mixture (``updates.feature_scale``), so that ``lr`` means the same for degrees and milliarcseconds;
+    ``"none"`` is the paper's parametrisation in the features' own units (see ``CholeskyParameters``).
     """
 
-    def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int):
-        self.params = CholeskyParameters(mixture)
+    def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str):
+        self.params = CholeskyParameters(mixture, feature_scale(mixture) if scaling == "spread" else None)
         self.w = w
         self.base_lr = lr
         self.lr_decay = lr_decay
@@ -153,9 +157,11 @@ class SGD:
         return None
 
     def state_dict(self) -> dict:
-        return {"params": [t.clone() for t in self.params.tensors()], "optimizer": self.optimizer.state_dict()}
+        return {"params": [t.clone() for t in self.params.tensors()], "scale": self.params.scale.clone(),
+                "optimizer": self.optimizer.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
+        self.params.scale = state["scale"].to(self.params.scale)
         for tensor, saved in zip(self.params.tensors(), state["params"]):
             tensor.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])

@@ -169,39 +169,63 @@ def online_em_update_naive(state: Mixture, stats: Statistics, step: float, w: fl
     )
 
 
+def feature_scale(mixture: Mixture) -> torch.Tensor:
+    """Each feature's spread under the mixture: the square root of the diagonal of its total covariance
+    sum_j alpha_j (V_j + m_j m_j^T) - mbar mbar^T. SGD's parameters are measured in these units."""
+    alpha = mixture.weights / mixture.weights.sum()
+    mean = alpha @ mixture.means
+    second = torch.einsum("k,kd->d", alpha, torch.diagonal(mixture.covariances, dim1=-2, dim2=-1) + mixture.means**2)
+    return torch.sqrt((second - mean**2).clamp_min(torch.finfo(mean.dtype).tiny))
+
+
 class CholeskyParameters:
     """Unconstrained SGD parameters (paper eq. 8): softmax logits, means, and Cholesky factors whose
-    diagonal is stored as its logarithm. ``raw`` holds the strictly-lower part and log-diagonal of L_j."""
+    diagonal is stored as its logarithm, all in units of a per-feature ``scale`` s:
 
-    def __init__(self, mixture: Mixture):
-        chol = torch.linalg.cholesky(mixture.covariances)
+        m_j = s * mu_j,    L_j = diag(s) Lt_j,    V_j = L_j L_j^T,
+
+    where ``raw`` holds the strictly-lower part and log-diagonal of Lt_j. With s = 1 this is the paper's
+    parametrisation, in which Adam moves a mean by about ``lr`` per step whatever the feature's units: 1e-2
+    degrees of right ascension (spread ~100 deg) or mas of parallax (spread ~0.3 mas) alike, so the wide
+    features take thousands of steps to move. With s the data's spread (``feature_scale``) a step of ``lr``
+    is the same fraction of every feature's range.
+    """
+
+    def __init__(self, mixture: Mixture, scale: torch.Tensor | None = None):
+        self.scale = torch.ones_like(mixture.means[0]) if scale is None else scale.to(mixture.means)
+        chol = torch.linalg.cholesky(mixture.covariances) / self.scale[:, None]
         self.logits = torch.log(mixture.weights.clamp_min(torch.finfo(mixture.weights.dtype).tiny)).clone()
-        self.means = mixture.means.clone()
+        self.means = mixture.means / self.scale
         self.raw = torch.tril(chol, -1) + torch.diag_embed(torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)))
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.logits, self.means, self.raw]
 
-    def cholesky(self) -> torch.Tensor:
+    def _unit_cholesky(self) -> torch.Tensor:
         return torch.tril(self.raw, -1) + torch.diag_embed(torch.exp(torch.diagonal(self.raw, dim1=-2, dim2=-1)))
+
+    def cholesky(self) -> torch.Tensor:
+        return self.scale[:, None] * self._unit_cholesky()
 
     def mixture(self) -> Mixture:
         chol = self.cholesky()
-        return Mixture(torch.softmax(self.logits, dim=0), self.means, chol @ chol.mT)
+        return Mixture(torch.softmax(self.logits, dim=0), self.means * self.scale, chol @ chol.mT)
 
     def loss_gradients(self, stats: Statistics, w: float) -> list[torch.Tensor]:
         """Gradients of loss = -sum_batch log p(x_i) + sum_j w / tr(V_j) for (logits, means, raw).
 
         From the sums: dLL/dm_j = U_j, dLL/dV_j = (UU_j - P_j)/2, dLL/dz_j = q_j - B alpha_j, chained through
-        V = L L^T (dV/dL: 2 G L for symmetric G) and L_qq = exp(raw_qq).
+        V = L L^T (dV/dL: 2 G L for symmetric G), L = diag(s) Lt (row i times s_i), Lt_qq = exp(raw_qq) and
+        m = s mu.
         """
-        chol = self.cholesky()
+        unit = self._unit_cholesky()
+        chol = self.scale[:, None] * unit
         cov = chol @ chol.mT
         weights = torch.softmax(self.logits, dim=0)
         trace = torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1)
         grad_cov = -0.5 * (stats.UU - stats.P) - (w / trace**2)[:, None, None] * _eye_like(cov)
-        grad_chol = torch.tril(2.0 * grad_cov @ chol)
-        diag = torch.diagonal(grad_chol, dim1=-2, dim2=-1) * torch.diagonal(chol, dim1=-2, dim2=-1)
-        grad_raw = torch.tril(grad_chol, -1) + torch.diag_embed(diag)
+        grad_unit = self.scale[:, None] * torch.tril(2.0 * grad_cov @ chol)
+        diag = torch.diagonal(grad_unit, dim1=-2, dim2=-1) * torch.diagonal(unit, dim1=-2, dim2=-1)
+        grad_raw = torch.tril(grad_unit, -1) + torch.diag_embed(diag)
         grad_logits = -(stats.q - stats.n_points * weights)
-        return [grad_logits, -stats.U, grad_raw]
+        return [grad_logits, -stats.U * self.scale, grad_raw]

@@ -18,8 +18,8 @@ rule fit:
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
         settings=" ".join(
             f"--{key.replace('_', '-')} {config['fit'][key]}"
-            for key in ("epochs", "batch_size", "step_size", "step_decay", "lr", "lr_decay", "decay_epoch",
-                        "w", "device", "dtype")
+            for key in ("epochs", "batch_size", "step_size", "step_schedule", "step_decay", "lr", "lr_decay",
+                        "sgd_scaling", "decay_epoch", "w", "device", "dtype")
         )
         + (" --compile" if config["fit"]["compile"] else ""),
         tag=NAME,
