@@ -86,6 +86,29 @@ def test_metrics_are_complete(smoke):
                 assert not (smoke / "fits" / method / f"K{k}_seed{seed}" / "checkpoint.pt").exists()
 
 
+def test_fits_are_scored_against_the_mocks_truth(smoke):
+    """Every fit's true-value log-likelihood, recomputed from its saved model and the test stars' true
+    values; the gap closed from the reference files; the table's truth columns; claims.md."""
+    from scalable_xd import XDGMM
+    from scalable_xd.data.features import read_features
+
+    true = read_features(smoke / "data" / "test.parquet").true
+    fit = smoke / "fits" / "em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
+    metrics = json.loads((fit / "metrics.json").read_text())["true"]
+    model = XDGMM.load(fit / "model.npz")
+    per_star = model.score_samples(true, np.zeros_like(true)).astype(np.float64)
+    assert metrics["test_true_loglik"] == pytest.approx(per_star.mean(), rel=1e-5)
+    refs = {kind: json.loads((smoke / "references" / kind / f"K{FIGURE_K}_seed{SEEDS[0]}.json").read_text())
+            for kind in ("oracle", "noisy")}  # fmt: skip
+    oracle, noisy = refs["oracle"]["test_true_loglik"], refs["noisy"]["test_true_loglik"]
+    assert oracle > noisy  # fitting the truth beats ignoring the noise
+    assert metrics["true_gap_closed"] == pytest.approx((per_star.mean() - noisy) / (oracle - noisy), rel=1e-4)
+    table = pd.read_csv(smoke / "tables" / "loglik.csv")
+    assert table[["true_test_mean", "gap_closed_mean"]].notna().all().all()
+    claims = (smoke / "claims.md").read_text()
+    assert len(re.findall(r"^\d\. .*: \*\*(holds|does not hold|not measured)\*\*", claims, flags=re.M)) == 6
+
+
 def test_metrics_agree_with_the_saved_model(smoke):
     """The reported log-likelihoods, recomputed star by star from the saved model and the data split."""
     from scalable_xd import XDGMM
@@ -112,7 +135,7 @@ def test_deleting_one_fit_reruns_only_it_and_its_dependents(smoke):
     before = untouched.stat().st_mtime_ns
     (victim / "metrics.json").unlink()
     plan = planned_jobs(snakemake(smoke.parents[1], "--dry-run", "--cores", "2"))
-    assert plan == {"fit": 1, "loglik_table": 1, "timing_vs_k": 1, "all": 1}
+    assert plan == {"fit": 1, "loglik_table": 1, "claims": 1, "timing_vs_k": 1, "all": 1}
     snakemake(smoke.parents[1], "--cores", "2")
     assert (victim / "metrics.json").exists() and untouched.stat().st_mtime_ns == before
 
@@ -135,4 +158,5 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     assert plan["fit"] == 3 * 4 * 10 and plan["kmeans"] == 4 * 10
     assert output.count(" --compile ") == plan["fit"]  # the long fits use the fused kernel
     assert plan["query_gaia"] == 1 and "mock_catalogue" not in plan
+    assert "reference" not in plan and plan["claims"] == 1  # Gaia data have no truth to score against
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing
