@@ -300,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-decay", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--lr-decay", type=float, default=0.1)
-    p.add_argument("--sgd-scaling", choices=["spread", "none"], default="spread",
-                   help="SGD parameters in units of each feature's spread (default) or the features' own (the paper)")  # fmt: skip
+    p.add_argument("--sgd-scaling", choices=["spread", "none"], default="none",
+                   help="SGD parameters in the features' own units (the paper) or in units of each feature's spread")  # fmt: skip
     p.add_argument("--decay-epoch", type=int, default=10)
     p.add_argument("--w", type=float, default=1e-3)
     p.add_argument("--tol", type=float, default=None, help="batch-EM tolerance (default: run all epochs)")

@@ -126,9 +126,9 @@ class SGD:
     multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the paper: 1e-2 then 1e-3 after 10).
     Gradients come analytically from the kernel's sums, so no autograd graph is built.
 
-    ``scaling="spread"`` measures the parameters in units of each feature's spread under the initial
-    mixture (``updates.feature_scale``), so that ``lr`` means the same for degrees and milliarcseconds;
-    ``"none"`` is the paper's parametrisation in the features' own units (see ``CholeskyParameters``).
+    ``scaling="none"`` is the paper's parametrisation in the features' own units; ``"spread"`` measures the
+    parameters in units of each feature's spread under the initial mixture (``updates.feature_scale``), so
+    that ``lr`` means the same for degrees and milliarcseconds (see ``CholeskyParameters``).
     """
 
     def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str):
