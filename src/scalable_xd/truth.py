@@ -42,7 +42,9 @@ def reference_data(features, kind: str) -> tuple[np.ndarray, np.ndarray]:
         true = require_truth(features, "the training split")
         return true, np.zeros_like(true)
     if kind == "noisy":
-        missing = features.sigma >= 1e6  # the missing-entry convention of ``data.features``
+        from .data.features import MISSING_SIGMA
+
+        missing = features.sigma >= MISSING_SIGMA
         return features.X, np.where(missing, features.sigma**2, 0.0)
     raise ValueError(f"unknown reference kind {kind!r}: choose one of {', '.join(REFERENCES)}")
 

@@ -115,20 +115,15 @@ def compute_features(table, mode: str = "corrected") -> Features:
 
     errors = np.stack([_column(frame, f"{name}_error") for name in ASTROMETRY], axis=1)
     bad_error = present[:, :5] & ~(errors > 0)  # NaN or non-positive
-    counts["invalid_error"] = int(bad_error.any(axis=1).sum())
-    present[:, :5] &= ~bad_error
     if mode == "corrected":
         errors = errors.copy()
         errors[:, 0] /= MAS_PER_DEG * np.cos(np.radians(values[:, 1]))
         errors[:, 1] /= MAS_PER_DEG
     sigma[:, :5] = errors
-    if mode == "corrected":
-        sigma[:, 5:] = photometric_errors(frame)
-        bad_photometry = present[:, 5:] & ~(sigma[:, 5:] > 0)  # a flux_over_error NaN or not positive
-        counts["invalid_error"] = int((bad_error.any(axis=1) | bad_photometry.any(axis=1)).sum())
-        present[:, 5:] &= ~bad_photometry
-    else:
-        sigma[:, 5:] = PAPER_PHOTOMETRIC_SIGMA
+    sigma[:, 5:] = photometric_errors(frame) if mode == "corrected" else PAPER_PHOTOMETRIC_SIGMA
+    bad_error = np.concatenate([bad_error, present[:, 5:] & ~(sigma[:, 5:] > 0)], axis=1)  # flux_over_error
+    counts["invalid_error"] = int(bad_error.any(axis=1).sum())
+    present &= ~bad_error
 
     gets_missing_variance = ~present
     if mode == "paper":  # the paper's code gave a missing colour (or G) the ordinary photometric variance

@@ -109,20 +109,20 @@ def _subsample(X, n_rows: int, seed: int):
     return X
 
 
-def _data_rows(data_path, n_rows: int, seed: int, complete: bool):
-    """Up to ``n_rows`` feature rows of a split; ``complete`` keeps only stars with every feature measured."""
+def _read_split(data_path):
     from ..data.features import read_features
 
-    data = read_features(data_path)
+    return read_features(data_path)
+
+
+def _data_rows(data, n_rows: int, seed: int, complete: bool):
+    """Up to ``n_rows`` feature rows of a split; ``complete`` keeps only stars with every feature measured."""
     return _subsample(data.X[data.n_missing == 0] if complete else data.X, n_rows, seed)
 
 
-def _true_rows(data_path, n_rows: int, seed: int):
+def _true_rows(data, n_rows: int, seed: int):
     """Up to ``n_rows`` noise-free rows of a split (all its stars), or None for data without truth."""
-    from ..data.features import read_features
-
-    true = read_features(data_path).true
-    return None if true is None else _subsample(true, n_rows, seed)
+    return None if data.true is None else _subsample(data.true, n_rows, seed)
 
 
 def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, seed: int = 0) -> None:
@@ -137,7 +137,7 @@ def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, s
     plt = _pyplot()
     model, samples = _model_samples(model_path, n_samples, seed)
     on_sky = (samples[:, 0] >= 0) & (samples[:, 0] < 360) & (np.abs(samples[:, 1]) <= 90)
-    stars = _data_rows(data_path, n_samples, seed, complete=False)  # ra and dec are never missing
+    stars = _data_rows(_read_split(data_path), n_samples, seed, complete=False)  # ra and dec are never missing
     ra_bins, dec_bins = np.linspace(0, 360, 181), np.linspace(-90, 90, 91)
     densities = [np.histogram2d(points[:, 0], points[:, 1], [ra_bins, dec_bins])[0].T / len(points)
                  for points in (samples[on_sky], stars)]  # fmt: skip
@@ -168,8 +168,9 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = 100_000, seed: 
     import corner
 
     model, samples = _model_samples(model_path, n_samples, seed)
-    observed = _data_rows(data_path, n_samples, seed, complete=True)  # x = 0 stands for "missing": leave out
-    true = _true_rows(data_path, n_samples, seed)
+    data = _read_split(data_path)
+    observed = _data_rows(data, n_samples, seed, complete=True)  # x = 0 stands for "missing": leave out
+    true = _true_rows(data, n_samples, seed)
     ranges = [tuple(np.percentile(observed[:, k], [0.5, 99.5])) for k in range(observed.shape[1])]
     style = dict(range=ranges, bins=40, plot_datapoints=False, plot_density=False, levels=(0.39, 0.86))
     fig = corner.corner(observed, labels=FEATURE_LABELS, color="black", hist_kwargs={"density": True}, **style)
