@@ -116,3 +116,15 @@ def max_row_relative_error(got, want):
     else:
         scale = np.abs(want).max(axis=tuple(range(1, want.ndim)), keepdims=True)
     return float((np.abs(got - want) / np.maximum(scale, 1e-300)).max())
+
+
+def damage_file(path, kind: str) -> bool:
+    """Damage a file as a crash, a full disk or a wrong path would: ``empty``, ``truncated`` (half of it) or
+    ``garbage`` (random bytes). Returns False for any other kind, left to the caller."""
+    payload = path.read_bytes()
+    damaged = {"empty": b"", "truncated": payload[: len(payload) // 2],
+               "garbage": np.random.default_rng(0).bytes(4096)}.get(kind)  # fmt: skip
+    if damaged is None:
+        return False
+    path.write_bytes(damaged)
+    return True

@@ -112,15 +112,15 @@ def test_compiled_kernel_gives_the_same_fit_and_scores(data):
 
 def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) -> None:
     """Fit until the checkpoint of ``after_epoch`` is written, then stop as a killed job would."""
-    save = scalable_xd.training._save_checkpoint
+    save = scalable_xd.checkpoint.save
 
-    def save_then_crash(cfg, fitter, epoch, history, converged):
-        save(cfg, fitter, epoch, history, converged)
-        if epoch == after_epoch:
+    def save_then_crash(path, **state):
+        save(path, **state)
+        if state["epoch"] == after_epoch:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.training, "_save_checkpoint", save_then_crash)
+        patch.setattr(scalable_xd.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
             XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
 
@@ -152,7 +152,7 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_pa
     x, S = data
     settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
     _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
-    seed = scalable_xd.training.checkpoint_seed(tmp_path / "fit.ckpt")
+    seed = scalable_xd.checkpoint.saved_seed(scalable_xd.checkpoint.load(tmp_path / "fit.ckpt"))
     monkeypatch.setattr(scalable_xd.estimator, "minibatch_kmeans", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
     assert [h["epoch"] for h in resumed.history_] == list(range(5))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scalable_xd import XDGMM
-from scalable_xd.training import CHECKPOINT_FORMAT, batch_bounds
+from scalable_xd.training import batch_bounds
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +53,6 @@ def test_minibatch_em_with_regularisation_recovers_the_true_variance(narrow_gaus
     x, S = narrow_gaussian
     variances = np.diag(_fitted_covariance(x, S, "minibatch_em", 1e-3))
     np.testing.assert_allclose(variances, 0.01 + 1e-3, rtol=0.05)
-
-
-def test_old_checkpoints_are_refused_with_a_clear_message(narrow_gaussian, tmp_path):
-    x, S = narrow_gaussian
-    path = tmp_path / "fit.ckpt"
-    XDGMM(1, "minibatch_em", epochs=1, device="cpu", random_state=0).fit(x[:1000], S[:1000], checkpoint=path)
-    state = torch.load(path, weights_only=False)
-    assert state["format"] == CHECKPOINT_FORMAT
-    del state["format"]  # what a checkpoint written before the format was versioned looks like
-    torch.save(state, path)
-    with pytest.raises(ValueError, match="has format 1.*delete it to start fresh"):
-        XDGMM(1, "minibatch_em", epochs=2, device="cpu", random_state=0).fit(x[:1000], S[:1000], checkpoint=path)
 
 
 @pytest.mark.parametrize("n, batch, expected", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ from .io import atomic_path
 from .kmeans import minibatch_kmeans, weights_from_counts
 from .mixture import Mixture
 from .posterior import posterior_moments
-from .training import EVAL_BATCH, LoopConfig, checkpoint_seed, run, scored_batches
+from . import checkpoint as checkpoints
+from .training import EVAL_BATCH, LoopConfig, run, scored_batches
 
 METHODS = ("em", "minibatch_em", "sgd")
 SCHEDULES = ("step", "cappe_moulines")
@@ -259,17 +261,26 @@ class XDGMM:
             val = Dataset(X_val, Xcov_val, R_val, name="X_val")
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
-        resumed_seed = checkpoint_seed(checkpoint)
+        checkpoint = None if checkpoint is None else Path(checkpoint)
+        resume = checkpoints.load(checkpoint, self._device) if checkpoint is not None and checkpoint.exists() else None
         if self.random_state is not None:
             seed = self.random_state
-        elif resumed_seed is not None:
-            seed = resumed_seed
+        elif resume is not None:
+            seed = checkpoints.saved_seed(resume)
         else:
             seed = int(np.random.SeedSequence().entropy % 2**62)
-        if resumed_seed is None:
-            mixture = self._initial_mixture(train, seed)
-        else:  # the checkpoint holds the state; skip the (possibly long) k-means init
+        fingerprint = {**self.get_params(), "verbose": None, "compile": None, "n": len(train), "d": train.obs_dim,
+                       "D": train.model_dim, "seed": seed}  # fmt: skip
+        if checkpoint is not None:  # bind the checkpoint to the data (costs one pass over X)
+            fingerprint["data"] = checkpoints.data_digest(train)
+            fingerprint["val_data"] = None if val is None else checkpoints.data_digest(val)
+            fingerprint["init"] = checkpoints.array_digest(self.weights_init, self.means_init, self.covariances_init)
+        if resume is not None:
+            checkpoints.check_matches(resume, fingerprint, checkpoint)
+            # the checkpoint holds the state; skip the (possibly long) k-means init
             mixture = _placeholder_mixture(self.n_components, train.model_dim, self._device)
+        else:
+            mixture = self._initial_mixture(train, seed)
         fitter = self._make_fitter(mixture)
         config = LoopConfig(
             epochs=self.epochs,
@@ -282,11 +293,10 @@ class XDGMM:
             w=self.w,
             tol=self.tol if self.method == "em" else None,
             verbose=self.verbose,
-            checkpoint=None if checkpoint is None else Path(checkpoint),
-            fingerprint={**self.get_params(), "verbose": None, "compile": None, "n": len(train), "d": train.obs_dim,
-                         "D": train.model_dim, "seed": seed},
-        )  # fmt: skip
-        history, converged = run(fitter, train, val, config)
+            checkpoint=checkpoint,
+            fingerprint=fingerprint,
+        )
+        history, converged = run(fitter, train, val, config, resume)
         self._set_fitted(fitter.mixture, history, converged)
         return self
 
@@ -381,18 +391,44 @@ class XDGMM:
 
     @classmethod
     def load(cls, path, device: str | None = None) -> XDGMM:
-        """Read a model written by ``save``; ``device`` overrides the saved one (e.g. "cpu" for a GPU fit)."""
-        with np.load(path, allow_pickle=False) as archive:
-            meta = json.loads(str(archive["meta"]))
-            if meta.get("format_version") != FORMAT_VERSION:
-                raise ValueError(f"{path}: unsupported model format version {meta.get('format_version')!r}")
-            arrays = {key: archive[key] for key in ("weights", "means", "covariances")}
-        params = dict(meta["params"])
+        """Read a model written by ``save``; ``device`` overrides the saved one (e.g. "cpu" for a GPU fit).
+
+        The file is read without unpickling, and its parameters are checked as strictly as a fit's: a
+        damaged or foreign file raises ValueError naming it."""
+        not_ours = f"{path} is not a model written by XDGMM.save"
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                missing = [key for key in ("weights", "means", "covariances", "meta") if key not in archive.files]
+                if missing:
+                    raise ValueError(f"{not_ours} (it lacks {', '.join(missing)})")
+                meta = json.loads(str(archive["meta"]))
+                arrays = {key: archive[key] for key in ("weights", "means", "covariances")}
+        except FileNotFoundError:
+            raise
+        except (OSError, EOFError, zipfile.BadZipFile, ValueError) as err:
+            if str(err).startswith(not_ours):
+                raise
+            if "Object arrays" in str(err):  # numpy's advice (allow_pickle) is exactly what must not be done
+                raise ValueError(f"{not_ours}: it holds Python objects, which are never loaded") from None
+            raise ValueError(f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})") from None
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+            version = meta.get("format_version") if isinstance(meta, dict) else None
+            raise ValueError(f"{path}: unsupported model format version {version!r} (this version reads {FORMAT_VERSION})")
+        if any(a.dtype.kind != "f" for a in arrays.values()):
+            raise ValueError(f"{path}: weights, means and covariances must be floating-point arrays")
+        mixture = Mixture(*(torch.as_tensor(arrays[k], dtype=torch.float64) for k in ("weights", "means", "covariances")))
+        mixture.check(f"model {path}")
+        params = dict(meta.get("params", {}))
         if device is not None:
             params["device"] = device
-        elif params["device"] != "cpu" and not torch.cuda.is_available():
+        elif params.get("device", "cpu") != "cpu" and not torch.cuda.is_available():
             params["device"] = "cpu"
-        model = cls(**params)
-        mixture = Mixture(*(torch.as_tensor(arrays[k]) for k in ("weights", "means", "covariances")))
-        model._set_fitted(mixture.to(model._device, torch.float64), meta["history"], meta["converged"])
+        try:
+            model = cls(**params)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"model {path} has invalid settings: {err}") from None
+        if model.n_components != mixture.n_components:
+            raise ValueError(f"model {path}: n_components is {model.n_components} but it holds "
+                             f"{mixture.n_components} components")  # fmt: skip
+        model._set_fitted(mixture.to(model._device), meta.get("history", []), meta.get("converged", False))
         return model

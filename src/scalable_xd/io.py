@@ -6,7 +6,18 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's umask (Python can read it only by setting it, so set it back at once)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -14,13 +25,15 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None):
     """Yield a temporary path beside ``path``; move it into place only if the block succeeds.
 
     ``suffix`` keeps writers that insist on an extension (numpy's savez, matplotlib) happy; it defaults to
-    the target's own suffix.
+    the target's own suffix. The file gets the mode ``open`` would give it (0666 less the umask), not the
+    private 0600 of a temporary file, so that collaborators can read results on a shared cluster.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or target.suffix or ".tmp", dir=target.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())
         yield Path(tmp)
         os.replace(tmp, target)
     except BaseException:

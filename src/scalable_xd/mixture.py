@@ -52,6 +52,35 @@ class Mixture:
             return int(torch.nonzero(info > 0)[0, 0]), "has a covariance that is not positive definite"
         return None
 
+    def check(self, what: str, weights_sum_tol: float | None = 1e-6) -> None:
+        """Raise ValueError naming ``what`` unless the parameters are a valid mixture: shapes (K,), (K, D),
+        (K, D, D) that agree, finite values, non-negative weights summing to 1 (within ``weights_sum_tol``;
+        None skips it, for weights that are normalised afterwards) and symmetric positive-definite covariances."""
+        k = self.weights.shape[0] if self.weights.ndim == 1 else None
+        if k is None or self.means.ndim != 2 or self.means.shape[0] != k:
+            raise ValueError(f"{what}: weights {tuple(self.weights.shape)} and means {tuple(self.means.shape)} must "
+                             "have shapes (K,) and (K, D) with the same K")  # fmt: skip
+        if tuple(self.covariances.shape) != (k, self.dim, self.dim):
+            raise ValueError(f"{what}: covariances must have shape (K, D, D) = ({k}, {self.dim}, {self.dim}), "
+                             f"got {tuple(self.covariances.shape)}")  # fmt: skip
+        for name, value in (("weights", self.weights), ("means", self.means), ("covariances", self.covariances)):
+            if not torch.isfinite(value).all():
+                row = int(torch.nonzero(~torch.isfinite(value).reshape(k, -1).all(dim=1))[0, 0])
+                raise ValueError(f"{what}: {name} of component {row} contain NaN or inf")
+        if (self.weights < 0).any():
+            raise ValueError(f"{what}: weight of component {int(torch.nonzero(self.weights < 0)[0, 0])} is negative")
+        total = float(self.weights.sum())
+        if weights_sum_tol is not None and abs(total - 1) > weights_sum_tol:
+            raise ValueError(f"{what}: weights sum to {total:.6g}, not 1")
+        diagonal = torch.diagonal(self.covariances, dim1=1, dim2=2).abs()
+        scale = torch.sqrt(diagonal[:, :, None] * diagonal[:, None, :])
+        asymmetric = ((self.covariances - self.covariances.transpose(1, 2)).abs() > 1e-8 * scale).any(dim=(1, 2))
+        if asymmetric.any():
+            raise ValueError(f"{what}: covariance of component {int(torch.nonzero(asymmetric)[0, 0])} is not symmetric")
+        problem = self.first_invalid_component()
+        if problem is not None:
+            raise ValueError(f"{what}: component {problem[0]} {problem[1]}")
+
     def n_parameters(self) -> int:
         """Free parameters: K-1 weights, K*D means, K*D(D+1)/2 covariance entries."""
         k, d = self.n_components, self.dim

@@ -19,14 +19,12 @@ from tqdm.auto import tqdm
 from ._torch import synchronize
 from .dataset import Dataset
 from .errors import FitDivergedError, NotPositiveDefiniteError
-from .io import atomic_path
+from . import checkpoint
 from .kernel import batch_statistics, log_densities
 from .mixture import Mixture
 
 # Points per evaluation batch; the kernel chunks it further to bound memory.
 EVAL_BATCH = 8192
-# Version of the checkpoint layout; 2: minibatch EM stores its unregularised running state.
-CHECKPOINT_FORMAT = 2
 
 
 def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -96,42 +94,6 @@ def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
         raise FitDivergedError(epoch, problem[0], problem[1], w)
 
 
-def _save_checkpoint(cfg: LoopConfig, fitter, epoch: int, history: list, converged: bool) -> None:
-    state = {
-        "format": CHECKPOINT_FORMAT,
-        "fingerprint": cfg.fingerprint,
-        "epoch": epoch,
-        "history": history,
-        "converged": converged,
-        "fitter": fitter.state_dict(),
-    }
-    with atomic_path(cfg.checkpoint) as tmp:
-        torch.save(state, tmp)
-
-
-def checkpoint_seed(path) -> int | None:
-    """The seed a checkpointed fit used (so that a fit without random_state can resume it), or None."""
-    if path is None or not Path(path).exists():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=False)["fingerprint"].get("seed")
-
-
-def _load_checkpoint(cfg: LoopConfig, fitter):
-    state = torch.load(cfg.checkpoint, map_location=cfg.device, weights_only=False)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"checkpoint {cfg.checkpoint} has format {state.get('format', 1)}, this version of scalable-xd "
-            f"reads format {CHECKPOINT_FORMAT} (minibatch EM's running state changed); delete it to start fresh"
-        )
-    if state.get("fingerprint") != cfg.fingerprint:
-        raise ValueError(
-            f"checkpoint {cfg.checkpoint} was written by a different fit (other data or settings); "
-            "delete it or choose another checkpoint path"
-        )
-    fitter.load_state_dict(state["fitter"])
-    return state["epoch"], state["history"], state["converged"]
-
-
 def _log(cfg: LoopConfig, entry: dict) -> None:
     if cfg.verbose >= 1:
         val = "" if entry["val_loglik"] is None else f"  val {entry['val_loglik']:.5f}"
@@ -143,8 +105,9 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
         )
 
 
-def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig) -> tuple[list[dict], bool]:
-    """Fit until ``cfg.epochs`` epochs are done (or batch EM converges); returns (history, converged)."""
+def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, resume: dict | None = None):
+    """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from a checkpoint's
+    state ``resume`` (see ``checkpoint.load``) when given; returns (history, converged)."""
 
     def evaluate(epoch: int, seconds: float) -> dict:
         return {
@@ -157,8 +120,9 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig) -> tuple[l
             "step_size": fitter.step_size(max(epoch - 1, 0)),
         }
 
-    if cfg.checkpoint is not None and cfg.checkpoint.exists():
-        start, history, converged = _load_checkpoint(cfg, fitter)
+    if resume is not None:
+        fitter.load_state_dict(resume["fitter"])
+        start, history, converged = resume["epoch"], resume["history"], resume["converged"]
     else:
         start, history, converged = 0, [evaluate(0, 0.0)], False
         _log(cfg, history[0])
@@ -186,6 +150,7 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig) -> tuple[l
         if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
             converged = True
         if cfg.checkpoint is not None:
-            _save_checkpoint(cfg, fitter, epoch, history, converged)
+            checkpoint.save(cfg.checkpoint, fingerprint=cfg.fingerprint, epoch=epoch, history=history,
+                            converged=converged, fitter_state=fitter.state_dict())  # fmt: skip
         epoch += 1
     return history, converged

@@ -1,0 +1,116 @@
+"""Checkpoints: a fit's state after an epoch, written atomically and bound to the fit that wrote it.
+
+A checkpoint holds only tensors and plain data (numbers, strings, lists, dicts): the fitter's parameters
+and optimiser state, the history so far, and a fingerprint of the fit. It is read with
+``torch.load(weights_only=True)``, which refuses anything else, so a file planted at the checkpoint path
+cannot run code. The fingerprint records the settings, the shapes, the seed and a digest of the data
+(``data_digest``), and a checkpoint whose fingerprint differs from the fit's is refused with the
+differences named, never resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .dataset import Dataset
+from .io import atomic_path
+
+# Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data.
+FORMAT = 3
+KEYS = ("format", "fingerprint", "epoch", "history", "converged", "fitter")
+# Rows of a data set hashed in full by ``data_digest``, evenly spaced over the set.
+DIGEST_ROWS = 64
+# Fingerprint entries that describe the data rather than the settings.
+DATA_KEYS = {"n", "d", "D", "data", "val_data", "init"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed: unreadable, from another version, or from another fit."""
+
+
+def data_digest(data: Dataset) -> str:
+    """A short hash of a data set: its shapes, the float64 column sums of X, and ``DIGEST_ROWS`` evenly
+    spaced rows of X, the noise and R. One streaming pass over X; any change to X's values, to the sampled
+    rows' noise or to the row order of the sample changes it."""
+    n = len(data)
+    digest = hashlib.sha256(repr((n, data.obs_dim, data.model_dim)).encode())
+    for start in range(0, n, 65_536):
+        digest.update(data.X[start : start + 65_536].to(torch.float64).sum(dim=0).numpy().tobytes())
+    rows = torch.from_numpy(np.unique(np.linspace(0, n - 1, min(n, DIGEST_ROWS)).astype(np.int64)))
+    x, S, R = data.batch(rows, "cpu", torch.float64)
+    for part in (x, S, R):
+        if part is not None:
+            digest.update(part.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def array_digest(*arrays) -> str:
+    """A short hash of some optional arrays (the explicit initial parameters): their shapes and float64 values."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        value = None if array is None else np.ascontiguousarray(np.asarray(array, dtype=np.float64))
+        digest.update(b"none" if value is None else repr(value.shape).encode() + value.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def save(path: Path, *, fingerprint: dict, epoch: int, history: list, converged: bool, fitter_state: dict) -> None:
+    state = {"format": FORMAT, "fingerprint": fingerprint, "epoch": epoch, "history": history,
+             "converged": converged, "fitter": fitter_state}  # fmt: skip
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load(path, device="cpu") -> dict:
+    """Read a checkpoint without unpickling code; a file that is not one of ours raises CheckpointError
+    naming it and saying what to do."""
+    path = Path(path)
+    fresh = f"delete {path} to start the fit afresh"
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except pickle.UnpicklingError as err:
+        # torch's message advises weights_only=False, which is exactly what must not be done; keep the cause.
+        blocked = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
+        if not blocked:
+            raise CheckpointError(f"checkpoint {path} is empty, truncated or not a checkpoint; {fresh}") from None
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain data, which are never loaded "
+            f"({blocked[0]}); {fresh}"
+        ) from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as err:
+        raise CheckpointError(
+            f"checkpoint {path} is empty, truncated or not a checkpoint ({err.__class__.__name__}); {fresh}"
+        ) from None
+    if not isinstance(state, dict) or not set(KEYS) <= set(state):
+        raise CheckpointError(f"checkpoint {path} is not a scalable-xd checkpoint (keys missing); {fresh}")
+    if state["format"] != FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} has format {state['format']}, this version of scalable-xd reads format {FORMAT}; "
+            f"{fresh}"
+        )
+    return state
+
+
+def saved_seed(state: dict | None) -> int | None:
+    """The seed a checkpointed fit used (so that a fit without random_state resumes it), or None."""
+    return None if state is None else state["fingerprint"].get("seed")
+
+
+def check_matches(state: dict, fingerprint: dict, path) -> None:
+    """Raise CheckpointError naming every difference between a checkpoint's fit and this one."""
+    saved = state["fingerprint"]
+    differing = [key for key in sorted(set(saved) | set(fingerprint)) if saved.get(key) != fingerprint.get(key)]
+    if differing:
+        what = "other data" if DATA_KEYS & set(differing) else "other settings"
+        details = "; ".join(f"{key} {saved.get(key)!r} in the checkpoint, {fingerprint.get(key)!r} now" for key in differing)
+        raise CheckpointError(
+            f"checkpoint {path} was written by a different fit ({what}: {details}); "
+            "delete it or choose another checkpoint path to start fresh"
+        )

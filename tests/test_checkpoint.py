@@ -1,0 +1,95 @@
+"""Checkpoints run no code, resume only the fit that wrote them, and name the file when they cannot."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from helpers import damage_file
+
+from scalable_xd import XDGMM, checkpoint
+from scalable_xd.checkpoint import CheckpointError
+
+SETTINGS = dict(n_components=2, method="minibatch_em", epochs=2, batch_size=100, device="cpu", random_state=0)
+
+
+def _data(seed, n=600):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.normal(-2, 1, size=(n // 2, 2)), rng.normal(2, 1, size=(n // 2, 2))])
+    return x, np.full((n, 2), 0.1)
+
+
+@pytest.fixture
+def finished(tmp_path):
+    """A checkpoint left by a completed fit of data set 0, as `fit` leaves it."""
+    path = tmp_path / "fit.ckpt"
+    XDGMM(**SETTINGS).fit(*_data(0), checkpoint=path)
+    return path
+
+
+class _Payload:
+    """What an attacker would plant: unpickling it creates a directory (a stand-in for any command)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_a_checkpoint_carrying_a_pickle_payload_runs_nothing(finished, tmp_path):
+    marker = tmp_path / "payload-ran"
+    state = torch.load(finished, weights_only=True)
+    state["history"].append(_Payload(marker))
+    torch.save(state, finished)
+    with pytest.raises(CheckpointError, match=f"checkpoint {finished} holds objects other than tensors.*delete"):
+        XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_other_data_of_the_same_shape_is_refused(finished):
+    with pytest.raises(CheckpointError, match=r"different fit \(other data: data '[0-9a-f]{16}' in the checkpoint"):
+        XDGMM(**SETTINGS).fit(*_data(1), checkpoint=finished)
+    x, S = _data(0)
+    x[599, 1] += 1e-9  # one value of the last row
+    with pytest.raises(CheckpointError, match="other data"):
+        XDGMM(**SETTINGS).fit(x, S, checkpoint=finished)
+    S[0, 0] = 0.2  # the noise of a sampled row (the first always is), with X back as it was
+    with pytest.raises(CheckpointError, match="other data"):
+        XDGMM(**SETTINGS).fit(_data(0)[0], S, checkpoint=finished)
+    with pytest.raises(CheckpointError, match="val_data None in the checkpoint"):
+        XDGMM(**SETTINGS).fit(*_data(0), X_val=_data(2)[0], Xcov_val=_data(2)[1], checkpoint=finished)
+    with pytest.raises(CheckpointError, match="other data: init"):
+        XDGMM(**SETTINGS, means_init=[[-2, 0], [2, 0]]).fit(*_data(0), checkpoint=finished)
+
+
+def test_the_same_data_resumes_and_other_settings_are_named(finished):
+    resumed = XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+    assert resumed.n_iter_ == 2
+    with pytest.raises(CheckpointError, match="other settings: w 0.001 in the checkpoint, 0.5 now"):
+        XDGMM(**{**SETTINGS, "w": 0.5}).fit(*_data(0), checkpoint=finished)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "a tensor", "format 2"])
+def test_damaged_or_foreign_checkpoints_name_the_file(finished, damage):
+    if damage_file(finished, damage):
+        pass
+    elif damage == "a tensor":
+        torch.save(torch.zeros(3), finished)
+    else:
+        state = torch.load(finished, weights_only=True)
+        state["format"] = 2
+        torch.save(state, finished)
+    expected = {"format 2": "has format 2, this version of scalable-xd reads format 3",
+                "a tensor": "is not a scalable-xd checkpoint"}.get(damage, "is empty, truncated or not a checkpoint")  # fmt: skip
+    with pytest.raises(CheckpointError, match=f"checkpoint {finished} {expected}.*delete {finished}"):
+        XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+
+
+def test_the_digest_is_independent_of_the_array_container():
+    from scalable_xd.dataset import Dataset
+
+    x, S = _data(0)
+    as_numpy = checkpoint.data_digest(Dataset(x, S))
+    assert checkpoint.data_digest(Dataset(torch.as_tensor(x), torch.as_tensor(S))) == as_numpy
+    assert checkpoint.data_digest(Dataset(x[::-1].copy(), S)) != as_numpy

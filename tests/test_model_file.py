@@ -1,0 +1,82 @@
+"""XDGMM.load refuses damaged, foreign and invalid model files with a message that names the file."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import damage_file
+
+from scalable_xd import XDGMM
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(-2, 1, (300, 2)), rng.normal(2, 1, (300, 2))])
+    path = tmp_path_factory.mktemp("model") / "model.npz"
+    XDGMM(2, epochs=3, device="cpu", random_state=0).fit(x, np.full((600, 2), 0.1)).save(path)
+    with np.load(path) as archive:
+        return path, {key: archive[key] for key in archive.files}
+
+
+def _rewrite(path, arrays, **changes):
+    np.savez(path, **{**arrays, **changes})
+    return path
+
+
+def test_a_saved_model_loads(saved):
+    path, arrays = saved
+    np.testing.assert_array_equal(XDGMM.load(path).weights_, arrays["weights"])
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("empty", "is empty, truncated or of another format"),
+    ("truncated", "is empty, truncated or of another format"),
+    ("garbage", "is empty, truncated or of another format"),
+    ("no meta", r"it lacks meta"),
+    ("pickled meta", "holds Python objects, which are never loaded"),
+    ("meta not JSON", "is empty, truncated or of another format"),
+])  # fmt: skip
+def test_damaged_or_foreign_files_are_refused_by_name(saved, tmp_path, damage, message):
+    path, arrays = saved
+    target = tmp_path / "model.npz"
+    target.write_bytes(path.read_bytes())
+    if damage_file(target, damage):
+        pass
+    elif damage == "no meta":
+        np.savez(target, **{k: v for k, v in arrays.items() if k != "meta"})
+    elif damage == "pickled meta":
+        _rewrite(target, arrays, meta=np.array([{"format_version": 1}], dtype=object))
+    else:
+        _rewrite(target, arrays, meta=np.array("{not json"))
+    with pytest.raises(ValueError, match=f"{target} is not a model written by XDGMM.save.*{message}"):
+        XDGMM.load(target)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(weights=np.array([np.nan, 0.5])), "weights of component 0 contain NaN or inf"),
+    (dict(weights=np.array([2.5, 2.5])), "weights sum to 5, not 1"),
+    (dict(weights=np.array([1.5, -0.5])), "weight of component 1 is negative"),
+    (dict(weights=np.array([1.0])), r"weights \(1,\) and means \(2, 2\) must have shapes \(K,\) and \(K, D\)"),
+    (dict(covariances=np.array([np.eye(2), [[1.0, 2.0], [2.0, 1.0]]])), "component 1 has a covariance that is not positive definite"),
+    (dict(covariances=np.array([np.eye(2), [[1.0, 0.5], [0.0, 1.0]]])), "covariance of component 1 is not symmetric"),
+    (dict(covariances=np.eye(2)[None]), r"covariances must have shape \(K, D, D\) = \(2, 2, 2\)"),
+    (dict(weights=np.array([1, 0])), "must be floating-point arrays"),
+])  # fmt: skip
+def test_invalid_parameters_are_refused_as_a_fit_would_be(saved, tmp_path, change, message):
+    path, arrays = saved
+    target = _rewrite(tmp_path / "model.npz", arrays, **change)
+    with pytest.raises(ValueError, match=f"{target}.*{message}"):
+        XDGMM.load(target)
+
+
+def test_invalid_settings_and_versions_name_the_file(saved, tmp_path):
+    path, arrays = saved
+    meta = json.loads(str(arrays["meta"]))
+    bad = {**meta, "params": {**meta["params"], "method": "magic"}}
+    target = _rewrite(tmp_path / "model.npz", arrays, meta=np.array(json.dumps(bad)))
+    with pytest.raises(ValueError, match=f"model {target} has invalid settings: unknown method 'magic'"):
+        XDGMM.load(target)
+    target = _rewrite(tmp_path / "model.npz", arrays, meta=np.array(json.dumps({**meta, "format_version": 99})))
+    with pytest.raises(ValueError, match=f"{target}: unsupported model format version 99"):
+        XDGMM.load(target)
