@@ -5,9 +5,11 @@ Checks run once, up front, and name the first bad row; after that every batch is
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .noise import as_float_tensor, as_noise, check_rows
+from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad_row
 
 
 class Dataset:
@@ -20,6 +22,8 @@ class Dataset:
         n, d = self.X.shape
         if n == 0:
             raise ValueError(f"{name} is empty")
+        if d == 0:
+            raise ValueError(f"{name} has no columns (shape {tuple(self.X.shape)})")
         self.noise = as_noise(Xcov, n, d)
         self.R = None
         if R is not None:
@@ -34,6 +38,26 @@ class Dataset:
         if self.R is not None:
             check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")
         self.noise.validate()
+
+    def check_range(self, dtype: torch.dtype, name: str = "X") -> None:
+        """Refuse values whose squares overflow ``dtype``, naming the first such row.
+
+        The statistics pass forms squared distances (x - m)^2 summed over d features and factorises
+        V + S; beyond sqrt(max / 4d) in X (max / 4d in S) these overflow, and would surface as a NaN deep
+        inside k-means++ or as a silent -inf score.
+        """
+        limit = math.sqrt(torch.finfo(dtype).max / (4 * self.obs_dim))
+        cure = "fit in float64 or rescale the features" if dtype != torch.float64 else "rescale the features"
+        dtype_name = str(dtype).removeprefix("torch.")
+        check_rows(self.X, lambda v: v.abs() > limit,
+                   f"{name} row {{row}} has a value beyond {limit:.3g}, whose squares overflow {dtype_name}; {cure}")  # fmt: skip
+        for start in range(0, len(self), CHECK_CHUNK):
+            S = self.noise.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64)
+            bad = S.abs() > limit**2
+            if bad.any():
+                row = start + first_bad_row(bad)
+                raise ValueError(f"the noise covariance of {name} row {row} has an entry beyond {limit**2:.3g}, "
+                                 f"where sums of such entries overflow {dtype_name}; {cure}")  # fmt: skip
 
     def __len__(self) -> int:
         return self.X.shape[0]

@@ -34,6 +34,14 @@ def _placeholder_mixture(k: int, dim: int, device) -> Mixture:
                    torch.zeros(k, dim, dtype=torch.float64, device=device), eye.expand(k, dim, dim).clone())  # fmt: skip
 
 
+def _check_seed(name: str, value) -> None:
+    """Seeds are None or integers in [0, 2**63): what torch's and numpy's generators both accept."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
+        raise ValueError(f"{name} must be None or an integer in [0, 2**63), got {value!r}")
+
+
 class XDGMM:
     """Extreme deconvolution: a Gaussian mixture for the true values behind noisy, projected data.
 
@@ -177,6 +185,9 @@ class XDGMM:
             in_range("tol", 0, math.inf)
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        _check_seed("random_state", self.random_state)
+        if not isinstance(self.verbose, (int, np.integer)) or not 0 <= self.verbose <= 2:
+            raise ValueError(f"verbose must be 0, 1 or 2, got {self.verbose!r}")
         self._device = resolve_device(self.device)
         self._dtype = resolve_dtype(self.dtype)
 
@@ -254,11 +265,13 @@ class XDGMM:
         """
         self._check_params()
         train = Dataset(X, Xcov, R)
+        train.check_range(self._dtype)
         if self.n_components > len(train):
             raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
         val = None
         if X_val is not None:
             val = Dataset(X_val, Xcov_val, R_val, name="X_val")
+            val.check_range(self._dtype, "X_val")
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
         checkpoint = None if checkpoint is None else Path(checkpoint)
@@ -317,13 +330,19 @@ class XDGMM:
             raise RuntimeError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
         return self._mixture
 
-    def _scored_batches(self, X, Xcov, R):
-        """Yield (start, log p(x) (B,), log alpha_j N_ij (B, K)) over the data in bounded-memory batches."""
+    def _data_for_model(self, X, Xcov, R) -> Dataset:
+        """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
         data = Dataset(X, Xcov, R)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
-        return scored_batches(data, mixture, self._device, self._dtype, self._backend)
+        data.check_range(self._dtype)
+        return data
+
+    def _scored_batches(self, X, Xcov, R):
+        """Yield (start, log p(x) (B,), log alpha_j N_ij (B, K)) over the data in bounded-memory batches."""
+        data = self._data_for_model(X, Xcov, R)
+        return scored_batches(data, self._mixture, self._device, self._dtype, self._backend)
 
     def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
         """log p(x_i) under the convolved model for each point, shape (N,)."""
@@ -345,8 +364,8 @@ class XDGMM:
 
     def posterior(self, X, Xcov=None, R=None) -> tuple[np.ndarray, np.ndarray]:
         """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data)."""
-        mixture = self._fitted()
-        data = Dataset(X, Xcov, R)
+        data = self._data_for_model(X, Xcov, R)
+        mixture = self._mixture
         means, covs = [], []
         for start in range(0, len(data), EVAL_BATCH):
             x, S, Rb = data.batch(slice(start, start + EVAL_BATCH), self._device, self._dtype)
@@ -356,8 +375,13 @@ class XDGMM:
         return torch.cat(means).numpy(), torch.cat(covs).numpy()
 
     def sample(self, n_samples: int = 1, random_state: int | None = None) -> np.ndarray:
-        """Draw from the deconvolved density p(v), shape (n_samples, D)."""
+        """Draw from the deconvolved density p(v), shape (n_samples, D); n_samples = 0 gives an empty array."""
         mixture = self._fitted()
+        if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
+            raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
+        _check_seed("random_state", random_state)
+        if n_samples == 0:
+            return np.empty((0, mixture.dim))
         generator = torch.Generator()
         generator.manual_seed(random_state if random_state is not None else int(np.random.SeedSequence().entropy % 2**62))
         samples, _ = mixture.sample(int(n_samples), generator)

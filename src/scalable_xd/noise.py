@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 # Rows are checked in chunks of this many so that validation memory stays bounded.
-_CHECK_CHUNK = 65_536
+CHECK_CHUNK = 65_536
 
 
 def as_float_tensor(array, name: str = "array") -> torch.Tensor:
@@ -30,9 +30,19 @@ def as_float_tensor(array, name: str = "array") -> torch.Tensor:
     if isinstance(array, torch.Tensor):
         tensor = array.detach()
     else:
+        if hasattr(array, "to_numpy") and not isinstance(array, np.ndarray):  # pandas: NA becomes NaN
+            try:
+                array = array.to_numpy(dtype=np.float64, na_value=np.nan)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{name} must hold numbers only ({err})") from None
+        array = np.asarray(array)
+        if array.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
+        if array.dtype.kind != "f":  # integers and booleans
+            array = array.astype(np.float64)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            tensor = torch.as_tensor(np.asarray(array))
+            tensor = torch.as_tensor(array)
     if tensor.is_floating_point():
         return tensor
     if tensor.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool):
@@ -50,8 +60,8 @@ def check_rows(values: torch.Tensor, is_bad, message: str) -> None:
 
     Runs in chunks, so that checking a memory-mapped billion-row array needs no array of its size.
     """
-    for start in range(0, values.shape[0], _CHECK_CHUNK):
-        bad = is_bad(values[start : start + _CHECK_CHUNK])
+    for start in range(0, values.shape[0], CHECK_CHUNK):
+        bad = is_bad(values[start : start + CHECK_CHUNK])
         if bad.any():
             raise ValueError(message.format(row=start + first_bad_row(bad)))
 
@@ -97,8 +107,8 @@ class DenseNoise(_ArrayNoise):
         return self._rows(index, device, dtype)
 
     def validate(self) -> None:
-        for start in range(0, len(self), _CHECK_CHUNK):
-            block = self.values[start : start + _CHECK_CHUNK].to(torch.float64)
+        for start in range(0, len(self), CHECK_CHUNK):
+            block = self.values[start : start + CHECK_CHUNK].to(torch.float64)
             finite = torch.isfinite(block)
             if not finite.all():
                 raise ValueError(f"Xcov row {start + first_bad_row(~finite)} contains NaN or inf")
@@ -219,8 +229,8 @@ class CompactCovariance:
             check_rows(values, lambda v: ~torch.isfinite(v), name + " row {row} contains NaN or inf")
         check_rows(self.sigma, lambda v: v < 0, "sigma row {row} has a negative standard deviation")
         check_rows(self.corr, lambda v: v.abs() > 1, "corr row {row} has a correlation outside [-1, 1]")
-        for start in range(0, len(self), _CHECK_CHUNK):
-            stop = start + _CHECK_CHUNK
+        for start in range(0, len(self), CHECK_CHUNK):
+            stop = start + CHECK_CHUNK
             corr = self._correlation_matrices(self.corr[start:stop].to(torch.float64))
             _check_correlation_psd(corr, start, "noise covariance")
 

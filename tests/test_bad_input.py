@@ -1,0 +1,88 @@
+"""Inputs that used to fail inside torch or return non-finite numbers now fail up front, naming the culprit."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalable_xd import XDGMM
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(200, 2))
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return XDGMM(2, epochs=2, device="cpu", random_state=0).fit(X)
+
+
+@pytest.mark.parametrize("scale, dtype, row", [(1e30, "float32", 0), (1e20, "float32", 0), (1e160, "float64", 0)])
+def test_values_whose_squares_overflow_are_refused(scale, dtype, row):
+    x = X.copy()
+    x[5:] *= scale
+    x[:5] = 0.0  # the first overflowing row is 5
+    with pytest.raises(ValueError, match=f"X row 5 has a value beyond .*, whose squares overflow {dtype}"):
+        XDGMM(2, epochs=1, device="cpu", dtype=dtype).fit(x)
+
+
+def test_float32_suggests_float64_and_float64_fits_what_float32_cannot():
+    with pytest.raises(ValueError, match="fit in float64 or rescale the features"):
+        XDGMM(2, epochs=1, device="cpu").fit(X * 1e30)
+    settings = dict(epochs=3, device="cpu", dtype="float64", random_state=0, w=0.0)
+    model = XDGMM(2, covariances_init=np.stack([np.eye(2) * 1e60] * 2), **settings).fit(X * 1e30)
+    unit = XDGMM(2, **settings).fit(X)
+    # without regularisation, a change of units shifts log p by -D log(scale) and nothing else
+    assert model.score(X * 1e30) == pytest.approx(unit.score(X) - 2 * np.log(1e30), rel=1e-9)
+
+
+def test_scoring_out_of_range_data_is_refused_not_minus_infinity(fitted):
+    with pytest.raises(ValueError, match="X row 0 has a value beyond"):
+        fitted.score(X * 1e30)
+    with pytest.raises(ValueError, match="the noise covariance of X row 3 has an entry beyond"):
+        fitted.score(X, np.where(np.arange(200)[:, None] == 3, 1e40, 0.1) * np.ones((200, 2)))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: np.zeros((10, 0)), r"X has no columns \(shape \(10, 0\)\)"),
+    (lambda: np.array([["a", "b"]] * 10), "X must be a numeric array, got dtype <U1"),
+    (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "X must hold numbers only"),
+    (lambda: pd.DataFrame({"a": pd.array([1, None] * 10, dtype="Int64"), "b": 1.0}), "X row 1 contains NaN or inf"),
+    (lambda: np.array([[1 + 1j, 0]] * 10), "X must be a numeric array, got dtype complex128"),
+])  # fmt: skip
+def test_unusable_arrays_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        XDGMM(2, device="cpu").fit(make())
+
+
+def test_dataframes_and_integers_are_read_as_numbers():
+    frame = pd.DataFrame(X, columns=["a", "b"])
+    a = XDGMM(2, epochs=2, device="cpu", random_state=0).fit(frame)
+    b = XDGMM(2, epochs=2, device="cpu", random_state=0).fit(X)
+    np.testing.assert_array_equal(a.means_, b.means_)
+    assert XDGMM(1, epochs=1, device="cpu").fit(np.arange(40, dtype=np.uint32).reshape(20, 2)).n_iter_ == 1
+
+
+def test_posterior_with_the_wrong_dimension_is_named(fitted):
+    with pytest.raises(ValueError, match="the model has dimension 2 but the data"):
+        fitted.posterior(np.zeros((5, 3)))
+
+
+def test_sample_counts(fitted):
+    assert fitted.sample(0).shape == (0, 2)
+    assert fitted.sample(np.int64(3), random_state=1).shape == (3, 2)
+    for bad in (-5, 2.7, "3", True):
+        with pytest.raises(ValueError, match=f"n_samples must be a non-negative integer, got {bad!r}"):
+            fitted.sample(bad)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("random_state", "abc"), ("random_state", 2**70), ("random_state", -1), ("random_state", 1.5),
+    ("verbose", "x"), ("verbose", 3), ("verbose", -1),
+])  # fmt: skip
+def test_settings_of_the_wrong_kind_are_named(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be .*, got {value!r}"):
+        XDGMM(2, **{name: value})
+
+
+def test_sample_seed_is_checked(fitted):
+    with pytest.raises(ValueError, match="random_state must be None or an integer"):
+        fitted.sample(3, random_state="abc")
