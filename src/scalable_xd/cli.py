@@ -80,6 +80,7 @@ def _kmeans(args) -> None:
     from .kmeans import minibatch_kmeans, weights_from_counts
 
     _set_threads(args.threads)
+    _check_writable(args.output)
     X = _read_split(args.train).X
     device = resolve_device(args.device)
     tick = time.perf_counter()
@@ -91,6 +92,39 @@ def _kmeans(args) -> None:
     with atomic_path(args.output, suffix=".npz") as tmp:
         np.savez(tmp, weights=weights_from_counts(counts).numpy(), means=centres.double().cpu().numpy(), seconds=seconds)
     log.info("k-means K=%d seed=%d: %.1f s on %s", args.n_components, args.seed, seconds, device)
+
+
+def _read_init(path, keys=("weights", "means")) -> dict:
+    """The arrays of a k-means init file (``scalable-xd kmeans``), or a ValueError naming the file."""
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as init:
+            missing = [key for key in keys if key not in init.files]
+            if missing:
+                raise ValueError(f"{path} is not an init file written by `scalable-xd kmeans`: it lacks "
+                                 f"{', '.join(missing)}")  # fmt: skip
+            return {key: init[key] for key in init.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
+        if str(err).startswith(str(path)):
+            raise
+        raise ValueError(f"{path} is not an init file written by `scalable-xd kmeans` (unreadable as .npz: "
+                         f"{err.__class__.__name__})") from None  # fmt: skip
+
+
+def _check_writable(*paths) -> None:
+    """Fail before a long fit, not after it, when an output cannot be written (by creating and removing a
+    file beside each)."""
+    import tempfile
+
+    for path in filter(None, paths):
+        parent = Path(path).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        except OSError as err:
+            raise OSError(f"cannot write {path}: {parent} is not a writable directory ({err.strerror or err})") from None
 
 
 def _loglik_summary(mean_loglik: float, features) -> dict:
@@ -118,8 +152,9 @@ def _fit(args) -> None:
     from .truth import truth_metrics
 
     _set_threads(args.threads)
-    with np.load(args.init) as init:
-        weights, means, kmeans_seconds = init["weights"], init["means"], float(init["seconds"])
+    _check_writable(args.output_model, args.output_metrics, args.checkpoint)
+    init = _read_init(args.init, ("weights", "means", "seconds"))
+    weights, means, kmeans_seconds = init["weights"], init["means"], float(init["seconds"])
     train, val = _read_split(args.train), _read_split(args.val)
     model = XDGMM(
         len(weights), args.method, batch_size=args.batch_size, epochs=args.epochs, step_size=args.step_size,
@@ -176,8 +211,9 @@ def _reference(args) -> None:
     from .truth import reference_data, require_truth, true_loglik
 
     _set_threads(args.threads)
-    with np.load(args.init) as init:
-        weights, means = init["weights"], init["means"]
+    _check_writable(args.output_metrics)
+    init = _read_init(args.init)
+    weights, means = init["weights"], init["means"]
     train, test = _read_split(args.train), _read_split(args.test)
     test_true = require_truth(test, args.test)
     X, variances = reference_data(train, args.kind)
@@ -242,6 +278,23 @@ def _plot_corner(args) -> None:
 
 # ------------------------------------------------------------------------------------------- parser
 
+def _count(minimum: int):
+    """An argparse type: an integer no smaller than ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+POSITIVE, NON_NEGATIVE = _count(1), _count(0)
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalable-xd", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -250,17 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("mock", help="write a Gaia-DR2-like mock catalogue (Parquet)")
-    p.add_argument("--n-rows", type=int, required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-rows", type=POSITIVE, required=True)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
     p.add_argument("--output", required=True)
     p.set_defaults(run=_mock)
 
     p = sub.add_parser("query", help="download the Gaia DR2 subset random_index < N (resumable)")
-    p.add_argument("--n-rows", type=int, required=True)
+    p.add_argument("--n-rows", type=POSITIVE, required=True)
     p.add_argument("--out-dir", required=True)
-    p.add_argument("--chunk-rows", type=int, default=200_000)
+    p.add_argument("--chunk-rows", type=POSITIVE, default=200_000)
     p.add_argument("--tap-url", default=None, help="TAP server root (default: the ESA Gaia archive)")
-    p.add_argument("--retries", type=int, default=5)
+    p.add_argument("--retries", type=NON_NEGATIVE, default=5)
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per HTTP request")
     p.add_argument("--job-timeout", type=float, default=5400.0, help="seconds a job may run")
     p.add_argument("--manifest", default=None, help="JSON listing the chunk files, written when all are done")
@@ -271,18 +324,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="raw catalogue: a Parquet file, a directory of chunks, or a query manifest (.json)")  # fmt: skip
     p.add_argument("--out-dir", required=True)
     p.add_argument("--mode", choices=["corrected", "paper"], default="corrected")
-    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--split-seed", type=NON_NEGATIVE, default=0)
     p.set_defaults(run=_features)
 
     p = sub.add_parser("kmeans", help="minibatch k-means initial weights and means")
     p.add_argument("--train", required=True)
-    p.add_argument("--n-components", type=int, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--n-components", type=POSITIVE, required=True)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--epochs", type=POSITIVE, default=10)
+    p.add_argument("--batch-size", type=POSITIVE, default=500)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--threads", type=NON_NEGATIVE, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--output", required=True)
     p.set_defaults(run=_kmeans)
 
@@ -291,9 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--test", default=None)
     p.add_argument("--method", choices=["em", "minibatch_em", "sgd"], required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--epochs", type=POSITIVE, default=20)
+    p.add_argument("--batch-size", type=POSITIVE, default=500)
     p.add_argument("--step-size", type=float, default=0.1, help="minibatch EM's first step (the paper: 0.01)")
     p.add_argument("--step-schedule", choices=["step", "cappe_moulines"], default="cappe_moulines",
                    help="minibatch EM: (t0 + t)^-kappa from --step-size, or the paper's --step-size halved once")  # fmt: skip
@@ -302,13 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-decay", type=float, default=0.1)
     p.add_argument("--sgd-scaling", choices=["spread", "none"], default="none",
                    help="SGD parameters in the features' own units (the paper) or in units of each feature's spread")  # fmt: skip
-    p.add_argument("--decay-epoch", type=int, default=10)
+    p.add_argument("--decay-epoch", type=NON_NEGATIVE, default=10)
     p.add_argument("--w", type=float, default=1e-3)
     p.add_argument("--tol", type=float, default=None, help="batch-EM tolerance (default: run all epochs)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--compile", action="store_true", help="fuse the statistics pass with torch.compile")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--threads", type=NON_NEGATIVE, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
     p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
     p.add_argument("--config-hash", default=None)
@@ -320,15 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("train", "test", "init", "output-metrics"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--kind", choices=["oracle", "noisy"], required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=100, help="batch-EM iterations at most")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--epochs", type=POSITIVE, default=100, help="batch-EM iterations at most")
     p.add_argument("--tol", type=float, default=1e-5, help="stop once an iteration gains less (per star)")
     p.add_argument("--w", type=float, default=1e-3)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float64", help="float64: with no noise, float32 sums can miss a nearly "
                    "singular scatter by more than the regularisation")  # fmt: skip
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=NON_NEGATIVE, default=0)
     p.set_defaults(run=_reference)
 
     p = sub.add_parser("table", help="Table 1: log-likelihoods per method and K (csv, md, tex)")
@@ -349,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plot-curves", help="Figure 1 left: training log-likelihood against rescaled epoch")
     p.add_argument("--metrics", nargs="+", required=True)
-    p.add_argument("--n-components", type=int, required=True)
+    p.add_argument("--n-components", type=POSITIVE, required=True)
     p.add_argument("--output", nargs="+", required=True)
     p.set_defaults(run=_plot_curves)
 
@@ -358,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what)
         p.add_argument("--model", required=True)
         p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
-        p.add_argument("--n-samples", type=int, default=100_000)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--n-samples", type=POSITIVE, default=100_000)
+        p.add_argument("--seed", type=NON_NEGATIVE, default=0)
         p.add_argument("--output", nargs="+", required=True)
         p.set_defaults(run=run)
     return parser
@@ -371,6 +424,20 @@ def _version() -> str:
     return __version__
 
 
+# Arguments that name files a subcommand reads; each must exist before any work starts.
+INPUT_ARGUMENTS = ("input", "train", "val", "test", "init", "metrics", "model", "data", "reference")
+
+
+def _missing_inputs(args) -> list[str]:
+    missing = []
+    for name in INPUT_ARGUMENTS:
+        value = getattr(args, name, None)
+        for path in [value] if isinstance(value, str) else value or []:
+            if not Path(path).exists():
+                missing.append(f"{path} (--{name})")
+    return missing
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -378,6 +445,10 @@ def main(argv=None) -> int:
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    missing = _missing_inputs(args)
+    if missing:
+        log.error("input file%s missing: %s", "s" if len(missing) > 1 else "", ", ".join(missing))
+        return 1
     try:
         args.run(args)
     except (ValueError, RuntimeError, OSError) as err:

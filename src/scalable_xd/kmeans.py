@@ -47,6 +47,8 @@ def minibatch_kmeans(
     n = X.shape[0]
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be positive, got {epochs} and {batch_size}")
+    if isinstance(n_clusters, bool) or not isinstance(n_clusters, int) or n_clusters < 1:
+        raise ValueError(f"n_clusters must be a positive integer, got {n_clusters!r}")
     if n_clusters > n:
         raise ValueError(f"n_clusters={n_clusters} is larger than the number of points ({n})")
     generator = torch.Generator().manual_seed(seed)

@@ -208,6 +208,13 @@ def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- storage
 
+# The columns of a features file, as ``features_to_arrow`` writes them (the truth columns only on a mock).
+FEATURE_FILE_COLUMNS = (
+    ("source_id", "random_index") + tuple(f"x_{name}" for name in FEATURES) + tuple(f"sigma_{name}" for name in FEATURES)
+    + tuple(name for name, _, _ in CORRELATIONS) + ("n_missing",)
+)
+
+
 def features_to_arrow(features: Features):
     import pyarrow as pa
 
@@ -225,10 +232,21 @@ def features_to_arrow(features: Features):
     return pa.table(data)
 
 
+def _require_columns(path, what: str, names, required, hint: str | None) -> None:
+    """Raise ValueError naming the file and the first missing columns, instead of a schema dump."""
+    missing = [name for name in required if name not in names]
+    if missing:
+        listed = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(f"{path} is not {what}: it lacks the columns {listed}" + (f" ({hint})" if hint else ""))
+
+
 def read_features(path) -> Features:
     """Features stored by ``scalable-xd features`` (one split's Parquet file)."""
     import pyarrow.parquet as pq
 
+    names = pq.read_schema(path).names
+    hint = "it looks like a raw catalogue: run `scalable-xd features` on it first" if "ra" in names else None
+    _require_columns(path, "a features file written by `scalable-xd features`", names, FEATURE_FILE_COLUMNS, hint)
     table = pq.read_table(path)
     meta = json.loads((table.schema.metadata or {}).get(b"scalable_xd", b"{}"))
 
@@ -253,9 +271,17 @@ def _raw_dataset(path):
 
     path = Path(path)
     if path.suffix == ".json":
-        chunks = json.loads(path.read_text())["chunks"]
-        return ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
-    return ds.dataset(str(path), format="parquet")
+        try:
+            chunks = json.loads(path.read_text())["chunks"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{path} is not a query manifest (a JSON object listing its chunks)") from None
+        dataset = ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
+    else:
+        dataset = ds.dataset(str(path), format="parquet")
+    names = dataset.schema.names
+    hint = "it looks like a features file, which is already processed" if "x_ra" in names else None
+    _require_columns(path, "a raw Gaia catalogue", names, QUERY_COLUMNS, hint)
+    return dataset
 
 
 def read_raw(path) -> pd.DataFrame:

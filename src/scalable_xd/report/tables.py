@@ -29,13 +29,16 @@ def load_metrics(paths) -> pd.DataFrame:
     """One row per fit: method, K, seed, log-likelihoods and training time."""
     rows = []
     for path in paths:
-        m = json.loads(Path(path).read_text())
-        row = {"method": m["method"], "K": m["n_components"], "seed": m["seed"],
-               "train_seconds": m["train_seconds"], "kmeans_seconds": m["kmeans_seconds"]}  # fmt: skip
-        for split in ("train", "val", "test"):
-            if split in m:
-                row[split] = m[split]["loglik"]
-                row[f"{split}_observed"] = m[split]["loglik_observed"]
+        try:
+            m = json.loads(Path(path).read_text())
+            row = {"method": m["method"], "K": m["n_components"], "seed": m["seed"],
+                   "train_seconds": m["train_seconds"], "kmeans_seconds": m["kmeans_seconds"]}  # fmt: skip
+        except (ValueError, KeyError, TypeError) as err:  # ValueError: not UTF-8 or not JSON
+            raise ValueError(f"{path} is not a metrics file written by `scalable-xd fit` "
+                             f"({err.__class__.__name__}: {err})") from None  # fmt: skip
+        for split in ("train", "val", "test"):  # a fit run without --test has no test scores: "-" in the table
+            row[split] = m.get(split, {}).get("loglik", np.nan)
+            row[f"{split}_observed"] = m.get(split, {}).get("loglik_observed", np.nan)
         true = m.get("true", {})
         row["true_test"] = true.get("test_true_loglik", np.nan)
         row["gap_closed"] = true.get("true_gap_closed", np.nan)

@@ -1,0 +1,107 @@
+"""The command line turns every bad input into one clear error line and exit status 1, never a traceback."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from scalable_xd.cli import main
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A raw mock catalogue, its feature splits and a k-means init, made through the CLI itself."""
+    root = tmp_path_factory.mktemp("cli")
+    assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(root / "raw.parquet")]) == 0
+    assert main(["-q", "features", "--input", str(root / "raw.parquet"), "--out-dir", str(root / "data")]) == 0
+    assert main(["-q", "kmeans", "--train", str(root / "data" / "train.parquet"), "--n-components", "3",
+                 "--output", str(root / "init.npz")]) == 0  # fmt: skip
+    return root
+
+
+def _fit_args(files, **changes):
+    args = {"--train": files / "data" / "train.parquet", "--val": files / "data" / "val.parquet",
+            "--init": files / "init.npz", "--method": "em", "--epochs": "1",
+            "--output-model": files / "out" / "model.npz", "--output-metrics": files / "out" / "metrics.json"}  # fmt: skip
+    args.update(changes)
+    return ["fit"] + [str(item) for pair in args.items() for item in pair]
+
+
+def _fails_with(argv, message, caplog):
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="scalable_xd"):
+        assert main(argv) == 1
+    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1 and message in errors[0], errors
+
+
+def test_a_raw_catalogue_where_features_are_expected(files, caplog):
+    _fails_with(["kmeans", "--train", str(files / "raw.parquet"), "--n-components", "3", "--output",
+                 str(files / "k.npz")], "is not a features file written by `scalable-xd features`: it lacks the "
+                "columns x_ra", caplog)  # fmt: skip
+    _fails_with(["features", "--input", str(files / "data" / "train.parquet"), "--out-dir", str(files / "again")],
+                "is not a raw Gaia catalogue: it lacks the columns ra, dec", caplog)  # fmt: skip
+
+
+def test_wrong_columns_are_named_not_dumped(files, caplog):
+    import pandas as pd
+
+    pd.DataFrame({"a": [1.0]}).to_parquet(files / "wrong.parquet")
+    _fails_with(["kmeans", "--train", str(files / "wrong.parquet"), "--n-components", "3", "--output",
+                 str(files / "k.npz")], "lacks the columns source_id, random_index, x_ra, x_dec, x_parallax and 22 more",
+                caplog)  # fmt: skip
+
+
+@pytest.mark.parametrize("flag, value", [("--n-components", "0"), ("--n-components", "-3"), ("--threads", "-4"),
+                                         ("--epochs", "0"), ("--batch-size", "x"), ("--seed", "-1")])  # fmt: skip
+def test_counts_out_of_range_are_refused_by_the_parser(files, flag, value, capsys):
+    argv = {"--n-components": "3", "--output": str(files / "k.npz"), "--train": str(files / "data" / "train.parquet")}
+    argv[flag] = value
+    with pytest.raises(SystemExit) as exit_info:
+        main(["kmeans"] + [item for pair in argv.items() for item in pair])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_missing_inputs_are_called_missing(files, caplog):
+    _fails_with(_fit_args(files, **{"--init": files / "nothere.npz"}), "input file missing: ", caplog)
+    _fails_with(_fit_args(files, **{"--init": files / "nothere.npz"}), "nothere.npz (--init)", caplog)
+
+
+@pytest.mark.parametrize("content", ["keys", "pickle", "garbage"])
+def test_bad_init_files_are_named(files, caplog, content):
+    bad = files / f"bad_init_{content}.npz"
+    if content == "keys":
+        np.savez(bad, weights=np.ones(3) / 3)
+    elif content == "pickle":
+        np.savez(bad, weights=np.array([{}], dtype=object), means=np.zeros((3, 7)), seconds=1.0)
+    else:
+        bad.write_bytes(b"not an npz")
+    message = "it lacks means, seconds" if content == "keys" else "(unreadable as .npz"
+    _fails_with(_fit_args(files, **{"--init": bad}), f"{bad} is not an init file written by `scalable-xd kmeans`", caplog)
+    _fails_with(_fit_args(files, **{"--init": bad}), message, caplog)
+
+
+def test_a_corrupt_checkpoint_is_named(files, caplog):
+    checkpoint = files / "corrupt.pt"
+    checkpoint.write_bytes(b"\x00" * 100)
+    _fails_with(_fit_args(files, **{"--checkpoint": checkpoint}), f"checkpoint {checkpoint} is empty, truncated", caplog)
+
+
+def test_an_unwritable_output_fails_before_the_fit(files, caplog, monkeypatch):
+    import scalable_xd.estimator
+
+    (files / "a_file").write_text("x")
+    monkeypatch.setattr(scalable_xd.estimator.XDGMM, "fit", None)  # the fit must not start
+    _fails_with(_fit_args(files, **{"--output-model": files / "a_file" / "model.npz"}),
+                "is not a writable directory", caplog)  # fmt: skip
+
+
+def test_a_table_of_fits_run_without_test_data(files, caplog):
+    assert main(["-q"] + _fit_args(files)) == 0
+    prefix = files / "tables" / "loglik"
+    assert main(["-q", "table", "--metrics", str(files / "out" / "metrics.json"), "--output-prefix", str(prefix)]) == 0
+    row = (prefix.with_suffix(".md")).read_text().splitlines()[2].split("|")
+    assert row[4].strip() == "-"  # the test column: not measured
+    _fails_with(["table", "--metrics", str(files / "init.npz"), "--output-prefix", str(prefix)],
+                "is not a metrics file written by `scalable-xd fit`", caplog)  # fmt: skip
