@@ -12,6 +12,7 @@ from tap_server import MockTapServer, votable_bytes
 from scalable_xd.data.features import read_raw
 from scalable_xd.data.gaia import (
     _parse_unit,
+    ArchiveRefusedError,
     ArchiveUnreachableError,
     ChunkError,
     build_query,
@@ -57,7 +58,8 @@ def test_query_downloads_the_mock_row_for_row(catalogue, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temporary files
 
 
-@pytest.mark.parametrize("fault", ["http500", "truncated", "slow", "error", "stuck"])
+@pytest.mark.parametrize("fault", ["http500", "http503", "truncated", "slow", "error", "stuck", "phase500", "aborted",
+                                   "reset", "drip", "html", "empty"])  # fmt: skip
 def test_query_survives_injected_faults(catalogue, tmp_path, fault):
     with MockTapServer(catalogue, slow_seconds=5.0) as server:
         server.fail(fault, SMALL, times=1)
@@ -132,3 +134,108 @@ def test_chunks_of_another_chunking_are_refused(catalogue, tmp_path):
     chunk_path(tmp_path, 0, 3000).write_bytes(b"")
     with pytest.raises(ValueError, match="holds chunks of another chunking .*gaia_dr2_ri_0000000000_0000003000"):
         query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url="http://127.0.0.1:9/", **FAST)
+
+
+def test_retry_after_is_honoured(catalogue, tmp_path):
+    with MockTapServer(catalogue, retry_after=1.5) as server:
+        server.fail("http429", SMALL, times=1)
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)  # backoff 0.01 s
+        assert server.queries[(SMALL, 2 * SMALL)] == 2
+        first, second = server.post_times[1:3]  # the refused POST of chunk 2 and its retry
+    assert second - first >= 1.5
+    _assert_same_rows(tmp_path, catalogue, N_SMALL)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refusal_is_not_retried(catalogue, tmp_path, status):
+    with MockTapServer(catalogue) as server:
+        server.fail(f"http{status}", 0, times=-1)
+        with pytest.raises(ArchiveRefusedError, match=rf"refused chunk \[0, 2000\) \(HTTP {status} .*credentials"):
+            query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
+        assert server.queries[(0, SMALL)] == 1
+
+
+def test_a_dripping_result_cannot_outlast_the_deadline(catalogue, tmp_path):
+    """The issue's case: 64 bytes every 0.5 s kept a download going past 75 s with timeouts of 4 and 4.5 s."""
+    with MockTapServer(catalogue, drip_seconds=0.5) as server:
+        server.fail("drip", 0, times=-1)
+        start = time.monotonic()
+        with pytest.raises(ChunkError, match="still arriving at the attempt's deadline"):
+            query_gaia(SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, retries=1,
+                       **{**FAST, "request_timeout": 4.0, "job_timeout": 4.5})  # fmt: skip
+        elapsed = time.monotonic() - start
+    assert elapsed < 2 * 4.5 + 2.0  # two attempts, each ending at its deadline (plus a drip interval)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_credentials_in_the_url_authenticate_and_never_leak(catalogue, tmp_path, caplog):
+    import json
+    import logging
+
+    from scalable_xd.data.gaia import write_manifest
+
+    secret = "s3cr3t-Pa55"
+    with MockTapServer(catalogue, credentials=("astro", secret)) as server, caplog.at_level(logging.DEBUG):
+        url = server.url.replace("http://", f"http://astro:{secret}@")
+        paths = query_gaia(SMALL, tmp_path / "ok", chunk_rows=SMALL, tap_url=url, **FAST)
+        write_manifest(tmp_path / "ok" / "manifest.json", paths, n_rows=SMALL, tap_url=url)
+        manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+        assert manifest["tap_url"] == server.url.replace("http://", "http://***@")
+        wrong = server.url.replace("http://", "http://astro:wrong-guess@")
+        with pytest.raises(ArchiveRefusedError) as refused:
+            query_gaia(SMALL, tmp_path / "refused", chunk_rows=SMALL, tap_url=wrong, **FAST)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ArchiveUnreachableError) as unreachable:
+        query_gaia(SMALL, tmp_path / "x", tap_url=f"http://astro:{secret}@127.0.0.1:{port}/", connect_timeout=1.0,
+                   progress=False)  # fmt: skip
+    for text in [record.getMessage() for record in caplog.records] + [str(refused.value), str(unreachable.value),
+                                                                      json.dumps(manifest)]:  # fmt: skip
+        assert secret not in text and "wrong-guess" not in text, text
+    assert "***@127.0.0.1" in str(unreachable.value)
+
+
+def test_a_corrupt_or_foreign_chunk_under_the_right_name_is_fetched_again(catalogue, tmp_path):
+    with MockTapServer(catalogue) as server:
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
+    chunk_path(tmp_path, 0, SMALL).write_bytes(b"PAR1 not really parquet")
+    # chunk 3's file with chunk 2's rows: the right name and row count, the wrong random_index values
+    chunk_path(tmp_path, 2 * SMALL, 3 * SMALL).write_bytes(chunk_path(tmp_path, SMALL, 2 * SMALL).read_bytes())
+    with MockTapServer(catalogue) as server:
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
+        assert server.queries == {(0, SMALL): 1, (2 * SMALL, 3 * SMALL): 1}
+    _assert_same_rows(tmp_path, catalogue, N_SMALL)
+
+
+def test_a_chunk_write_killed_by_sigkill_is_cleaned_up_and_redone(catalogue, tmp_path):
+    """A real SIGKILL half way through writing the second chunk, then a rerun."""
+    import signal
+    import subprocess
+    import sys
+
+    with MockTapServer(catalogue) as server:
+        script = f"""
+import os, signal, pandas as pd
+from scalable_xd.data.gaia import query_gaia
+write = pd.DataFrame.to_parquet
+calls = []
+def write_then_die(frame, path, **kw):
+    calls.append(path)
+    if len(calls) == 2:
+        open(path, "wb").write(b"PAR1 half a chunk")
+        os.kill(os.getpid(), signal.SIGKILL)
+    write(frame, path, **kw)
+pd.DataFrame.to_parquet = write_then_die
+query_gaia({N_SMALL}, {str(tmp_path)!r}, chunk_rows={SMALL}, tap_url={server.url!r}, backoff=0.01,
+           request_timeout=3.0, job_timeout=1.5, poll=0.02, progress=False)
+"""
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+        assert result.returncode == -signal.SIGKILL
+        leftovers = [p.name for p in tmp_path.iterdir()]
+        assert chunk_path(tmp_path, 0, SMALL).name in leftovers and any(n.startswith(".gaia_dr2_ri_") for n in leftovers)
+        query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
+        assert sum(server.queries.values()) == 2 + 3  # the killed run's two chunks, then the three missing
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(chunk_path(tmp_path, lo, lo + SMALL).name
+                                                                for lo in range(0, N_SMALL, SMALL))  # fmt: skip
+    _assert_same_rows(tmp_path, catalogue, N_SMALL)
