@@ -239,3 +239,9 @@ query_gaia({N_SMALL}, {str(tmp_path)!r}, chunk_rows={SMALL}, tap_url={server.url
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(chunk_path(tmp_path, lo, lo + SMALL).name
                                                                 for lo in range(0, N_SMALL, SMALL))  # fmt: skip
     _assert_same_rows(tmp_path, catalogue, N_SMALL)
+
+
+@pytest.mark.parametrize("setting", ["request_timeout", "job_timeout", "poll", "backoff"])
+def test_non_positive_timeouts_are_refused(tmp_path, setting):
+    with pytest.raises(ValueError, match=f"{setting} must be positive, got 0"):
+        query_gaia(1000, tmp_path, tap_url="http://127.0.0.1:9/", **{**FAST, setting: 0})

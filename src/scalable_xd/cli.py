@@ -315,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tap-url", default=None, help="TAP server root (default: the ESA Gaia archive)")
     p.add_argument("--retries", type=NON_NEGATIVE, default=5)
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per HTTP request")
-    p.add_argument("--job-timeout", type=float, default=5400.0, help="seconds a job may run")
+    p.add_argument("--job-timeout", type=float, default=5400.0,
+                   help="seconds one attempt at a chunk may take, from launch to the last byte of the result")  # fmt: skip
     p.add_argument("--manifest", default=None, help="JSON listing the chunk files, written when all are done")
     p.set_defaults(run=_query)
 

@@ -411,7 +411,15 @@ def query_gaia(
     """Download the rows with random_index < n_rows into ``out_dir`` as Parquet chunks; returns their paths.
 
     Chunks already complete on disk are not requested again. ``tap_url`` defaults to the ESA archive.
+    ``job_timeout`` bounds each attempt at a chunk from launch to the last byte, ``request_timeout`` each
+    socket operation (see the module docstring).
     """
+    for name, value in (("request_timeout", request_timeout), ("job_timeout", job_timeout),
+                        ("connect_timeout", connect_timeout), ("poll", poll), ("backoff", backoff)):  # fmt: skip
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    if retries < 0:
+        raise ValueError(f"retries must be non-negative, got {retries!r}")
     from tqdm.auto import tqdm
 
     tap_url = tap_url or DEFAULT_TAP_URL
