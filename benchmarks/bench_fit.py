@@ -31,8 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
-from scalable_xd.kernel import batch_statistics
-from scalable_xd.kernel_unrolled import unrolled_terms
+from scalable_xd.kernel.dispatch import batch_statistics
+from scalable_xd.kernel.unrolled import unrolled_terms
 from scalable_xd.mixture import Mixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -45,7 +45,7 @@ def sample():
 threading.Thread(target=sample, daemon=True).start()
 
 from scalable_xd import XDGMM, CompactCovariance
-from scalable_xd.data.schema import CORRELATION_PAIRS
+from scalable_xd.gaia.schema import CORRELATION_PAIRS
 folder, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 X = np.load(f"{folder}/X.npy", mmap_mode="r")[:n]
 noise = CompactCovariance(np.load(f"{folder}/sigma.npy", mmap_mode="r")[:n],
@@ -68,8 +68,8 @@ def main(argv=None) -> None:
     parser.add_argument("--n-components", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from scalable_xd.data.features import compute_features
-    from scalable_xd.data.mock import make_mock
+    from scalable_xd.gaia.features import compute_features
+    from scalable_xd.gaia.mock import make_mock
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -24,10 +24,10 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
-from scalable_xd.data.features import read_features, write_feature_splits
-from scalable_xd.data.mock import make_mock
+from scalable_xd.gaia.features import read_features, write_feature_splits
+from scalable_xd.gaia.mock import make_mock
 from scalable_xd.io import atomic_path
-from scalable_xd.kmeans import minibatch_kmeans, weights_from_counts
+from scalable_xd.fit.kmeans import minibatch_kmeans, weights_from_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import device_name, machine, write_result  # noqa: E402

@@ -7,8 +7,9 @@ import pytest
 import torch
 from helpers import damage_file
 
-from scalable_xd import XDGMM, checkpoint
-from scalable_xd.checkpoint import CheckpointError
+from scalable_xd import XDGMM
+from scalable_xd.fit import checkpoint
+from scalable_xd.fit.checkpoint import CheckpointError
 
 SETTINGS = dict(n_components=2, method="minibatch_em", epochs=2, batch_size=100, device="cpu", random_state=0)
 

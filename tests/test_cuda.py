@@ -6,7 +6,7 @@ import torch
 from helpers import draw_xd_data, hard_kernel_problem, max_row_relative_error, random_spd
 
 from scalable_xd import XDGMM
-from scalable_xd.kernel import batch_statistics
+from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 
 pytestmark = [

@@ -8,7 +8,7 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
 
 import scalable_xd.estimator
-import scalable_xd.training
+import scalable_xd.fit.loop
 from scalable_xd import XDGMM, FitDivergedError
 
 K, D = 3, 3
@@ -112,7 +112,7 @@ def test_compiled_kernel_gives_the_same_fit_and_scores(data):
 
 def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) -> None:
     """Fit until the checkpoint of ``after_epoch`` is written, then stop as a killed job would."""
-    save = scalable_xd.checkpoint.save
+    save = scalable_xd.fit.checkpoint.save
 
     def save_then_crash(path, **state):
         save(path, **state)
@@ -120,7 +120,7 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.checkpoint, "save", save_then_crash)
+        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
             XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
 
@@ -135,9 +135,9 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeyp
     _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch=3)
 
     epochs_run = []
-    order = scalable_xd.training.epoch_order
+    order = scalable_xd.fit.loop.epoch_order
     monkeypatch.setattr(
-        scalable_xd.training, "epoch_order", lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1]
+        scalable_xd.fit.loop, "epoch_order", lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1]
     )
     resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
     assert epochs_run == [4, 5, 6]  # only the epochs after the checkpoint ran again
@@ -152,7 +152,7 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_pa
     x, S = data
     settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
     _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
-    seed = scalable_xd.checkpoint.saved_seed(scalable_xd.checkpoint.load(tmp_path / "fit.ckpt"))
+    seed = scalable_xd.fit.checkpoint.saved_seed(scalable_xd.fit.checkpoint.load(tmp_path / "fit.ckpt"))
     monkeypatch.setattr(scalable_xd.estimator, "minibatch_kmeans", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
     assert [h["epoch"] for h in resumed.history_] == list(range(5))
@@ -230,7 +230,7 @@ def test_cuda_request_without_cuda_says_so():
 
 
 def test_cappe_moulines_schedule():
-    from scalable_xd.fitters import MinibatchEM
+    from scalable_xd.fit.fitters import MinibatchEM
 
     fitter = MinibatchEM(None, w=0, step_size=0.01, schedule="cappe_moulines", step_decay=0.5, decay_epoch=10,
                          kappa=0.6, covariance_update="stable")  # fmt: skip

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalable_xd.data.features import (
+from scalable_xd.gaia.features import (
     MISSING_LOGLIK_CONSTANT,
     compute_features,
     features_from_table,
@@ -16,8 +16,8 @@ from scalable_xd.data.features import (
     split_of,
     write_feature_splits,
 )
-from scalable_xd.data.mock import make_mock
-from scalable_xd.data.schema import ASTROMETRY, CORRELATIONS, FEATURES
+from scalable_xd.gaia.mock import make_mock
+from scalable_xd.gaia.schema import ASTROMETRY, CORRELATIONS, FEATURES
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 

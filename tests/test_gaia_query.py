@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from tap_server import MockTapServer, votable_bytes
 
-from scalable_xd.data.features import read_raw
-from scalable_xd.data.gaia import (
+from scalable_xd.gaia.features import read_raw
+from scalable_xd.gaia.query import (
     _parse_unit,
     ArchiveRefusedError,
     ArchiveUnreachableError,
@@ -20,8 +20,8 @@ from scalable_xd.data.gaia import (
     query_gaia,
     table_to_frame,
 )
-from scalable_xd.data.mock import make_mock
-from scalable_xd.data.schema import QUERY_COLUMNS
+from scalable_xd.gaia.mock import make_mock
+from scalable_xd.gaia.schema import QUERY_COLUMNS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 N_ROWS, CHUNK = 20_000, 5_000
@@ -172,7 +172,7 @@ def test_credentials_in_the_url_authenticate_and_never_leak(catalogue, tmp_path,
     import json
     import logging
 
-    from scalable_xd.data.gaia import write_manifest
+    from scalable_xd.gaia.query import write_manifest
 
     secret = "s3cr3t-Pa55"
     with MockTapServer(catalogue, credentials=("astro", secret)) as server, caplog.at_level(logging.DEBUG):
@@ -217,7 +217,7 @@ def test_a_chunk_write_killed_by_sigkill_is_cleaned_up_and_redone(catalogue, tmp
     with MockTapServer(catalogue) as server:
         script = f"""
 import os, signal, pandas as pd
-from scalable_xd.data.gaia import query_gaia
+from scalable_xd.gaia.query import query_gaia
 write = pd.DataFrame.to_parquet
 calls = []
 def write_then_die(frame, path, **kw):

@@ -6,7 +6,7 @@ import torch
 from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error, xd_log_densities, xd_pair_posteriors
 
 from scalable_xd.errors import NotPositiveDefiniteError
-from scalable_xd.kernel import batch_statistics, log_densities
+from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from sklearn.cluster import KMeans
 
-from scalable_xd.kmeans import minibatch_kmeans
+from scalable_xd.fit.kmeans import minibatch_kmeans
 
 
 def test_minibatch_kmeans_finds_the_same_clusters_as_sklearn():

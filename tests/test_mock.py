@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalable_xd.data.mock import LMC, SMC, make_mock
-from scalable_xd.data.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
+from scalable_xd.gaia.mock import LMC, SMC, make_mock
+from scalable_xd.gaia.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 # G bins and median parallax_error (mas) of real five-parameter DR2 stars (GAIA_FACTS.md).
@@ -118,7 +118,7 @@ def test_mock_resembles_the_real_sample(mock):
     for band in ("g", "bp", "rp"):
         column = f"phot_{band}_mean_flux_over_error"
         for lo, hi in ((12, 14), (16.5, 17.5), (19.5, 20.5)):
-            def median(frame):
+            def median(frame, lo=lo, hi=hi):
                 in_bin = frame[(frame.phot_g_mean_mag >= lo) & (frame.phot_g_mean_mag < hi)]
                 return np.nanmedian(1.0857 / in_bin[column].to_numpy(dtype=float))
             assert median(mock) == pytest.approx(median(real), rel=0.4), (band, lo, hi)

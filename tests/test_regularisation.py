@@ -3,10 +3,9 @@ or step size, and a fit does not depend on N mod batch_size."""
 
 import numpy as np
 import pytest
-import torch
 
 from scalable_xd import XDGMM
-from scalable_xd.training import batch_bounds
+from scalable_xd.fit.loop import batch_bounds
 
 
 @pytest.fixture(scope="module")

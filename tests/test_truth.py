@@ -9,8 +9,8 @@ from helpers import draw_xd_data, xd_loglik
 from sklearn.mixture import GaussianMixture
 
 from scalable_xd import XDGMM
-from scalable_xd.data.features import compute_features
-from scalable_xd.data.mock import make_mock
+from scalable_xd.gaia.features import compute_features
+from scalable_xd.gaia.mock import make_mock
 from scalable_xd.truth import NO_TRUTH, gap_closed, reference_data, true_loglik, truth_metrics
 
 WEIGHTS = np.array([0.4, 0.6])

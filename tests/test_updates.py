@@ -6,9 +6,9 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM, FitDivergedError
-from scalable_xd.kernel import batch_statistics
+from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
-from scalable_xd.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
+from scalable_xd.fit.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
 
 
 def _tensors(*arrays, dtype=torch.float64):
@@ -148,7 +148,7 @@ def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(metho
 
 
 def test_feature_scale_is_the_mixtures_spread():
-    from scalable_xd.updates import feature_scale
+    from scalable_xd.fit.updates import feature_scale
 
     rng = np.random.default_rng(25)
     weights, means, covs = rng.dirichlet(np.ones(3)), rng.normal(scale=[1.0, 100.0], size=(3, 2)), random_spd(rng, 3, 2)
@@ -159,7 +159,7 @@ def test_feature_scale_is_the_mixtures_spread():
 
 
 def test_psd_projection_clips_rounding_only():
-    from scalable_xd.updates import _psd
+    from scalable_xd.fit.updates import _psd
 
     q, _ = np.linalg.qr(np.random.default_rng(24).normal(size=(3, 3)))
     rounding = torch.tensor((q * np.array([-1e-3, 1.0, 3.0])) @ q.T)  # from V ~ 1e3: rounding-sized

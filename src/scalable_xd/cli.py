@@ -29,7 +29,7 @@ log = logging.getLogger("scalable_xd")
 # ------------------------------------------------------------------------------------------- data steps
 
 def _mock(args) -> None:
-    from .data.mock import make_mock
+    from .gaia.mock import make_mock
     from .io import atomic_path
 
     frame = make_mock(args.n_rows, seed=args.seed)
@@ -39,7 +39,7 @@ def _mock(args) -> None:
 
 
 def _query(args) -> None:
-    from .data.gaia import query_gaia, write_manifest
+    from .gaia.query import query_gaia, write_manifest
 
     paths = query_gaia(
         args.n_rows, args.out_dir, chunk_rows=args.chunk_rows, tap_url=args.tap_url, retries=args.retries,
@@ -51,7 +51,7 @@ def _query(args) -> None:
 
 
 def _features(args) -> None:
-    from .data.features import write_feature_splits
+    from .gaia.features import write_feature_splits
 
     summary = write_feature_splits(args.input, args.out_dir, mode=args.mode, split_seed=args.split_seed)
     log.info("features: %s rows, bad rows repaired: %s", summary["rows"], summary["bad_rows"])
@@ -67,7 +67,7 @@ def _set_threads(threads: int) -> None:
 
 
 def _read_split(path):
-    from .data.features import read_features
+    from .gaia.features import read_features
 
     return read_features(path)
 
@@ -77,7 +77,7 @@ def _kmeans(args) -> None:
 
     from ._torch import resolve_device, resolve_dtype
     from .io import atomic_path
-    from .kmeans import minibatch_kmeans, weights_from_counts
+    from .fit.kmeans import minibatch_kmeans, weights_from_counts
 
     _set_threads(args.threads)
     _check_writable(args.output)
@@ -131,7 +131,7 @@ def _loglik_summary(mean_loglik: float, features) -> dict:
     """Mean log-likelihood per star as the paper defines it, and of the observed entries alone: each missing
     entry adds the same constant, so the mean of the latter is the former less that constant times the mean
     number of missing entries."""
-    from .data.features import MISSING_LOGLIK_CONSTANT
+    from .gaia.features import MISSING_LOGLIK_CONSTANT
 
     missing = float(features.n_missing.mean())
     return {

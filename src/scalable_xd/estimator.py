@@ -12,13 +12,13 @@ import torch
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .dataset import Dataset
-from .fitters import SGD, BatchEM, MinibatchEM
+from .fit.fitters import SGD, BatchEM, MinibatchEM
 from .io import atomic_path
-from .kmeans import minibatch_kmeans, weights_from_counts
+from .fit.kmeans import minibatch_kmeans, weights_from_counts
 from .mixture import Mixture
 from .posterior import posterior_moments
-from . import checkpoint as checkpoints
-from .training import EVAL_BATCH, LoopConfig, run, scored_batches
+from .fit import checkpoint as checkpoints
+from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches
 
 METHODS = ("em", "minibatch_em", "sgd")
 SCHEDULES = ("step", "cappe_moulines")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .kernel import chunks
-from .kernel_linalg import convolved_terms
+from .kernel.dispatch import chunks
+from .kernel.linalg import convolved_terms
 from .mixture import Mixture
 
 # Pairs per chunk: the (pairs, D, D) temporaries stay near 10 MB in float64 at D = 7.

@@ -42,7 +42,7 @@ def reference_data(features, kind: str) -> tuple[np.ndarray, np.ndarray]:
         true = require_truth(features, "the training split")
         return true, np.zeros_like(true)
     if kind == "noisy":
-        from .data.features import MISSING_SIGMA
+        from .gaia.features import MISSING_SIGMA
 
         missing = features.sigma >= MISSING_SIGMA
         return features.X, np.where(missing, features.sigma**2, 0.0)

@@ -110,7 +110,7 @@ def _subsample(X, n_rows: int, seed: int):
 
 
 def _read_split(data_path):
-    from ..data.features import read_features
+    from ..gaia.features import read_features
 
     return read_features(data_path)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import NotPositiveDefiniteError
+from ..errors import NotPositiveDefiniteError
 
 LOG_2PI = math.log(2.0 * math.pi)
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .statistics import Statistics
-from .mixture import Mixture
+from ..kernel.statistics import Statistics
+from ..mixture import Mixture
 
 
 def _symmetrise(a: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .dataset import Dataset
-from .io import atomic_path
+from ..dataset import Dataset
+from ..io import atomic_path
 
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data.
 FORMAT = 3

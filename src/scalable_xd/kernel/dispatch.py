@@ -20,9 +20,9 @@ from functools import cache
 
 import torch
 
-from .kernel_linalg import linalg_chunk
-from .kernel_unrolled import unrolled_chunk, unrolled_terms
-from .mixture import Mixture
+from .linalg import linalg_chunk
+from .unrolled import unrolled_chunk, unrolled_terms
+from ..mixture import Mixture
 from .statistics import Statistics
 
 BACKENDS = ("auto", "unrolled", "compiled", "linalg")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .statistics import Statistics
-from .mixture import Mixture
+from ..kernel.statistics import Statistics
+from ..mixture import Mixture
 from .updates import CholeskyParameters, em_update, feature_scale, online_em_update, online_em_update_naive, regularised
 
 

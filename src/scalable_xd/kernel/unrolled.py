@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .mixture import Mixture
+from ..mixture import Mixture
 from .statistics import LOG_2PI, Statistics, raise_for_failed_pairs
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._torch import synchronize
-from .dataset import Dataset
-from .errors import FitDivergedError, NotPositiveDefiniteError
+from .._torch import synchronize
+from ..dataset import Dataset
+from ..errors import FitDivergedError, NotPositiveDefiniteError
 from . import checkpoint
-from .kernel import batch_statistics, log_densities
-from .mixture import Mixture
+from ..kernel.dispatch import batch_statistics, log_densities
+from ..mixture import Mixture
 
 # Points per evaluation batch; the kernel chunks it further to bound memory.
 EVAL_BATCH = 8192
