@@ -80,9 +80,9 @@ def test_sample_counts(fitted):
 ])  # fmt: skip
 def test_settings_of_the_wrong_kind_are_named(name, value):
     with pytest.raises(ValueError, match=f"{name} must be .*, got {value!r}"):
-        XDGMM(2, **{name: value})
+        XDGMM(2, **{name: value}).fit(X)
 
 
 def test_sample_seed_is_checked(fitted):
-    with pytest.raises(ValueError, match="random_state must be None or an integer"):
+    with pytest.raises(ValueError, match="random_state must be None, an integer in"):
         fitted.sample(3, random_state="abc")

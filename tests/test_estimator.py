@@ -9,6 +9,8 @@ from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pa
 
 import scalable_xd.estimator
 import scalable_xd.fit.loop
+from sklearn.exceptions import NotFittedError
+
 from scalable_xd import XDGMM, FitDivergedError
 
 K, D = 3, 3
@@ -152,8 +154,8 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_pa
     x, S = data
     settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
     _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
-    seed = scalable_xd.fit.checkpoint.saved_seed(scalable_xd.fit.checkpoint.load(tmp_path / "fit.ckpt"))
-    monkeypatch.setattr(scalable_xd.estimator, "minibatch_kmeans", None)  # resuming must not re-run the init
+    seed = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
+    monkeypatch.setattr(scalable_xd.estimator, "initial_mixture", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
     assert [h["epoch"] for h in resumed.history_] == list(range(5))
     monkeypatch.undo()
@@ -202,31 +204,31 @@ def test_bad_shapes_and_parameters_are_named(data):
     with pytest.raises(ValueError, match="n_components=20 is larger than the number of points"):
         XDGMM(20, device="cpu").fit(x[:10], S[:10])
     with pytest.raises(ValueError, match="unknown method 'adam'"):
-        XDGMM(2, "adam")
+        XDGMM(2, "adam").fit(x, S)
     with pytest.raises(ValueError, match="unknown device 'gpu0'"):
-        XDGMM(2, device="gpu0")
-    with pytest.raises(ValueError, match="dtype must be 'float32' or 'float64'"):
-        XDGMM(2, dtype="float16")
+        XDGMM(2, device="gpu0").fit(x, S)
+    with pytest.raises(ValueError, match="unknown dtype 'float16': choose one of float32, float64"):
+        XDGMM(2, dtype="float16").fit(x, S)
     with pytest.raises(ValueError, match="w must be in"):
-        XDGMM(2, w=-1.0)
+        XDGMM(2, w=-1.0).fit(x, S)
     with pytest.raises(ValueError, match="step_size must be in"):
-        XDGMM(2, step_size=2.0)
+        XDGMM(2, step_size=2.0).fit(x, S)
     with pytest.raises(ValueError, match="n_components must be a positive integer"):
-        XDGMM(0)
+        XDGMM(0).fit(x, S)
     with pytest.raises(ValueError, match="compile must be True or False, got 'yes'"):
-        XDGMM(2, compile="yes")
+        XDGMM(2, compile="yes").fit(x, S)
     with pytest.raises(ValueError, match=r"means_init must have shape \(2, 3\)"):
         XDGMM(2, device="cpu", means_init=np.zeros((3, 3))).fit(x, S)
     with pytest.raises(ValueError, match="covariances_init component 1 is not symmetric positive definite"):
         XDGMM(2, device="cpu", covariances_init=np.stack([np.eye(3), -np.eye(3)])).fit(x, S)
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):
         XDGMM(2).score(x, S)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_cuda_request_without_cuda_says_so():
     with pytest.raises(ValueError, match="CUDA is not available"):
-        XDGMM(2, device="cuda")
+        XDGMM(2, device="cuda").fit(np.zeros((5, 2)))
 
 
 def test_cappe_moulines_schedule():

@@ -11,7 +11,6 @@ import pytest
 from scalable_xd.gaia.features import (
     MISSING_LOGLIK_CONSTANT,
     compute_features,
-    features_from_table,
     read_features,
     split_of,
     write_feature_splits,
@@ -29,7 +28,7 @@ def mock():
 
 @pytest.mark.parametrize("mode", ["corrected", "paper"])
 def test_every_assembled_covariance_is_symmetric_positive_definite(mock, mode):
-    X, Xcov = features_from_table(mock, mode)
+    X, Xcov = _dense(compute_features(mock, mode))
     assert X.shape == (len(mock), 7) and Xcov.shape == (len(mock), 7, 7)
     assert np.isfinite(X).all() and np.isfinite(Xcov).all()
     np.testing.assert_array_equal(Xcov, np.transpose(Xcov, (0, 2, 1)))
@@ -60,7 +59,7 @@ def test_hand_computed_rows(mock):
     full = mock[mock.parallax.notna() & mock.bp_rp.notna()].iloc[0]
     sparse = mock[mock.parallax.isna() & mock.bp_rp.isna()].iloc[0]
     rows = pd.DataFrame([full, sparse]).astype(mock.dtypes.to_dict())
-    X = {mode: features_from_table(rows, mode) for mode in ("corrected", "paper")}
+    X = {mode: _dense(compute_features(rows, mode)) for mode in ("corrected", "paper")}
 
     # corrected: sigma_ra = ra_error / (3.6e6 cos dec) deg, sigma_dec = dec_error / 3.6e6 deg; photometry from
     # the flux signal-to-noise, 1.0857 / (flux / error) mag, with the zero-points' 1.8 / 1.4 / 1.9 mmag floors.
@@ -195,3 +194,8 @@ def test_real_rows_give_valid_features():
     sigma_g = features.sigma[:, 6]
     for (lo, hi), expected in (((12, 14), 0.0018), ((16.5, 17.5), 0.0021), ((19.5, 20.5), 0.0068)):
         assert np.median(sigma_g[(g >= lo) & (g < hi)]) == pytest.approx(expected, rel=0.25), (lo, hi)
+
+
+def _dense(features):
+    """X (N, 7) and dense Xcov (N, 7, 7) as numpy arrays."""
+    return features.X, features.covariance().dense().numpy()

@@ -118,7 +118,7 @@ def test_mock_resembles_the_real_sample(mock):
     for band in ("g", "bp", "rp"):
         column = f"phot_{band}_mean_flux_over_error"
         for lo, hi in ((12, 14), (16.5, 17.5), (19.5, 20.5)):
-            def median(frame, lo=lo, hi=hi):
+            def median(frame, lo=lo, hi=hi, column=column):
                 in_bin = frame[(frame.phot_g_mean_mag >= lo) & (frame.phot_g_mean_mag < hi)]
                 return np.nanmedian(1.0857 / in_bin[column].to_numpy(dtype=float))
             assert median(mock) == pytest.approx(median(real), rel=0.4), (band, lo, hi)

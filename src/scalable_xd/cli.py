@@ -173,7 +173,7 @@ def _fit(args) -> None:
         "seed": args.seed,
         "tag": args.tag,
         "config_hash": args.config_hash,
-        "settings": model.get_params(),
+        "settings": model.describe(),
         "train_seconds": model.history_[-1]["seconds"],
         "kmeans_seconds": kmeans_seconds,
         "wall_seconds": wall,
@@ -231,7 +231,7 @@ def _reference(args) -> None:
         "train_seconds": model.history_[-1]["seconds"],
         "n_iter": model.n_iter_,
         "converged": model.converged_,
-        "settings": model.get_params(),
+        "settings": model.describe(),
     }
     write_json(args.output_metrics, metrics)
     log.info("reference %s K=%d: test true log-likelihood %.4f after %d iterations", args.kind, len(weights),

@@ -1,48 +1,36 @@
-"""``XDGMM``: the user-facing estimator, in scikit-learn's style (fit / score / sample / save / load)."""
+"""``XDGMM``: the user-facing estimator, in scikit-learn's style (fit / score / sample / save / load).
+
+``fit`` reads as: validate the settings and the data, open the checkpoint, initialise, run the loop,
+store the result. Everything else uses a fitted model.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .dataset import Dataset
-from .fit.fitters import SGD, BatchEM, MinibatchEM
+from .fit.checkpoint import Checkpoint
+from .fit.fitters import make_fitter
+from .fit.init import initial_mixture
+from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches
 from .io import atomic_path
-from .fit.kmeans import minibatch_kmeans, weights_from_counts
 from .mixture import Mixture
 from .posterior import posterior_moments
-from .fit import checkpoint as checkpoints
-from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches
+from .settings import FitSettings, KMeansSettings, check_seed, resolve_seed
 
-METHODS = ("em", "minibatch_em", "sgd")
-SCHEDULES = ("step", "cappe_moulines")
-COVARIANCE_UPDATES = ("stable", "naive")
-SGD_SCALINGS = ("spread", "none")
 FORMAT_VERSION = 1
+_FIT, _KMEANS = FitSettings(), KMeansSettings()
 
 
-def _placeholder_mixture(k: int, dim: int, device) -> Mixture:
-    """Valid parameters of the right shape, to be overwritten by a checkpoint's state."""
-    eye = torch.eye(dim, dtype=torch.float64, device=device)
-    return Mixture(torch.full((k,), 1.0 / k, dtype=torch.float64, device=device),
-                   torch.zeros(k, dim, dtype=torch.float64, device=device), eye.expand(k, dim, dim).clone())  # fmt: skip
-
-
-def _check_seed(name: str, value) -> None:
-    """Seeds are None or integers in [0, 2**63): what torch's and numpy's generators both accept."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
-        raise ValueError(f"{name} must be None or an integer in [0, 2**63), got {value!r}")
-
-
-class XDGMM:
+class XDGMM(BaseEstimator):
     """Extreme deconvolution: a Gaussian mixture for the true values behind noisy, projected data.
 
     Each observation is x_i = R_i v_i + noise with noise ~ N(0, S_i) known per point; the model is
@@ -52,17 +40,17 @@ class XDGMM:
     ----------
     n_components : number of mixture components K.
     method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM) or ``"sgd"`` (Adam).
-    batch_size : points per minibatch for minibatch_em, sgd and the k-means init (batch EM sums over the
-        whole data set, in chunks of at least 8,192 points).
+    batch_size : points per minibatch for minibatch_em and sgd (batch EM sums over the whole data set,
+        in chunks of at least 8,192 points).
     epochs : passes over the training data (for ``"em"``: the maximum number of iterations).
-    step_size, step_schedule, step_decay, kappa : minibatch-EM step sizes. ``"cappe_moulines"`` (default)
-        uses lambda_t = (t0 + t)^-kappa over update count t, starting at ``step_size`` (default 0.1): its
+    step_size, step_schedule, step_decay, kappa : minibatch-EM step sizes. ``"cappe_moulines"`` uses
+        lambda_t = (t0 + t)^-kappa over update count t, starting at ``step_size``: its
         sum, the number of batch-EM iterations online EM roughly amounts to, grows with the number of
         updates whatever N is. ``"step"`` is the paper's: ``step_size`` (the paper: 1e-2) multiplied by
         ``step_decay`` after ``decay_epoch`` epochs; its 20 epochs amount to 0.15 N / batch_size EM
         iterations, plenty at the paper's 1.6 million stars but 3 for 10,000 (an under-converged fit).
     lr, lr_decay : SGD (Adam) learning rate, multiplied by ``lr_decay`` after ``decay_epoch`` epochs.
-    sgd_scaling : ``"none"`` (default) is the paper's parametrisation in the features' own units, where a
+    sgd_scaling : ``"none"`` is the paper's parametrisation in the features' own units, where a
         mean moves ~``lr`` per step whether its feature spans 0.3 mas or 300 degrees; ``"spread"`` measures
         the parameters in units of each feature's spread under the initial mixture. ``"spread"`` converges
         faster for wide features (gap to the truth closed on the 100k mock, K = 16: 38% against 29%), but a
@@ -70,9 +58,11 @@ class XDGMM:
         narrow component became singular in float32 within the first epoch. Opt in with care.
     w : covariance regularisation: EM as Bovy et al. ((sum + wI)/(q + 1)); minibatch EM adds wI after each
         update; SGD adds the penalty sum_j w / tr(V_j) to the loss.
-    tol : batch EM stops once an iteration improves the mean training log-likelihood by less than this.
-    covariance_update : ``"stable"`` (centred form, default) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
-    kmeans_epochs : epochs of minibatch k-means for the initial weights and means (covariances start at I).
+    tol : batch EM stops once an iteration improves the mean training log-likelihood by less than this
+        (None: run every epoch).
+    covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
+    kmeans_epochs, kmeans_batch_size : the minibatch k-means for the initial weights and means
+        (covariances start at I).
     device : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     dtype : ``"float32"`` or ``"float64"``: the precision of the per-pair statistics pass, the hot path.
         Parameters and their updates are always float64 (K x D x D numbers; see ``fitters``).
@@ -80,9 +70,14 @@ class XDGMM:
         path). Same results to float tolerance; 2-3.5x faster on CPU after a one-off compile of ~40 s per
         dtype (cached on disk by PyTorch); on CUDA its ~370 small launches per chunk become a few Triton
         kernels. Needs a C++ compiler on CPU, Triton on CUDA.
-    random_state : seeds the k-means init and the batch order; the same value gives the same fit on CPU.
+    random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds the k-means init and the
+        batch order; the same int gives the same fit on CPU.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
     verbose : 0 silent, 1 a line per epoch on stderr, 2 also a progress bar per epoch (off when not a TTY).
+
+    Defaults and constraints live in ``settings.FitSettings`` (and ``KMeansSettings``); they are checked
+    when ``fit`` is called, as in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``,
+    ``get_params``/``set_params``, ``GridSearchCV`` over ``n_components`` with ``score``).
 
     Divergence: a non-finite or non-positive-definite component raises ``FitDivergedError`` naming the epoch
     and component. Components whose responsibility sum underflows to zero are frozen with weight zero, as in
@@ -92,170 +87,80 @@ class XDGMM:
     def __init__(
         self,
         n_components: int = 1,
-        method: str = "em",
+        method: str = _FIT.method,
         *,
-        batch_size: int = 500,
-        epochs: int = 20,
-        step_size: float = 0.1,
-        step_schedule: str = "cappe_moulines",
-        step_decay: float = 0.5,
-        kappa: float = 0.6,
-        lr: float = 1e-2,
-        lr_decay: float = 0.1,
-        sgd_scaling: str = "none",
-        decay_epoch: int = 10,
-        w: float = 1e-3,
-        tol: float = 1e-6,
-        covariance_update: str = "stable",
-        kmeans_epochs: int = 10,
-        device: str = "auto",
-        dtype: str = "float32",
-        compile: bool = False,
-        random_state: int | None = None,
+        epochs: int = _FIT.epochs,
+        batch_size: int = _FIT.batch_size,
+        step_size: float = _FIT.step_size,
+        step_schedule: str = _FIT.step_schedule,
+        step_decay: float = _FIT.step_decay,
+        kappa: float = _FIT.kappa,
+        lr: float = _FIT.lr,
+        lr_decay: float = _FIT.lr_decay,
+        decay_epoch: int = _FIT.decay_epoch,
+        sgd_scaling: str = _FIT.sgd_scaling,
+        w: float = _FIT.w,
+        tol: float | None = _FIT.tol,
+        covariance_update: str = _FIT.covariance_update,
+        device: str = _FIT.device,
+        dtype: str = _FIT.dtype,
+        compile: bool = _FIT.compile,
+        verbose: int = _FIT.verbose,
+        kmeans_epochs: int = _KMEANS.epochs,
+        kmeans_batch_size: int = _KMEANS.batch_size,
+        random_state=None,
         weights_init=None,
         means_init=None,
         covariances_init=None,
-        verbose: int = 0,
     ):
         self.n_components = n_components
         self.method = method
-        self.batch_size = batch_size
         self.epochs = epochs
+        self.batch_size = batch_size
         self.step_size = step_size
         self.step_schedule = step_schedule
         self.step_decay = step_decay
         self.kappa = kappa
         self.lr = lr
         self.lr_decay = lr_decay
-        self.sgd_scaling = sgd_scaling
         self.decay_epoch = decay_epoch
+        self.sgd_scaling = sgd_scaling
         self.w = w
         self.tol = tol
         self.covariance_update = covariance_update
-        self.kmeans_epochs = kmeans_epochs
         self.device = device
         self.dtype = dtype
         self.compile = compile
+        self.verbose = verbose
+        self.kmeans_epochs = kmeans_epochs
+        self.kmeans_batch_size = kmeans_batch_size
         self.random_state = random_state
         self.weights_init = weights_init
         self.means_init = means_init
         self.covariances_init = covariances_init
-        self.verbose = verbose
-        self._check_params()
 
     # ------------------------------------------------------------------ configuration
 
-    def _check_params(self) -> None:
-        def positive_int(name):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    def _validated(self) -> tuple[FitSettings, KMeansSettings]:
+        """The settings, checked once per fit (as scikit-learn estimators do); raises ValueError naming the
+        parameter."""
+        params = self.get_params()
+        settings = FitSettings(**{name: params[name] for name in FitSettings.defaults()})
+        kmeans = KMeansSettings(epochs=self.kmeans_epochs, batch_size=self.kmeans_batch_size)
+        n = self.n_components
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n_components must be a positive integer, got {n!r}")
+        if not isinstance(self.random_state, (np.random.RandomState, np.random.Generator, type(None))):
+            check_seed("random_state", self.random_state)
+        return settings, kmeans
 
-        def in_range(name, low, high, low_open=False):
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and math.isfinite(value)
-            ok = ok and (value > low if low_open else value >= low) and value <= high
-            if not ok:
-                bracket = "(" if low_open else "["
-                raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
-
-        positive_int("n_components")
-        positive_int("batch_size")
-        positive_int("epochs")
-        positive_int("kmeans_epochs")
-        if not isinstance(self.decay_epoch, (int, np.integer)) or self.decay_epoch < 0:
-            raise ValueError(f"decay_epoch must be a non-negative integer, got {self.decay_epoch!r}")
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.step_schedule not in SCHEDULES:
-            raise ValueError(f"unknown step_schedule {self.step_schedule!r}: choose one of {', '.join(SCHEDULES)}")
-        if self.covariance_update not in COVARIANCE_UPDATES:
-            raise ValueError(
-                f"unknown covariance_update {self.covariance_update!r}: choose one of {', '.join(COVARIANCE_UPDATES)}"
-            )
-        if self.sgd_scaling not in SGD_SCALINGS:
-            raise ValueError(f"unknown sgd_scaling {self.sgd_scaling!r}: choose one of {', '.join(SGD_SCALINGS)}")
-        in_range("step_size", 0, 1, low_open=True)
-        in_range("step_decay", 0, 1, low_open=True)
-        in_range("kappa", 0.5, 1, low_open=True)
-        in_range("lr", 0, math.inf, low_open=True)
-        in_range("lr_decay", 0, 1, low_open=True)
-        in_range("w", 0, math.inf)
-        if self.tol is not None:
-            in_range("tol", 0, math.inf)
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile must be True or False, got {self.compile!r}")
-        _check_seed("random_state", self.random_state)
-        if not isinstance(self.verbose, (int, np.integer)) or not 0 <= self.verbose <= 2:
-            raise ValueError(f"verbose must be 0, 1 or 2, got {self.verbose!r}")
-        self._device = resolve_device(self.device)
-        self._dtype = resolve_dtype(self.dtype)
-
-    @property
-    def _backend(self) -> str:
-        """The kernel backend (see ``kernel``); "auto" picks the LAPACK path for projected data."""
-        return "compiled" if self.compile else "auto"
-
-    def get_params(self) -> dict:
-        """The constructor arguments (initial-parameter arrays excluded), as JSON-friendly values."""
-        keys = [
-            "n_components", "method", "batch_size", "epochs", "step_size", "step_schedule", "step_decay", "kappa",
-            "lr", "lr_decay", "sgd_scaling", "decay_epoch", "w", "tol", "covariance_update", "kmeans_epochs", "device", "dtype",
-            "compile", "random_state", "verbose",
-        ]  # fmt: skip
-        return {key: getattr(self, key) for key in keys}
+    def describe(self) -> dict:
+        """The settings of the fitted model as JSON-friendly values (saved with it and in the metrics)."""
+        seed = self.random_state if isinstance(self.random_state, (int, np.integer)) else None
+        return {"n_components": int(self.n_components), **self.settings_.as_dict(), **{
+            f"kmeans_{k}": v for k, v in self.kmeans_settings_.as_dict().items()}, "random_state": seed}  # fmt: skip
 
     # ------------------------------------------------------------------ fitting
-
-    def _initial_mixture(self, data: Dataset, seed: int) -> Mixture:
-        k, dim = self.n_components, data.model_dim
-        f64 = torch.float64
-        means = None if self.means_init is None else torch.as_tensor(np.asarray(self.means_init), dtype=f64)
-        weights = None if self.weights_init is None else torch.as_tensor(np.asarray(self.weights_init), dtype=f64)
-        if means is None:
-            if data.R is not None and data.obs_dim != dim:
-                raise ValueError("means_init is required when the projection R changes the dimension")
-            centres, counts = minibatch_kmeans(
-                data.X.to(self._dtype), k, epochs=self.kmeans_epochs, batch_size=self.batch_size,
-                seed=seed, device=self._device,
-            )  # fmt: skip
-            means = centres.to("cpu", f64)
-            if weights is None:
-                weights = weights_from_counts(counts)
-        if weights is None:
-            weights = torch.ones(k, dtype=f64)
-        if self.covariances_init is None:
-            covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()
-        else:
-            covariances = torch.as_tensor(np.asarray(self.covariances_init), dtype=f64)
-        for name, value, shape in (
-            ("weights_init", weights, (k,)),
-            ("means_init", means, (k, dim)),
-            ("covariances_init", covariances, (k, dim, dim)),
-        ):
-            if tuple(value.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
-            if not torch.isfinite(value).all():
-                raise ValueError(f"{name} contains NaN or inf")
-        if (weights <= 0).any():
-            raise ValueError("weights_init must be positive")
-        mixture = Mixture(weights / weights.sum(), means, covariances)
-        problem = mixture.first_invalid_component()
-        if problem is not None:
-            raise ValueError(f"covariances_init component {problem[0]} is not symmetric positive definite")
-        return mixture.to(self._device, torch.float64)  # parameters live in float64 (see ``fitters``)
-
-    def _make_fitter(self, mixture: Mixture):
-        if self.method == "em":
-            return BatchEM(mixture, w=self.w)
-        if self.method == "minibatch_em":
-            return MinibatchEM(
-                mixture, w=self.w, step_size=self.step_size, schedule=self.step_schedule,
-                step_decay=self.step_decay, decay_epoch=self.decay_epoch, kappa=self.kappa,
-                covariance_update=self.covariance_update,
-            )  # fmt: skip
-        return SGD(mixture, w=self.w, lr=self.lr, lr_decay=self.lr_decay, decay_epoch=self.decay_epoch,
-                   scaling=self.sgd_scaling)  # fmt: skip
 
     def fit(self, X, Xcov=None, *, R=None, X_val=None, Xcov_val=None, R_val=None, checkpoint=None) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
@@ -263,58 +168,54 @@ class XDGMM:
         data (identity when None). Validation data, if given, is scored after every epoch. ``checkpoint``:
         a file written atomically after each epoch; if it exists, the fit resumes from it.
         """
-        self._check_params()
+        settings, kmeans = self._validated()
+        device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype)
+        store = None if checkpoint is None else Checkpoint(checkpoint, device)
+        if self.random_state is None and store is not None and store.seed is not None:
+            seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
+        else:
+            seed = resolve_seed(self.random_state)
+        if store is not None:
+            record = {**settings.as_dict(), "verbose": None, "compile": None, "n_components": int(self.n_components),
+                      "kmeans_epochs": kmeans.epochs, "kmeans_batch_size": kmeans.batch_size}  # fmt: skip
+            store.bind(record, seed, train, val, (self.weights_init, self.means_init, self.covariances_init))
+        if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
+            mixture = Mixture.placeholder(self.n_components, train.model_dim, device)
+        else:
+            mixture = initial_mixture(train, self.n_components, kmeans, seed, device, dtype, weights=self.weights_init,
+                                      means=self.means_init, covariances=self.covariances_init)  # fmt: skip
+        fitter = make_fitter(settings, mixture)
+        loop = LoopConfig(
+            epochs=settings.epochs,
+            batch_size=settings.batch_size if settings.method != "em" else max(settings.batch_size, EVAL_BATCH),
+            shuffle=settings.method != "em", seed=seed, device=device, dtype=dtype,
+            backend="compiled" if settings.compile else "auto", w=settings.w,
+            tol=settings.tol if settings.method == "em" else None, verbose=settings.verbose,
+        )  # fmt: skip
+        history, converged = run(fitter, train, val, loop, store)
+        self._set_fitted(fitter.mixture, history, converged, settings, kmeans)
+        return self
+
+    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype) -> tuple[Dataset, Dataset | None]:
         train = Dataset(X, Xcov, R)
-        train.check_range(self._dtype)
+        train.check_range(dtype)
         if self.n_components > len(train):
             raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
         val = None
         if X_val is not None:
             val = Dataset(X_val, Xcov_val, R_val, name="X_val")
-            val.check_range(self._dtype, "X_val")
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
-        checkpoint = None if checkpoint is None else Path(checkpoint)
-        resume = checkpoints.load(checkpoint, self._device) if checkpoint is not None and checkpoint.exists() else None
-        if self.random_state is not None:
-            seed = self.random_state
-        elif resume is not None:
-            seed = checkpoints.saved_seed(resume)
-        else:
-            seed = int(np.random.SeedSequence().entropy % 2**62)
-        fingerprint = {**self.get_params(), "verbose": None, "compile": None, "n": len(train), "d": train.obs_dim,
-                       "D": train.model_dim, "seed": seed}  # fmt: skip
-        if checkpoint is not None:  # bind the checkpoint to the data (costs one pass over X)
-            fingerprint["data"] = checkpoints.data_digest(train)
-            fingerprint["val_data"] = None if val is None else checkpoints.data_digest(val)
-            fingerprint["init"] = checkpoints.array_digest(self.weights_init, self.means_init, self.covariances_init)
-        if resume is not None:
-            checkpoints.check_matches(resume, fingerprint, checkpoint)
-            # the checkpoint holds the state; skip the (possibly long) k-means init
-            mixture = _placeholder_mixture(self.n_components, train.model_dim, self._device)
-        else:
-            mixture = self._initial_mixture(train, seed)
-        fitter = self._make_fitter(mixture)
-        config = LoopConfig(
-            epochs=self.epochs,
-            batch_size=self.batch_size if self.method != "em" else max(self.batch_size, EVAL_BATCH),
-            shuffle=self.method != "em",
-            seed=seed,
-            device=self._device,
-            dtype=self._dtype,
-            backend=self._backend,
-            w=self.w,
-            tol=self.tol if self.method == "em" else None,
-            verbose=self.verbose,
-            checkpoint=checkpoint,
-            fingerprint=fingerprint,
-        )
-        history, converged = run(fitter, train, val, config, resume)
-        self._set_fitted(fitter.mixture, history, converged)
-        return self
+            val.check_range(dtype, "X_val")
+        return train, val
 
-    def _set_fitted(self, mixture: Mixture, history: list, converged: bool) -> None:
+    def _set_fitted(self, mixture: Mixture, history: list, converged: bool, settings: FitSettings,
+                    kmeans: KMeansSettings) -> None:  # fmt: skip
         self._mixture = mixture
+        self.settings_, self.kmeans_settings_ = settings, kmeans
+        self._device, self._dtype = mixture.means.device, resolve_dtype(settings.dtype)
+        self._backend = "compiled" if settings.compile else "auto"
         self.weights_ = mixture.weights.detach().cpu().numpy()
         self.means_ = mixture.means.detach().cpu().numpy()
         self.covariances_ = mixture.covariances.detach().cpu().numpy()
@@ -327,7 +228,7 @@ class XDGMM:
     def _fitted(self) -> Mixture:
         """The fitted parameters in float64 on the model's device."""
         if not hasattr(self, "_mixture"):
-            raise RuntimeError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
+            raise NotFittedError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
         return self._mixture
 
     def _data_for_model(self, X, Xcov, R) -> Dataset:
@@ -379,11 +280,11 @@ class XDGMM:
         mixture = self._fitted()
         if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
             raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
-        _check_seed("random_state", random_state)
+        seed = resolve_seed(random_state)
         if n_samples == 0:
             return np.empty((0, mixture.dim))
         generator = torch.Generator()
-        generator.manual_seed(random_state if random_state is not None else int(np.random.SeedSequence().entropy % 2**62))
+        generator.manual_seed(seed)
         samples, _ = mixture.sample(int(n_samples), generator)
         return samples.numpy()
 
@@ -402,7 +303,7 @@ class XDGMM:
         self._fitted()
         meta = {
             "format_version": FORMAT_VERSION,
-            "params": self.get_params(),
+            "params": self.describe(),
             "history": self.history_,
             "converged": self.converged_,
             "dtype": dtype_name(self._dtype),
@@ -449,10 +350,12 @@ class XDGMM:
             params["device"] = "cpu"
         try:
             model = cls(**params)
+            settings, kmeans = model._validated()
+            device = resolve_device(settings.device)
         except (TypeError, ValueError) as err:
             raise ValueError(f"model {path} has invalid settings: {err}") from None
         if model.n_components != mixture.n_components:
             raise ValueError(f"model {path}: n_components is {model.n_components} but it holds "
                              f"{mixture.n_components} components")  # fmt: skip
-        model._set_fitted(mixture.to(model._device), meta.get("history", []), meta.get("converged", False))
+        model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
         return model

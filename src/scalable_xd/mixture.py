@@ -35,8 +35,12 @@ class Mixture:
             self.covariances.to(device=device, dtype=dtype),
         )
 
-    def clone(self) -> Mixture:
-        return Mixture(self.weights.clone(), self.means.clone(), self.covariances.clone())
+    @classmethod
+    def placeholder(cls, k: int, dim: int, device) -> Mixture:
+        """Valid float64 parameters of the right shape, to be overwritten by a checkpoint's state."""
+        eye = torch.eye(dim, dtype=torch.float64, device=device)
+        return cls(torch.full((k,), 1.0 / k, dtype=torch.float64, device=device),
+                   torch.zeros(k, dim, dtype=torch.float64, device=device), eye.expand(k, dim, dim).clone())  # fmt: skip
 
     def first_invalid_component(self) -> tuple[int, str] | None:
         """(component, reason) for the first component with non-finite or non-positive-definite parameters."""

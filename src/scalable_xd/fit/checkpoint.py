@@ -1,5 +1,8 @@
 """Checkpoints: a fit's state after an epoch, written atomically and bound to the fit that wrote it.
 
+``Checkpoint`` is what the estimator and the loop use: opened once, it gives the saved seed and state,
+builds the fit's fingerprint and refuses a mismatch (``bind``), and writes after each epoch (``save``).
+
 A checkpoint holds only tensors and plain data (numbers, strings, lists, dicts): the fitter's parameters
 and optimiser state, the history so far, and a fingerprint of the fit. It is read with
 ``torch.load(weights_only=True)``, which refuses anything else, so a file planted at the checkpoint path
@@ -98,11 +101,6 @@ def load(path, device="cpu") -> dict:
     return state
 
 
-def saved_seed(state: dict | None) -> int | None:
-    """The seed a checkpointed fit used (so that a fit without random_state resumes it), or None."""
-    return None if state is None else state["fingerprint"].get("seed")
-
-
 def check_matches(state: dict, fingerprint: dict, path) -> None:
     """Raise CheckpointError naming every difference between a checkpoint's fit and this one."""
     saved = state["fingerprint"]
@@ -114,3 +112,30 @@ def check_matches(state: dict, fingerprint: dict, path) -> None:
             f"checkpoint {path} was written by a different fit ({what}: {details}); "
             "delete it or choose another checkpoint path to start fresh"
         )
+
+
+class Checkpoint:
+    """One fit's checkpoint file: ``saved`` is its state (None when the file does not exist yet)."""
+
+    def __init__(self, path, device="cpu"):
+        self.path = Path(path)
+        self.saved = load(self.path, device) if self.path.exists() else None
+        self.fingerprint: dict | None = None
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the checkpointed fit used (so that a fit without random_state resumes it), or None."""
+        return None if self.saved is None else self.saved["fingerprint"].get("seed")
+
+    def bind(self, settings: dict, seed: int, train: Dataset, val: Dataset | None, init_arrays=()) -> None:
+        """Fingerprint this fit (settings, seed, shapes, digests of the data and of explicit initial arrays;
+        one pass over X) and refuse a saved state from any other fit."""
+        self.fingerprint = {**settings, "seed": seed, "n": len(train), "d": train.obs_dim, "D": train.model_dim,
+                            "data": data_digest(train), "val_data": None if val is None else data_digest(val),
+                            "init": array_digest(*init_arrays)}  # fmt: skip
+        if self.saved is not None:
+            check_matches(self.saved, self.fingerprint, self.path)
+
+    def save(self, epoch: int, history: list, converged: bool, fitter_state: dict) -> None:
+        save(self.path, fingerprint=self.fingerprint, epoch=epoch, history=history, converged=converged,
+             fitter_state=fitter_state)  # fmt: skip

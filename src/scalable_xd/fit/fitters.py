@@ -12,11 +12,46 @@ than on the sky, a condition number float32 cannot even store as a positive-defi
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
+from ..settings import FitSettings
 from .updates import CholeskyParameters, em_update, feature_scale, online_em_update, online_em_update_naive, regularised
+
+
+class Fitter(Protocol):
+    """What the loop drives: ``mixture`` is the current model (the one the E-step uses and a fit reports)."""
+
+    mixture: Mixture
+
+    def step_size(self, epoch: int) -> float:
+        """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
+
+    def start_epoch(self, epoch: int) -> None: ...
+
+    def observe(self, stats: Statistics) -> None:
+        """Take one batch's kernel statistics (an update, or a sum towards one)."""
+
+    def end_epoch(self) -> None: ...
+
+    def state_dict(self) -> dict:
+        """Tensors and plain data that ``load_state_dict`` restores exactly (see ``checkpoint``)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def make_fitter(settings: FitSettings, mixture: Mixture) -> Fitter:
+    """The fitter of ``settings.method``, starting from ``mixture``."""
+    s = settings
+    if s.method == "em":
+        return BatchEM(mixture, w=s.w)
+    if s.method == "minibatch_em":
+        return MinibatchEM(mixture, w=s.w, step_size=s.step_size, schedule=s.step_schedule, step_decay=s.step_decay,
+                           decay_epoch=s.decay_epoch, kappa=s.kappa, covariance_update=s.covariance_update)  # fmt: skip
+    return SGD(mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling)
 
 
 def _mixture_state(mixture: Mixture) -> dict:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,7 +18,8 @@ from tqdm.auto import tqdm
 from .._torch import synchronize
 from ..dataset import Dataset
 from ..errors import FitDivergedError, NotPositiveDefiniteError
-from . import checkpoint
+from .checkpoint import Checkpoint
+from .fitters import Fitter
 from ..kernel.dispatch import batch_statistics, log_densities
 from ..mixture import Mixture
 
@@ -49,18 +49,13 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
     return [order[start:stop] for start, stop in bounds]
 
 
-def _backend_for(backend: str, R) -> str:
-    """The requested kernel for R = I batches; projected batches take the LAPACK path ("auto")."""
-    return backend if R is None else "auto"
-
-
 def scored_batches(data: Dataset, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH):
     """Yield (start row, log p(x) (B,), log alpha_j N_ij (B, K)) over a data set in bounded-memory batches;
     a factorisation failure names the row of the whole data set."""
     for start in range(0, len(data), batch_size):
         x, S, R = data.batch(slice(start, start + batch_size), device, dtype)
         try:
-            loglik, log_dens = log_densities(x, S, mixture, R, backend=_backend_for(backend, R))
+            loglik, log_dens = log_densities(x, S, mixture, R, backend=backend)
         except NotPositiveDefiniteError as err:
             raise NotPositiveDefiniteError(start + err.row, err.component) from None
         yield start, loglik, log_dens
@@ -84,8 +79,6 @@ class LoopConfig:
     w: float
     tol: float | None
     verbose: int = 0
-    checkpoint: Path | None = None
-    fingerprint: dict = field(default_factory=dict)
 
 
 def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
@@ -105,9 +98,9 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
         )
 
 
-def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, resume: dict | None = None):
-    """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from a checkpoint's
-    state ``resume`` (see ``checkpoint.load``) when given; returns (history, converged)."""
+def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, checkpoint: Checkpoint | None = None):
+    """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from the checkpoint's
+    saved state when there is one and saving to it after every epoch; returns (history, converged)."""
 
     def evaluate(epoch: int, seconds: float) -> dict:
         return {
@@ -120,9 +113,9 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, resume: di
             "step_size": fitter.step_size(max(epoch - 1, 0)),
         }
 
-    if resume is not None:
-        fitter.load_state_dict(resume["fitter"])
-        start, history, converged = resume["epoch"], resume["history"], resume["converged"]
+    if checkpoint is not None and checkpoint.saved is not None:
+        fitter.load_state_dict(checkpoint.saved["fitter"])
+        start, history, converged = (checkpoint.saved[key] for key in ("epoch", "history", "converged"))
     else:
         start, history, converged = 0, [evaluate(0, 0.0)], False
         _log(cfg, history[0])
@@ -135,7 +128,7 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, resume: di
         for number, index in enumerate(tqdm(batches, disable=cfg.verbose < 2 or None, leave=False)):
             x, S, R = train.batch(index, cfg.device, cfg.dtype)
             try:
-                stats = batch_statistics(x, S, fitter.mixture, R, backend=_backend_for(cfg.backend, R))
+                stats = batch_statistics(x, S, fitter.mixture, R, backend=cfg.backend)
             except NotPositiveDefiniteError as err:
                 raise FitDivergedError(
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
@@ -149,8 +142,7 @@ def run(fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, resume: di
         _log(cfg, history[-1])
         if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
             converged = True
-        if cfg.checkpoint is not None:
-            checkpoint.save(cfg.checkpoint, fingerprint=cfg.fingerprint, epoch=epoch, history=history,
-                            converged=converged, fitter_state=fitter.state_dict())  # fmt: skip
+        if checkpoint is not None:
+            checkpoint.save(epoch, history, converged, fitter.state_dict())
         epoch += 1
     return history, converged

@@ -43,12 +43,12 @@ import pandas as pd
 from ..io import atomic_path, write_json
 from ..noise import CompactCovariance
 from .schema import (
-    ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, FLUX_OVER_ERROR, QUERY_COLUMNS, ZERO_POINT_ERROR,
+    ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, FLUX_OVER_ERROR, MAS_PER_DEG, QUERY_COLUMNS,
+    ZERO_POINT_ERROR,
 )  # fmt: skip
 
 MODES = ("corrected", "paper")
 TRUE_COLUMNS = tuple(f"true_{name}" for name in FEATURES)
-MAS_PER_DEG = 3.6e6
 MISSING_SIGMA = 1e6  # variance 1e12
 MISSING_LOGLIK_CONSTANT = -0.5 * np.log(2 * np.pi * MISSING_SIGMA**2)
 PAPER_PHOTOMETRIC_SIGMA = 0.01  # what the paper's code gave bp_rp and G
@@ -184,12 +184,6 @@ def _not_positive_definite(corr: np.ndarray, chunk: int = 1 << 18) -> np.ndarray
         matrices[:, rows, cols] = matrices[:, cols, rows] = block
         bad[start : start + chunk] = np.linalg.eigvalsh(matrices)[:, 0] < _PD_FLOOR
     return bad
-
-
-def features_from_table(table, mode: str = "corrected") -> tuple[np.ndarray, np.ndarray]:
-    """X (N, 7) and dense Xcov (N, 7, 7) as numpy arrays, for data that fits in memory."""
-    features = compute_features(table, mode)
-    return features.X, features.covariance().dense().numpy()
 
 
 def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:

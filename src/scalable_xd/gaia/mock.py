@@ -41,9 +41,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .schema import ASTROMETRY, CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, FLUX_OVER_ERROR, QUERY_COLUMNS, ZERO_POINT_ERROR
-
-MAS_PER_DEG = 3.6e6
+from .schema import (
+    ASTROMETRY, CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, FLUX_OVER_ERROR, MAS_PER_DEG, QUERY_COLUMNS,
+    ZERO_POINT_ERROR,
+)  # fmt: skip
 R_SUN_KPC = 8.122
 LMC = dict(ra=80.894, dec=-69.756, distance=49.6, scale=1.5, pm=(1.91, 0.229))
 SMC = dict(ra=13.187, dec=-72.829, distance=62.1, scale=0.7, pm=(0.772, -1.117))

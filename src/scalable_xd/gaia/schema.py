@@ -7,6 +7,8 @@ colour and the G magnitude.
 
 from __future__ import annotations
 
+MAS_PER_DEG = 3.6e6  # the archive gives ra_error and dec_error in mas, ra and dec in degrees
+
 FEATURES = ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")
 ASTROMETRY = FEATURES[:5]
 PHOTOMETRY = FEATURES[5:]

@@ -34,14 +34,14 @@ _MAX_PAIRS = {("unrolled", "cpu"): 1 << 17, ("unrolled", "cuda"): 1 << 22, ("com
               ("compiled", "cuda"): 1 << 22, ("linalg", "cpu"): 1 << 16, ("linalg", "cuda"): 1 << 20}  # fmt: skip
 
 
-def _backend(name: str, R) -> str:
+def choose_backend(name: str, R) -> str:
+    """The one place a backend is chosen: projected batches (R given) always take the LAPACK path, since the
+    unrolled and compiled kernels handle R = I only; "auto" means the unrolled kernel otherwise."""
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        return "linalg" if R is not None else "unrolled"
-    if name in ("unrolled", "compiled") and R is not None:
-        raise ValueError(f"the {name} kernel handles R = I only; use backend='linalg' with projections")
-    return name
+    if R is not None:
+        return "linalg"
+    return "unrolled" if name == "auto" else name
 
 
 @cache
@@ -60,7 +60,7 @@ def chunks(n_points: int, n_components: int, max_pairs: int):
 
 def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None):
     """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk."""
-    backend = _backend(backend, R)
+    backend = choose_backend(backend, R)
     mixture = mixture.to(dtype=x.dtype)
     max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
@@ -81,7 +81,7 @@ def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_
 def batch_statistics(
     x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None
 ) -> Statistics:
-    """The per-component sums q, U, UU, P and the per-point log-likelihoods for one batch."""
+    """The per-component sums q, U, UU, P for one batch."""
     total = None
     for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs):
         total = stats if total is None else total.combine(stats)

@@ -45,7 +45,7 @@ def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int):
         t_inv = R.mT.unsqueeze(1) @ t_inv @ R.unsqueeze(1)
     ru = resp.unsqueeze(-1) * u
     stats = Statistics(
-        loglik,
+        x.shape[0],
         resp.sum(0),
         ru.sum(0),
         torch.einsum("bki,bkj->kij", ru, u),

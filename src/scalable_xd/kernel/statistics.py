@@ -27,30 +27,21 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 @dataclass
 class Statistics:
-    """Per-component sums over a batch, and the per-point log-likelihoods they came with."""
+    """Per-component sums over a batch of ``n_points`` points."""
 
-    loglik: torch.Tensor  # (B,)
+    n_points: int
     q: torch.Tensor  # (K,)
     U: torch.Tensor  # (K, D)
     UU: torch.Tensor  # (K, D, D)
     P: torch.Tensor  # (K, D, D)
 
-    @property
-    def n_points(self) -> int:
-        return self.loglik.shape[0]
-
     def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
-        return Statistics(self.loglik, self.q.double(), self.U.double(), self.UU.double(), self.P.double())
+        return Statistics(self.n_points, self.q.double(), self.U.double(), self.UU.double(), self.P.double())
 
     def combine(self, other: Statistics) -> Statistics:
-        return Statistics(
-            torch.cat([self.loglik, other.loglik]),
-            self.q + other.q,
-            self.U + other.U,
-            self.UU + other.UU,
-            self.P + other.P,
-        )
+        return Statistics(self.n_points + other.n_points, self.q + other.q, self.U + other.U, self.UU + other.UU,
+                          self.P + other.P)  # fmt: skip
 
 
 def raise_for_failed_pairs(failed: torch.Tensor, row_offset: int) -> None:

@@ -119,4 +119,4 @@ def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, te
     P = torch.zeros_like(UU)
     P[:, rows, cols] = p_lower
     P[:, cols, rows] = p_lower
-    return loglik, log_dens.T, Statistics(loglik, q, U, UU, P)
+    return loglik, log_dens.T, Statistics(x.shape[0], q, U, UU, P)

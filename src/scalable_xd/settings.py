@@ -1,0 +1,138 @@
+"""The fit settings: every default, constraint and one-line description, written once.
+
+``XDGMM``'s constructor takes its defaults from ``FitSettings`` and validates through it; ``scalable-xd
+fit`` builds its options from the fields (help, default, choices); the workflow's config schema states the
+same defaults, which a test checks. ``KMeansSettings`` does the same for the k-means initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+import numpy as np
+
+METHODS = ("em", "minibatch_em", "sgd")
+SCHEDULES = ("step", "cappe_moulines")
+COVARIANCE_UPDATES = ("stable", "naive")
+SGD_SCALINGS = ("none", "spread")
+DTYPES = ("float32", "float64")
+
+
+def setting(default, help: str, *, choices=None, low=None, high=None, low_open=False, nullable=False):
+    """A dataclass field with its constraint: one of ``choices``, or a number in [low, high] (``low_open``:
+    (low, high]); ``nullable``: None is allowed too."""
+    return field(default=default, metadata=dict(help=help, choices=choices, low=low, high=high, low_open=low_open,
+                                                 nullable=nullable))  # fmt: skip
+
+
+def _check(name: str, value, meta: dict, kind: type) -> None:
+    if value is None and meta["nullable"]:
+        return
+    if meta["choices"] is not None:
+        if value not in meta["choices"]:
+            raise ValueError(f"unknown {name} {value!r}: choose one of {', '.join(map(str, meta['choices']))}")
+        return
+    if kind is str:  # free-form strings (the device) are checked where they are used
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        return
+    if kind is bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+        return
+    if kind is int:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < meta["low"]:
+            what = "a positive integer" if meta["low"] == 1 else f"an integer >= {meta['low']}"
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+        if meta["high"] is not None and value > meta["high"]:
+            raise ValueError(f"{name} must be at most {meta['high']}, got {value!r}")
+        return
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and (value > meta["low"] if meta["low_open"] else value >= meta["low"])
+    ok = ok and (meta["high"] is None or value <= meta["high"])
+    if not ok:
+        bracket = "(" if meta["low_open"] else "["
+        high = "inf)" if meta["high"] is None else f"{meta['high']}]"
+        raise ValueError(f"{name} must be in {bracket}{meta['low']}, {high}, got {value!r}")
+
+
+class _Settings:
+    """Validation and conversion shared by the settings dataclasses."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            _check(f.name, getattr(self, f.name), f.metadata, _kind(f))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+def _kind(f) -> type:
+    """The field's base type from its annotation ("int", "float | None", ...)."""
+    name = str(f.type).split("|")[0].strip()
+    return {"int": int, "float": float, "bool": bool, "str": str}[name]
+
+
+@dataclass(frozen=True)
+class FitSettings(_Settings):
+    """How a mixture is fitted (everything but K, the seed and explicit initial parameters)."""
+
+    method: str = setting("em", "em (Bovy et al. 2011 batch EM), minibatch_em (online EM) or sgd (Adam)",
+                          choices=METHODS)  # fmt: skip
+    epochs: int = setting(20, "passes over the training data (for em: the maximum number of iterations)", low=1)
+    batch_size: int = setting(500, "points per minibatch for minibatch_em and sgd (em sums over all points)", low=1)
+    step_size: float = setting(0.1, "minibatch EM's first step size (the paper: 0.01)", low=0, high=1, low_open=True)
+    step_schedule: str = setting("cappe_moulines", "minibatch EM steps: (t0 + t)^-kappa from step_size, or the "
+                                 "paper's step_size times step_decay after decay_epoch", choices=SCHEDULES)  # fmt: skip
+    step_decay: float = setting(0.5, "factor on the step size after decay_epoch (schedule 'step')", low=0, high=1,
+                                low_open=True)  # fmt: skip
+    kappa: float = setting(0.6, "exponent of the cappe_moulines schedule", low=0.5, high=1, low_open=True)
+    lr: float = setting(1e-2, "SGD (Adam) learning rate", low=0, low_open=True)
+    lr_decay: float = setting(0.1, "factor on the learning rate after decay_epoch", low=0, high=1, low_open=True)
+    decay_epoch: int = setting(10, "epochs before the step size or learning rate decays", low=0)
+    sgd_scaling: str = setting("none", "SGD parameters in the features' own units (the paper) or in units of each "
+                               "feature's spread", choices=SGD_SCALINGS)  # fmt: skip
+    w: float = setting(1e-3, "covariance regularisation (em: Bovy et al.'s w; minibatch_em: added after each "
+                       "update; sgd: the penalty w / tr V)", low=0)  # fmt: skip
+    tol: float | None = setting(1e-6, "em stops once an iteration improves the mean training log-likelihood by "
+                                "less (None: run every epoch)", low=0, nullable=True)  # fmt: skip
+    covariance_update: str = setting("stable", "minibatch EM's covariance update: the centred form or the paper's "
+                                     "eq. 7", choices=COVARIANCE_UPDATES)  # fmt: skip
+    device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
+    dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)",
+                         choices=DTYPES)  # fmt: skip
+    compile: bool = setting(False, "run the statistics pass through torch.compile (R = I only)")
+    verbose: int = setting(0, "0 silent, 1 a line per epoch on stderr, 2 also a progress bar", low=0, high=2)
+
+
+@dataclass(frozen=True)
+class KMeansSettings(_Settings):
+    """The minibatch k-means that gives the initial weights and means."""
+
+    epochs: int = setting(10, "passes of minibatch k-means", low=1)
+    batch_size: int = setting(500, "points per k-means minibatch", low=1)
+
+
+def check_seed(name: str, value) -> None:
+    """Integer seeds must lie in [0, 2**63): what torch's and numpy's generators both accept."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
+        raise ValueError(f"{name} must be None, an integer in [0, 2**63), a numpy RandomState or Generator, "
+                         f"got {value!r}")  # fmt: skip
+
+
+def resolve_seed(random_state, name: str = "random_state") -> int:
+    """An integer seed from None (fresh entropy), an int, a numpy ``RandomState`` or ``Generator`` (one draw,
+    advancing it, as scikit-learn does)."""
+    if random_state is None:
+        return int(np.random.SeedSequence().entropy % 2**62)
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**62, dtype=np.int64))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**62))
+    check_seed(name, random_state)
+    return int(random_state)
