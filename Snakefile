@@ -10,7 +10,12 @@ from snakemake.utils import min_version, validate
 min_version("8.0")
 
 
-configfile: "config/config.yaml"
+# A --configfile replaces the paper's config instead of extending it: each config states only what differs
+# from the schema's defaults, so keys of config/config.yaml must not leak into it.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

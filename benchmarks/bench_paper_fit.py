@@ -27,7 +27,8 @@ from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.gaia.features import read_features, write_feature_splits
 from scalable_xd.gaia.mock import make_mock
 from scalable_xd.io import atomic_path
-from scalable_xd.fit.kmeans import minibatch_kmeans, weights_from_counts
+from scalable_xd.fit.init import kmeans_init
+from scalable_xd.settings import KMeansSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import device_name, machine, write_result  # noqa: E402
@@ -69,10 +70,9 @@ def main(argv=None) -> None:
     load_seconds = time.perf_counter() - start
 
     tick = time.perf_counter()
-    centres, counts = minibatch_kmeans(
-        torch.as_tensor(train.X, dtype=torch.float32), args.n_components, epochs=args.kmeans_epochs,
-        batch_size=args.batch_size, seed=0, device=device,
-    )  # fmt: skip
+    weights, means = kmeans_init(torch.as_tensor(train.X), args.n_components,
+                                 KMeansSettings(epochs=args.kmeans_epochs, batch_size=args.batch_size), 0, device,
+                                 torch.float32)  # fmt: skip
     synchronize(device)
     kmeans_seconds = time.perf_counter() - tick
 
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
     model = XDGMM(
         args.n_components, args.method, batch_size=args.batch_size, epochs=args.epochs, tol=None,
         device=str(device), dtype="float32", compile=not args.eager, random_state=0, verbose=1,
-        weights_init=weights_from_counts(counts).numpy(), means_init=centres.double().cpu().numpy(),
+        weights_init=weights.numpy(), means_init=means.numpy(),
     ).fit(train.X, train.covariance(), X_val=val.X, Xcov_val=val.covariance())  # fmt: skip
     fit_seconds = time.perf_counter() - tick
     total_seconds = time.perf_counter() - start

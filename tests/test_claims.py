@@ -1,10 +1,10 @@
 """The claims report on metrics files written by hand, where the verdicts are known."""
 
-import json
 
 import pytest
 
-from scalable_xd.report.claims import FAILS, HOLDS, UNMEASURED, claims, time_to_converge, write_claims
+from scalable_xd.report.claims import FAILS, HOLDS, UNMEASURED, claims, write_claims
+from scalable_xd.report.metrics import FitMetrics, time_to_converge
 from scalable_xd.report.tables import write_loglik_table
 
 
@@ -23,11 +23,11 @@ def _write(tmp_path, method, K, seed, val, seconds, reach_at, gap=None, mode="co
     true = {"available": False, "reason": "real data"}
     if gap is not None:
         true = {"available": True, "test_true_loglik": -10.0, "true_gap_closed": gap}
-    metrics = {"method": method, "n_components": K, "seed": seed, "train_seconds": seconds, "kmeans_seconds": 1.0,
-               "covariance_mode": mode, "device": "cpu", "history": _history(val, reach_at, seconds),
-               "train": split, "val": split, "test": split, "true": true}  # fmt: skip
+    metrics = FitMetrics(method=method, n_components=K, seed=seed, train_seconds=seconds, kmeans_seconds=1.0,
+                         covariance_mode=mode, device="cpu", history=_history(val, reach_at, seconds), train=split,
+                         val=split, test=split, true=true)  # fmt: skip
     path = tmp_path / f"{mode}_{method}_{K}_{seed}.json"
-    path.write_text(json.dumps(metrics))
+    metrics.write(path)
     return path
 
 

@@ -21,7 +21,7 @@ def files(tmp_path_factory):
 
 def _fit_args(files, **changes):
     args = {"--train": files / "data" / "train.parquet", "--val": files / "data" / "val.parquet",
-            "--init": files / "init.npz", "--method": "em", "--epochs": "1",
+            "--init": files / "init.npz", "--n-components": "3", "--method": "em", "--epochs": "1",
             "--output-model": files / "out" / "model.npz", "--output-metrics": files / "out" / "metrics.json"}  # fmt: skip
     args.update(changes)
     return ["fit"] + [str(item) for pair in args.items() for item in pair]
@@ -95,6 +95,32 @@ def test_an_unwritable_output_fails_before_the_fit(files, caplog, monkeypatch):
     monkeypatch.setattr(scalable_xd.estimator.XDGMM, "fit", None)  # the fit must not start
     _fails_with(_fit_args(files, **{"--output-model": files / "a_file" / "model.npz"}),
                 "is not a writable directory", caplog)  # fmt: skip
+
+
+def test_k_must_match_the_init_file(files, caplog):
+    _fails_with(_fit_args(files, **{"--n-components": "4"}), "holds an init of K = 3 components, not 4", caplog)
+
+
+def test_a_fit_without_validation_data(files):
+    argv = _fit_args(files, **{"--output-metrics": files / "noval" / "metrics.json"})
+    del argv[argv.index("--val") : argv.index("--val") + 2]
+    assert main(["-q"] + argv) == 0
+    from scalable_xd.report.metrics import FitMetrics
+
+    metrics = FitMetrics.read(files / "noval" / "metrics.json")
+    assert metrics.val is None and metrics.history[-1]["val_loglik"] is None and metrics.test is None
+
+
+def test_every_option_has_help_and_says_its_default():
+    from scalable_xd.cli import build_parser
+
+    for name, sub in build_parser()._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
+            if action.dest == "help":
+                continue
+            assert action.help, (name, action.dest)
+            if not action.required and action.default not in (None, False) and action.dest != "run":
+                assert "default" in action.help, (name, action.dest)
 
 
 def test_a_table_of_fits_run_without_test_data(files, caplog):

@@ -4,7 +4,6 @@ import re
 import tomllib
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
 
@@ -67,15 +66,17 @@ def test_every_rule_names_an_existing_conda_env_and_a_log():
         assert text.count("    log:\n") == n_rules, path.name
 
 
-@pytest.mark.parametrize("name", ["config", "mock", "demo", "smoke"])
+@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "smoke"])
 def test_configs_validate_against_the_schema(name):
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    from snakemake.utils import validate
+
     config = yaml.safe_load((REPO / "config" / f"{name}.yaml").read_text())
-    jsonschema.validate(config, schema)
+    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))  # fills in the defaults
     assert config["report"]["figure_K"] in config["fit"]["n_components"]
     assert config["report"]["seed"] in config["fit"]["seeds"]
     if name in ("config", "mock"):  # the paper's protocol, appendix B
         fit = config["fit"]
         assert (fit["n_components"], fit["seeds"], fit["epochs"], fit["batch_size"]) == ([64, 128, 256, 512], list(range(10)), 20, 500)
-        assert (fit["step_size"], fit["step_decay"], fit["lr"], fit["lr_decay"], fit["decay_epoch"], fit["w"]) == (0.01, 0.5, 0.01, 0.1, 10, 0.001)
+        assert (fit["step_schedule"], fit["step_size"], fit["step_decay"], fit["lr"], fit["lr_decay"], fit["decay_epoch"],
+                fit["w"], fit["tol"]) == ("step", 0.01, 0.5, 0.01, 0.1, 10, 0.001, None)  # fmt: skip
         assert config["data"]["n_rows"] == 2_000_000 and config["init"]["kmeans_epochs"] == 10

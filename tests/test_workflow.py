@@ -160,3 +160,13 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     assert plan["query_gaia"] == 1 and "mock_catalogue" not in plan
     assert "reference" not in plan and plan["claims"] == 1  # Gaia data have no truth to score against
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing
+
+
+def test_the_report_command_works_as_documented_without_cores(smoke, tmp_path):
+    """`snakemake --report report.html --configfile ...` with fit.threads 0 (every config but smoke): the
+    rules' thread count once asked snakemake for --cores, which a report does not give."""
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "threads": 0}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    report = tmp_path / "report.html"
+    snakemake(smoke.parents[1], "--report", str(report), configfile=str(tmp_path / "config.yaml"))
+    assert "Table 1 of the paper" in report.read_text(errors="replace")

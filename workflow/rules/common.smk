@@ -34,7 +34,17 @@ SRC = os.path.join(workflow.basedir, "src")
 CLI = f"PYTHONPATH={SRC}${{PYTHONPATH:+:$PYTHONPATH}} python -m scalable_xd"
 
 # Fits get every core unless told otherwise, so that concurrent jobs do not share (and distort) timings.
-FIT_THREADS = config["fit"]["threads"] or (workflow.cores or 1)
+def _all_cores():
+    """The cores snakemake was given; 1 for commands that run no job and set none (--report)."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        return workflow.cores or 1
+    except WorkflowError:
+        return 1
+
+
+FIT_THREADS = config["fit"]["threads"] or _all_cores()
 _device = config["fit"]["device"]
 FIT_GPUS = 1 if _device.startswith("cuda") or (_device == "auto" and shutil.which("nvidia-smi")) else 0
 
@@ -58,6 +68,25 @@ def reference_metrics(K):
     if not HAS_TRUTH:
         return []
     return [f"{RESULTS}/references/{kind}/K{K}_seed{FIGURE_SEED}.json" for kind in REFERENCE_KINDS]
+
+
+# Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
+# (scalable_xd.settings.FitSettings) and goes to `scalable-xd fit` as an option of the same name.
+WORKFLOW_FIT_KEYS = ("methods", "n_components", "seeds", "threads")
+
+
+def _option(key, value):
+    flag = f"--{key.replace('_', '-')}"
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    return f"{flag} {'none' if value is None else value}"
+
+
+def fit_options(keys=None):
+    """The config's fit settings (all, or ``keys``) as command-line options."""
+    fit = config["fit"]
+    keys = [k for k in fit if k not in WORKFLOW_FIT_KEYS] if keys is None else keys
+    return " ".join(_option(key, fit[key]) for key in keys)
 
 
 def fit_dir(method, K, seed):

@@ -16,12 +16,7 @@ rule fit:
     params:
         cli=CLI,
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
-        settings=" ".join(
-            f"--{key.replace('_', '-')} {config['fit'][key]}"
-            for key in ("epochs", "batch_size", "step_size", "step_schedule", "step_decay", "lr", "lr_decay",
-                        "sgd_scaling", "decay_epoch", "w", "device", "dtype")
-        )
-        + (" --compile" if config["fit"]["compile"] else ""),
+        settings=fit_options(),
         tag=NAME,
         config_hash=CONFIG_HASH,
         references=lambda wildcards, input: f"--reference {' '.join(input.references)}" if input.references else "",
@@ -34,7 +29,8 @@ rule fit:
         ENV
     shell:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
-        "--method {wildcards.method} --seed {wildcards.seed} {params.settings} --threads {threads} "
+        "--n-components {wildcards.K} --method {wildcards.method} --seed {wildcards.seed} {params.settings} "
+        "--threads {threads} "
         "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
 
@@ -53,11 +49,8 @@ rule reference:
         kind="|".join(REFERENCE_KINDS),
     params:
         cli=CLI,
-        settings=" ".join(
-            [f"--{key} {config['fit'][key]}" for key in ("w", "device")]
-            + [f"--epochs {config['truth']['reference_epochs']}", f"--tol {config['truth']['reference_tol']}"]
-        )
-        + (" --compile" if config["fit"]["compile"] else ""),
+        settings=fit_options(("w", "device", "compile"))
+        + f" --epochs {config['truth']['reference_epochs']} --tol {config['truth']['reference_tol']}",
     threads: FIT_THREADS
     resources:
         gpu=FIT_GPUS,
@@ -67,5 +60,6 @@ rule reference:
         ENV
     shell:
         "{params.cli} reference --train {input.train} --test {input.test} --init {input.init} "
-        "--kind {wildcards.kind} --seed {wildcards.seed} {params.settings} --threads {threads} "
+        "--n-components {wildcards.K} --kind {wildcards.kind} --seed {wildcards.seed} {params.settings} "
+        "--threads {threads} "
         "--output-metrics {output} 2> {log}"

@@ -10,7 +10,7 @@ rule kmeans:
     params:
         cli=CLI,
         epochs=config["init"]["kmeans_epochs"],
-        batch_size=config["fit"]["batch_size"],
+        batch_size=config["init"]["kmeans_batch_size"],
         device=config["fit"]["device"],
         dtype=config["fit"]["dtype"],
     threads: FIT_THREADS

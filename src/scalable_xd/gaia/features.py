@@ -186,6 +186,15 @@ def _not_positive_definite(corr: np.ndarray, chunk: int = 1 << 18) -> np.ndarray
     return bad
 
 
+def loglik_summary(mean_loglik: float, features: Features) -> dict:
+    """A split's score as the paper defines it (mean log p(x) per star, missing entries included) and of the
+    observed entries alone: each missing entry adds ``MISSING_LOGLIK_CONSTANT``, so the latter is the former
+    less that constant times the mean number of missing entries."""
+    missing = float(features.n_missing.mean())
+    return {"loglik": mean_loglik, "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
+            "n": len(features), "mean_missing_entries": missing}  # fmt: skip
+
+
 def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
     """'train', 'val' or 'test' for each star: a splitmix64 hash of (random_index, seed) modulo 10."""
     with np.errstate(over="ignore"):

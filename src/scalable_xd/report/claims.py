@@ -19,49 +19,20 @@ decide it. The thresholds are stated in each line, so that a reader can disagree
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from ..io import write_text
+from .metrics import CONVERGED_NATS, metrics_frame
 from .tables import METHOD_NAMES
 
 COMPARABLE_NATS = 0.25
-CONVERGED_NATS = 0.05
 GAP_GOAL = 0.8
 HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured"
 
 
 def _name(method: str) -> str:
     return METHOD_NAMES.get(method, method)
-
-
-def time_to_converge(history: list[dict], within: float = CONVERGED_NATS) -> float:
-    """Training seconds until the training log-likelihood first comes within ``within`` of its final value."""
-    final = history[-1]["train_loglik"]
-    for entry in history:
-        if entry["train_loglik"] >= final - within:
-            return float(entry["seconds"])
-    return float(history[-1]["seconds"])
-
-
-def load_runs(paths) -> pd.DataFrame:
-    """One row per fit: what the claims need from its metrics file."""
-    rows = []
-    for path in paths:
-        m = json.loads(Path(path).read_text())
-        true = m.get("true", {})
-        rows.append({
-            "method": m["method"], "K": m["n_components"], "seed": m["seed"], "mode": m.get("covariance_mode"),
-            "val": m["val"]["loglik_observed"], "train_seconds": m["train_seconds"],
-            "converge_seconds": time_to_converge(m["history"]), "device": m.get("device", "unknown"),
-            "gap_closed": true.get("true_gap_closed", np.nan), "has_truth": bool(true.get("available", False)),
-        })  # fmt: skip
-    if not rows:
-        raise ValueError("no metrics files given")
-    return pd.DataFrame(rows)
 
 
 def _means(runs: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -74,7 +45,7 @@ def _fmt(values: pd.Series, digits: int = 2) -> str:
 
 
 def claim_sgd_best(runs):
-    val = _means(runs, "val")
+    val = _means(runs, "val_observed")
     if "sgd" not in val or val.shape[1] < 2:
         return UNMEASURED, "needs SGD and at least one other method"
     best = val.idxmax(axis=1)
@@ -85,7 +56,7 @@ def claim_sgd_best(runs):
 
 
 def claim_comparable(runs):
-    val = _means(runs, "val")
+    val = _means(runs, "val_observed")
     if "em" not in val or not ({"minibatch_em", "sgd"} & set(val)):
         return UNMEASURED, "needs batch EM and a minibatch method"
     parts, ok = [], True
@@ -125,7 +96,7 @@ def claim_modes(runs):
     modes = sorted(m for m in runs["mode"].dropna().unique())
     if len(modes) < 2:
         return UNMEASURED, f"this run used one covariance mode ({', '.join(modes) or 'unknown'}); run both to compare"
-    val = runs.groupby(["mode", "method", "K"])["val"].mean().unstack("mode")
+    val = runs.groupby(["mode", "method", "K"])["val_observed"].mean().unstack("mode")
     diff = (val[modes[0]] - val[modes[1]]).abs()
     return HOLDS, f"|{modes[0]} - {modes[1]}| validation (observed entries, nats/star): max {diff.max():.3f}, mean {diff.mean():.3f}"
 
@@ -143,7 +114,7 @@ def claim_truth(runs):
 
 def claims(paths, device_note: str | None = None) -> list[tuple[str, str, str]]:
     """(claim, verdict, evidence) for each claim of the module docstring."""
-    runs = load_runs(paths)
+    runs = metrics_frame(paths)
     return [
         ("SGD gives the best validation log-likelihood at every K", *claim_sgd_best(runs)),
         ("Minibatch EM and SGD are comparable to batch EM in log-likelihood", *claim_comparable(runs)),

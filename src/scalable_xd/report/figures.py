@@ -6,13 +6,12 @@ the images are comparable run to run: ``FIGSIZE`` inches at ``DPI``.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 
 from ..io import atomic_path
-from .tables import METHOD_NAMES, METHOD_ORDER, load_metrics
+from .metrics import FitMetrics, metrics_frame
+from .tables import METHOD_NAMES, METHOD_ORDER
 
 DPI = 100
 FIGSIZE = {"timing": (7.0, 4.5), "curves": (7.0, 4.5), "sky": (12.0, 4.5)}
@@ -46,7 +45,7 @@ def _in_paper_order(methods) -> list[str]:
 def plot_timing_vs_k(metrics_paths, outputs) -> None:
     """Training time (s) against K per method, mean over seeds with +-2 standard deviations (Figure 1 right)."""
     plt = _pyplot()
-    frame = load_metrics(metrics_paths)
+    frame = metrics_frame(metrics_paths)
     fig, ax = plt.subplots(figsize=FIGSIZE["timing"])
     for method in _in_paper_order(frame.method):
         stats = frame[frame.method == method].groupby("K")["train_seconds"].agg(["mean", "std"]).fillna(0.0)
@@ -74,9 +73,9 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> None:
     plt = _pyplot()
     curves = {}
     for path in metrics_paths:
-        m = json.loads(Path(path).read_text())
-        if m["n_components"] == n_components:
-            curves.setdefault(m["method"], []).append(m["history"])
+        m = FitMetrics.read(path)
+        if m.n_components == n_components:
+            curves.setdefault(m.method, []).append(m.history)
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
     fig, ax = plt.subplots(figsize=FIGSIZE["curves"])

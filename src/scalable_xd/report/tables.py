@@ -13,43 +13,14 @@ noise to fitting the truth itself that the fit closes. On real data they read "n
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from ..io import atomic_path, write_text
+from .metrics import metrics_frame
 
 METHOD_NAMES = {"em": "Batch EM (Bovy et al. 2011)", "minibatch_em": "Minibatch EM", "sgd": "SGD"}
 METHOD_ORDER = list(METHOD_NAMES)
-
-
-def load_metrics(paths) -> pd.DataFrame:
-    """One row per fit: method, K, seed, log-likelihoods and training time."""
-    rows = []
-    for path in paths:
-        try:
-            m = json.loads(Path(path).read_text())
-            row = {"method": m["method"], "K": m["n_components"], "seed": m["seed"],
-                   "train_seconds": m["train_seconds"], "kmeans_seconds": m["kmeans_seconds"]}  # fmt: skip
-        except (ValueError, KeyError, TypeError) as err:  # ValueError: not UTF-8 or not JSON
-            raise ValueError(f"{path} is not a metrics file written by `scalable-xd fit` "
-                             f"({err.__class__.__name__}: {err})") from None  # fmt: skip
-        for split in ("train", "val", "test"):  # a fit run without --test has no test scores: "-" in the table
-            row[split] = m.get(split, {}).get("loglik", np.nan)
-            row[f"{split}_observed"] = m.get(split, {}).get("loglik_observed", np.nan)
-        true = m.get("true", {})
-        row["true_test"] = true.get("test_true_loglik", np.nan)
-        row["gap_closed"] = true.get("true_gap_closed", np.nan)
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        raise ValueError("no metrics files given")
-    duplicated = frame.duplicated(["method", "K", "seed"])
-    if duplicated.any():
-        raise ValueError(f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}")
-    return frame
 
 
 def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -126,7 +97,7 @@ def _latex_cell(cell: str) -> str:
 
 def write_loglik_table(metrics_paths, prefix) -> pd.DataFrame:
     """Write ``<prefix>.csv``, ``.md`` and ``.tex``; returns the table."""
-    table = loglik_table(load_metrics(metrics_paths))
+    table = loglik_table(metrics_frame(metrics_paths))
     with atomic_path(f"{prefix}.csv") as tmp:
         table.to_csv(tmp, index=False, float_format="%.6f")
     write_text(f"{prefix}.md", to_markdown(table))

@@ -1,0 +1,96 @@
+"""The metrics record of one fit: written by the fit step, read by the tables, figures, claims and tests.
+
+``FitMetrics`` defines the file (``fits/<method>/K<K>_seed<seed>/metrics.json``); ``metrics_frame`` turns a
+set of them into the one-row-per-fit table that the tables and claims summarise.
+
+Each split's score (``train``, ``val``, ``test``) is the mean log-likelihood per star as the paper defines
+it (``loglik``, missing entries included with their variance 1e12) and for the observed entries alone
+(``loglik_observed``); ``true`` holds the truth metrics on a mock (see ``truth``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..io import write_json
+
+# The training log-likelihood counts as converged within this many nats per star of its final value.
+CONVERGED_NATS = 0.05
+
+
+@dataclass
+class FitMetrics:
+    method: str
+    n_components: int
+    seed: int
+    train_seconds: float  # cumulative training time of the last epoch (evaluation excluded)
+    kmeans_seconds: float
+    history: list[dict]  # entry e: the parameters after epoch e (see ``fit.loop``)
+    val: dict | None
+    train: dict | None = None
+    test: dict | None = None  # None when the fit ran without test data
+    true: dict = field(default_factory=lambda: {"available": False})
+    covariance_mode: str | None = None
+    device: str = "unknown"
+    wall_seconds: float | None = None
+    n_iter: int | None = None
+    converged: bool | None = None
+    settings: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    tag: str | None = None
+    config_hash: str | None = None
+
+    def write(self, path) -> None:
+        write_json(path, asdict(self))
+
+    @classmethod
+    def read(cls, path) -> FitMetrics:
+        """A metrics file, or a ValueError naming it when it is not one."""
+        try:
+            data = json.loads(Path(path).read_text())
+            known = {f.name for f in fields(cls)}
+            return cls(**{key: value for key, value in data.items() if key in known})
+        except (ValueError, TypeError, AttributeError) as err:  # not UTF-8, not JSON, keys missing
+            raise ValueError(f"{path} is not a metrics file written by `scalable-xd fit` "
+                             f"({err.__class__.__name__}: {err})") from None  # fmt: skip
+
+
+def time_to_converge(history: list[dict], within: float = CONVERGED_NATS) -> float:
+    """Training seconds until the training log-likelihood first comes within ``within`` of its final value."""
+    final = history[-1]["train_loglik"]
+    for entry in history:
+        if entry["train_loglik"] >= final - within:
+            return float(entry["seconds"])
+    return float(history[-1]["seconds"])
+
+
+def _score(split: dict | None, key: str) -> float:
+    return np.nan if split is None else split.get(key, np.nan)
+
+
+def metrics_frame(paths) -> pd.DataFrame:
+    """One row per fit: method, K, seed, covariance mode, device, the splits' scores (NaN where not
+    measured), the truth metrics and the timings."""
+    rows = []
+    for path in paths:
+        m = FitMetrics.read(path)
+        row = {"method": m.method, "K": m.n_components, "seed": m.seed, "mode": m.covariance_mode,
+               "device": m.device, "train_seconds": m.train_seconds, "kmeans_seconds": m.kmeans_seconds,
+               "converge_seconds": time_to_converge(m.history),
+               "true_test": m.true.get("test_true_loglik", np.nan), "gap_closed": m.true.get("true_gap_closed", np.nan),
+               "has_truth": bool(m.true.get("available", False))}  # fmt: skip
+        for name, split in (("train", m.train), ("val", m.val), ("test", m.test)):
+            row[name], row[f"{name}_observed"] = _score(split, "loglik"), _score(split, "loglik_observed")
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        raise ValueError("no metrics files given")
+    duplicated = frame.duplicated(["method", "K", "seed", "mode"])
+    if duplicated.any():
+        raise ValueError(f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}")
+    return frame

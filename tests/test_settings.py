@@ -1,0 +1,82 @@
+"""Every default and constraint of a fit is written once, in scalable_xd.settings; the estimator, the
+command line, the workflow's schema and the configs all agree with it."""
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalable_xd import XDGMM
+from scalable_xd.cli import build_parser
+from scalable_xd.settings import FitSettings, KMeansSettings
+from scalable_xd.steps import REFERENCE
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
+WORKFLOW_FIT_KEYS = {"methods", "n_components", "seeds", "threads"}  # the grid, not settings
+
+
+def _subparser(name):
+    return build_parser()._subparsers._group_actions[0].choices[name]
+
+
+def _option_defaults(name) -> dict:
+    return {a.dest: a.default for a in _subparser(name)._actions}
+
+
+def test_the_estimator_takes_its_defaults_from_the_settings():
+    signature = inspect.signature(XDGMM).parameters
+    for name, default in FitSettings.defaults().items():
+        assert signature[name].default == default, name
+    for name, default in KMeansSettings.defaults().items():
+        assert signature[f"kmeans_{name}"].default == default, name
+    extra = set(signature) - set(FitSettings.defaults()) - {f"kmeans_{k}" for k in KMeansSettings.defaults()}
+    assert extra == {"n_components", "random_state", "weights_init", "means_init", "covariances_init"}
+
+
+def test_the_schema_states_the_same_defaults_and_choices():
+    fit = SCHEMA["fit"]["properties"]
+    assert set(fit) - WORKFLOW_FIT_KEYS == set(FitSettings.defaults()) - {"method", "verbose"}
+    for f in dataclasses.fields(FitSettings):
+        if f.name in fit:
+            assert fit[f.name]["default"] == f.default, f.name
+            if f.metadata["choices"] is not None:
+                assert tuple(fit[f.name]["enum"]) == f.metadata["choices"], f.name
+    assert set(SCHEMA["fit"]["properties"]["methods"]["items"]["enum"]) == set(
+        dataclasses.fields(FitSettings)[0].metadata["choices"])  # fmt: skip
+    init = SCHEMA["init"]["properties"]
+    assert {k: v["default"] for k, v in init.items()} == {f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()}
+    truth = SCHEMA["truth"]["properties"]
+    assert (truth["reference_epochs"]["default"], truth["reference_tol"]["default"]) == (REFERENCE.epochs, REFERENCE.tol)
+
+
+def test_the_command_line_states_the_same_defaults():
+    fit = _option_defaults("fit")
+    for name, default in FitSettings.defaults().items():
+        if name != "verbose":
+            assert fit[name] == default, name
+    kmeans = _option_defaults("kmeans")
+    assert (kmeans["epochs"], kmeans["batch_size"]) == (KMeansSettings().epochs, KMeansSettings().batch_size)
+    reference = _option_defaults("reference")
+    assert (reference["epochs"], reference["tol"], reference["dtype"]) == (REFERENCE.epochs, REFERENCE.tol, "float64")
+
+
+@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "smoke"])
+def test_configs_state_only_what_differs_from_the_defaults(name):
+    config = yaml.safe_load((REPO / "config" / f"{name}.yaml").read_text())
+    defaults = {**FitSettings.defaults(), **{f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()}}
+    for block in ("fit", "init"):
+        for key, value in config.get(block, {}).items():
+            if key not in WORKFLOW_FIT_KEYS:
+                assert value != defaults[key], f"{name}.yaml {block}.{key} repeats the default {value!r}"
+
+
+def test_a_setting_out_of_range_is_named():
+    with pytest.raises(ValueError, match="kappa must be in \\(0.5, 1\\], got 0.4"):
+        FitSettings(kappa=0.4)
+    with pytest.raises(ValueError, match="unknown step_schedule 'linear': choose one of step, cappe_moulines"):
+        FitSettings(step_schedule="linear")
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+        KMeansSettings(batch_size=0)
