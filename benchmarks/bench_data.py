@@ -23,7 +23,8 @@ def main(argv=None) -> None:
     parser.add_argument("--n-rows", type=int, default=2_000_000)
     args = parser.parse_args(argv)
 
-    from scalable_xd.gaia.features import compute_features, write_feature_splits
+    from scalable_xd.gaia.features import compute_features
+    from scalable_xd.gaia.storage import write_feature_splits
     from scalable_xd.gaia.mock import make_mock
 
     tick = time.perf_counter()

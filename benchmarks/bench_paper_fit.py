@@ -24,7 +24,7 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
-from scalable_xd.gaia.features import read_features, write_feature_splits
+from scalable_xd.gaia.storage import read_features, write_feature_splits
 from scalable_xd.gaia.mock import make_mock
 from scalable_xd.io import atomic_path
 from scalable_xd.fit.init import kmeans_init

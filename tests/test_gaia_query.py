@@ -9,17 +9,17 @@ import pandas as pd
 import pytest
 from tap_server import MockTapServer, votable_bytes
 
-from scalable_xd.gaia.features import read_raw
+from scalable_xd.gaia.storage import read_raw
 from scalable_xd.gaia.query import (
-    _parse_unit,
     ArchiveRefusedError,
-    ArchiveUnreachableError,
     ChunkError,
+    _parse_unit,
     build_query,
     chunk_path,
     query_gaia,
     table_to_frame,
 )
+from scalable_xd.gaia.tap import ArchiveUnreachableError
 from scalable_xd.gaia.mock import make_mock
 from scalable_xd.gaia.schema import QUERY_COLUMNS
 

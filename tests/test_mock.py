@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalable_xd.gaia.mock import LMC, SMC, make_mock
+from scalable_xd.gaia.galaxy import LMC, SMC
+from scalable_xd.gaia.mock import make_mock
 from scalable_xd.gaia.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"

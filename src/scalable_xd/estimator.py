@@ -6,9 +6,7 @@ store the result. Everything else uses a fitted model.
 
 from __future__ import annotations
 
-import json
 import math
-import zipfile
 
 import numpy as np
 import torch
@@ -21,12 +19,11 @@ from .fit.checkpoint import Checkpoint
 from .fit.fitters import make_fitter
 from .fit.init import initial_mixture
 from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches
-from .io import atomic_path
 from .mixture import Mixture
+from .model_file import read_model, write_model
 from .posterior import posterior_moments
 from .settings import FitSettings, KMeansSettings, check_seed, resolve_seed
 
-FORMAT_VERSION = 1
 _FIT, _KMEANS = FitSettings(), KMeansSettings()
 
 
@@ -299,50 +296,17 @@ class XDGMM(BaseEstimator):
     # ------------------------------------------------------------------ persistence
 
     def save(self, path) -> None:
-        """Write parameters, settings and history to one ``.npz`` file, atomically."""
-        self._fitted()
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "params": self.describe(),
-            "history": self.history_,
-            "converged": self.converged_,
-            "dtype": dtype_name(self._dtype),
-        }
-        with atomic_path(path, suffix=".npz") as tmp:
-            np.savez(
-                tmp, weights=self.weights_, means=self.means_, covariances=self.covariances_,
-                meta=np.array(json.dumps(meta)),
-            )  # fmt: skip
+        """Write parameters, settings and history to one ``.npz`` file, atomically (see ``model_file``)."""
+        write_model(path, self._fitted(), {"params": self.describe(), "history": self.history_,
+                                           "converged": self.converged_, "dtype": dtype_name(self._dtype)})  # fmt: skip
 
     @classmethod
     def load(cls, path, device: str | None = None) -> XDGMM:
         """Read a model written by ``save``; ``device`` overrides the saved one (e.g. "cpu" for a GPU fit).
 
-        The file is read without unpickling, and its parameters are checked as strictly as a fit's: a
-        damaged or foreign file raises ValueError naming it."""
-        not_ours = f"{path} is not a model written by XDGMM.save"
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                missing = [key for key in ("weights", "means", "covariances", "meta") if key not in archive.files]
-                if missing:
-                    raise ValueError(f"{not_ours} (it lacks {', '.join(missing)})")
-                meta = json.loads(str(archive["meta"]))
-                arrays = {key: archive[key] for key in ("weights", "means", "covariances")}
-        except FileNotFoundError:
-            raise
-        except (OSError, EOFError, zipfile.BadZipFile, ValueError) as err:
-            if str(err).startswith(not_ours):
-                raise
-            if "Object arrays" in str(err):  # numpy's advice (allow_pickle) is exactly what must not be done
-                raise ValueError(f"{not_ours}: it holds Python objects, which are never loaded") from None
-            raise ValueError(f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})") from None
-        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-            version = meta.get("format_version") if isinstance(meta, dict) else None
-            raise ValueError(f"{path}: unsupported model format version {version!r} (this version reads {FORMAT_VERSION})")
-        if any(a.dtype.kind != "f" for a in arrays.values()):
-            raise ValueError(f"{path}: weights, means and covariances must be floating-point arrays")
-        mixture = Mixture(*(torch.as_tensor(arrays[k], dtype=torch.float64) for k in ("weights", "means", "covariances")))
-        mixture.check(f"model {path}")
+        The file is read without unpickling, and its parameters and settings are checked as strictly as a
+        fit's: a damaged, foreign or invalid file raises ValueError naming it."""
+        mixture, meta = read_model(path)
         params = dict(meta.get("params", {}))
         if device is not None:
             params["device"] = device

@@ -89,7 +89,7 @@ def query(n_rows: int, out_dir, manifest=None, **options) -> None:
 
 
 def features(raw, out_dir, mode: str, split_seed: int) -> None:
-    from .gaia.features import write_feature_splits
+    from .gaia.storage import write_feature_splits
 
     summary = write_feature_splits(raw, out_dir, mode=mode, split_seed=split_seed)
     log.info("features: %s rows, bad rows repaired: %s", summary["rows"], summary["bad_rows"])
@@ -105,7 +105,7 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
 
     from ._torch import resolve_device, resolve_dtype
     from .fit.init import kmeans_init
-    from .gaia.features import read_features
+    from .gaia.storage import read_features
     from .io import atomic_path
 
     _set_threads(threads)
@@ -127,7 +127,8 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     import scalable_xd
 
     from .estimator import XDGMM
-    from .gaia.features import loglik_summary, read_features
+    from .gaia.features import loglik_summary
+    from .gaia.storage import read_features
     from .report.metrics import FitMetrics
     from .truth import truth_metrics
 
@@ -176,7 +177,7 @@ def reference(*, train, test, init, n_components: int, seed: int, kind: str, set
     """A reference fit for the truth metrics (see ``truth``): batch EM from the shared k-means init on the
     true values (``oracle``) or on the noisy values with their noise ignored (``noisy``)."""
     from .estimator import XDGMM
-    from .gaia.features import read_features
+    from .gaia.storage import read_features
     from .io import write_json
     from .truth import reference_data, require_truth, true_loglik
 

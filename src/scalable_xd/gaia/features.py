@@ -26,25 +26,19 @@ Bad rows are repaired by a fixed rule and counted in ``Features.counts``, never 
 ``n_missing`` counts each star's entries with variance 1e12; each adds -log(2 pi 1e12)/2 to its
 log-likelihood, which reports remove to give log-likelihoods of the observed entries alone.
 
-Rows go to train/val/test (80/10/10) by a hash of (random_index, split seed): deterministic per star, so
-chunks can be processed one at a time in any order.
+Reading and writing feature files, and the train/val/test split, are ``storage``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..io import atomic_path, write_json
 from ..noise import CompactCovariance
 from .schema import (
-    ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, FLUX_OVER_ERROR, MAS_PER_DEG, QUERY_COLUMNS,
-    ZERO_POINT_ERROR,
+    ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, FLUX_OVER_ERROR, MAS_PER_DEG, ZERO_POINT_ERROR,
 )  # fmt: skip
 
 MODES = ("corrected", "paper")
@@ -53,9 +47,9 @@ MISSING_SIGMA = 1e6  # variance 1e12
 MISSING_LOGLIK_CONSTANT = -0.5 * np.log(2 * np.pi * MISSING_SIGMA**2)
 PAPER_PHOTOMETRIC_SIGMA = 0.01  # what the paper's code gave bp_rp and G
 MAG_PER_LN_FLUX = 2.5 / np.log(10)
-SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
 _PD_FLOOR = 1e-6
-_COUNTS = ("invalid_error", "missing_correlation", "correlation_out_of_range", "not_positive_definite")
+# The kinds of bad row that are repaired and counted (see the module docstring).
+REPAIRS = ("invalid_error", "missing_correlation", "correlation_out_of_range", "not_positive_definite")
 
 
 @dataclass
@@ -108,7 +102,7 @@ def compute_features(table, mode: str = "corrected") -> Features:
         raise ValueError(f"unknown covariance mode {mode!r}: choose one of {', '.join(MODES)}")
     frame = _as_frame(table)
     n = len(frame)
-    counts = dict.fromkeys(_COUNTS, 0)
+    counts = dict.fromkeys(REPAIRS, 0)
     values = np.stack([_column(frame, name) for name in FEATURES], axis=1)
     present = np.isfinite(values)
     sigma = np.empty((n, len(FEATURES)))
@@ -193,155 +187,3 @@ def loglik_summary(mean_loglik: float, features: Features) -> dict:
     missing = float(features.n_missing.mean())
     return {"loglik": mean_loglik, "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
             "n": len(features), "mean_missing_entries": missing}  # fmt: skip
-
-
-def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
-    """'train', 'val' or 'test' for each star: a splitmix64 hash of (random_index, seed) modulo 10."""
-    with np.errstate(over="ignore"):
-        z = random_index.astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-    bucket = (z % np.uint64(10)).astype(np.int64)
-    out = np.empty(len(bucket), dtype=object)
-    for name, buckets in SPLITS.items():
-        out[np.isin(bucket, list(buckets))] = name
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- storage
-
-# The columns of a features file, as ``features_to_arrow`` writes them (the truth columns only on a mock).
-FEATURE_FILE_COLUMNS = (
-    ("source_id", "random_index") + tuple(f"x_{name}" for name in FEATURES) + tuple(f"sigma_{name}" for name in FEATURES)
-    + tuple(name for name, _, _ in CORRELATIONS) + ("n_missing",)
-)
-
-
-def features_to_arrow(features: Features):
-    import pyarrow as pa
-
-    data = {"source_id": features.source_id, "random_index": features.random_index}
-    for k, name in enumerate(FEATURES):
-        data[f"x_{name}"] = features.X[:, k]
-    for k, name in enumerate(FEATURES):
-        data[f"sigma_{name}"] = features.sigma[:, k]
-    for p, (name, _, _) in enumerate(CORRELATIONS):
-        data[name] = features.corr[:, p].astype(np.float32)
-    data["n_missing"] = features.n_missing
-    if features.true is not None:
-        for k, name in enumerate(TRUE_COLUMNS):
-            data[name] = features.true[:, k]
-    return pa.table(data)
-
-
-def _require_columns(path, what: str, names, required, hint: str | None) -> None:
-    """Raise ValueError naming the file and the first missing columns, instead of a schema dump."""
-    missing = [name for name in required if name not in names]
-    if missing:
-        listed = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise ValueError(f"{path} is not {what}: it lacks the columns {listed}" + (f" ({hint})" if hint else ""))
-
-
-def read_features(path) -> Features:
-    """Features stored by ``scalable-xd features`` (one split's Parquet file)."""
-    import pyarrow.parquet as pq
-
-    names = pq.read_schema(path).names
-    hint = "it looks like a raw catalogue: run `scalable-xd features` on it first" if "ra" in names else None
-    _require_columns(path, "a features file written by `scalable-xd features`", names, FEATURE_FILE_COLUMNS, hint)
-    table = pq.read_table(path)
-    meta = json.loads((table.schema.metadata or {}).get(b"scalable_xd", b"{}"))
-
-    def columns(names, dtype):
-        return np.stack([table.column(name).to_numpy().astype(dtype, copy=False) for name in names], axis=1)
-
-    return Features(
-        X=columns([f"x_{name}" for name in FEATURES], np.float64),
-        sigma=columns([f"sigma_{name}" for name in FEATURES], np.float64),
-        corr=columns([name for name, _, _ in CORRELATIONS], np.float64),
-        n_missing=table.column("n_missing").to_numpy().astype(np.int8, copy=False),
-        source_id=table.column("source_id").to_numpy().astype(np.int64, copy=False),
-        random_index=table.column("random_index").to_numpy().astype(np.int64, copy=False),
-        mode=meta.get("mode", "unknown"),
-        true=columns(TRUE_COLUMNS, np.float64) if TRUE_COLUMNS[0] in table.column_names else None,
-    )
-
-
-def _raw_dataset(path):
-    """A raw catalogue: one Parquet file, a directory of chunk files, or a query manifest (.json)."""
-    import pyarrow.dataset as ds
-
-    path = Path(path)
-    if path.suffix == ".json":
-        try:
-            chunks = json.loads(path.read_text())["chunks"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path} is not a query manifest (a JSON object listing its chunks)") from None
-        dataset = ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
-    else:
-        dataset = ds.dataset(str(path), format="parquet")
-    names = dataset.schema.names
-    hint = "it looks like a features file, which is already processed" if "x_ra" in names else None
-    _require_columns(path, "a raw Gaia catalogue", names, QUERY_COLUMNS, hint)
-    return dataset
-
-
-def read_raw(path) -> pd.DataFrame:
-    """A whole raw catalogue (see ``_raw_dataset``) with the query's columns, in memory."""
-    return _raw_dataset(path).to_table(columns=list(QUERY_COLUMNS)).to_pandas()
-
-
-def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_seed: int = 0, progress=True) -> dict:
-    """Features of a raw catalogue written as ``train/val/test.parquet`` plus a ``features.json`` summary.
-
-    Reads the raw data one Parquet fragment (download chunk) at a time, so memory holds one chunk; every
-    output file is written atomically. Returns the summary (rows per split, missing entries, bad rows).
-    """
-    import pyarrow.parquet as pq
-    from tqdm.auto import tqdm
-
-    out_dir = Path(out_dir)
-    dataset = _raw_dataset(raw_path)
-    fragments = list(dataset.get_fragments())
-    if not fragments:
-        raise ValueError(f"no Parquet data found at {raw_path}")
-    has_truth = all(name in dataset.schema.names for name in TRUE_COLUMNS)
-    columns = list(QUERY_COLUMNS) + (list(TRUE_COLUMNS) if has_truth else [])
-    counts = dict.fromkeys(_COUNTS, 0)
-    rows = dict.fromkeys(SPLITS, 0)
-    missing_entries = dict.fromkeys(SPLITS, 0)
-    schema_meta = {b"scalable_xd": json.dumps({"mode": mode, "split_seed": split_seed}).encode()}
-    schema = features_to_arrow(_empty_features(mode, has_truth)).schema.with_metadata(schema_meta)
-    with contextlib.ExitStack() as stack:  # each writer closes before its file moves into place
-        writers = {}
-        for name in SPLITS:
-            tmp = stack.enter_context(atomic_path(out_dir / f"{name}.parquet"))
-            writers[name] = stack.enter_context(pq.ParquetWriter(tmp, schema))
-        for fragment in tqdm(fragments, desc="features", unit="chunk", disable=not progress or None):
-            features = compute_features(fragment.to_table(columns=columns), mode)
-            for key in counts:
-                counts[key] += features.counts[key]
-            splits = split_of(features.random_index, split_seed)
-            for name, writer in writers.items():
-                part = features.subset(splits == name)
-                writer.write_table(features_to_arrow(part).replace_schema_metadata(schema_meta))
-                rows[name] += len(part)
-                missing_entries[name] += int(part.n_missing.sum())
-    summary = {
-        "mode": mode,
-        "split_seed": split_seed,
-        "features": list(FEATURES),
-        "true_values": has_truth,
-        "rows": rows,
-        "missing_entries": missing_entries,
-        "bad_rows": counts,
-    }
-    write_json(out_dir / "features.json", summary)
-    return summary
-
-
-def _empty_features(mode: str, has_truth: bool) -> Features:
-    empty = np.empty((0, len(FEATURES)))
-    return Features(empty, empty, np.empty((0, len(CORRELATIONS))), np.empty(0, np.int8), np.empty(0, np.int64),
-                    np.empty(0, np.int64), mode, {}, empty if has_truth else None)  # fmt: skip

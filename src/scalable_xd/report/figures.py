@@ -109,7 +109,7 @@ def _subsample(X, n_rows: int, seed: int):
 
 
 def _read_split(data_path):
-    from ..gaia.features import read_features
+    from ..gaia.storage import read_features
 
     return read_features(data_path)
 
