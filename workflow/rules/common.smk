@@ -67,7 +67,7 @@ def reference_metrics(K):
     (a reference estimates what a K-component mixture can do, not a seed's luck)."""
     if not HAS_TRUTH:
         return []
-    return [f"{RESULTS}/references/{kind}/K{K}_seed{FIGURE_SEED}.json" for kind in REFERENCE_KINDS]
+    return [reference_file(kind, K, FIGURE_SEED) for kind in REFERENCE_KINDS]
 
 
 # Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
@@ -89,8 +89,17 @@ def fit_options(keys=None):
     return " ".join(_option(key, fit[key]) for key in keys)
 
 
+# Where each step's outputs go: called with values for a file, or with "{K}"-style wildcards for a rule.
 def fit_dir(method, K, seed):
     return f"{RESULTS}/fits/{method}/K{K}_seed{seed}"
+
+
+def init_file(K, seed):
+    return f"{RESULTS}/init/K{K}_seed{seed}.npz"
+
+
+def reference_file(kind, K, seed):
+    return f"{RESULTS}/references/{kind}/K{K}_seed{seed}.json"
 
 
 def all_metrics():

@@ -8,11 +8,11 @@ rule fit:
         train=f"{DATA}/train.parquet",
         val=f"{DATA}/val.parquet",
         test=f"{DATA}/test.parquet",
-        init=f"{RESULTS}/init/K{{K}}_seed{{seed}}.npz",
+        init=init_file("{K}", "{seed}"),
         references=lambda wildcards: reference_metrics(wildcards.K),
     output:
-        model=f"{RESULTS}/fits/{{method}}/K{{K}}_seed{{seed}}/model.npz",
-        metrics=f"{RESULTS}/fits/{{method}}/K{{K}}_seed{{seed}}/metrics.json",
+        model=f"{fit_dir('{method}', '{K}', '{seed}')}/model.npz",
+        metrics=f"{fit_dir('{method}', '{K}', '{seed}')}/metrics.json",
     params:
         cli=CLI,
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
@@ -42,9 +42,9 @@ rule reference:
     input:
         train=f"{DATA}/train.parquet",
         test=f"{DATA}/test.parquet",
-        init=f"{RESULTS}/init/K{{K}}_seed{{seed}}.npz",
+        init=init_file("{K}", "{seed}"),
     output:
-        f"{RESULTS}/references/{{kind}}/K{{K}}_seed{{seed}}.json",
+        reference_file("{kind}", "{K}", "{seed}"),
     wildcard_constraints:
         kind="|".join(REFERENCE_KINDS),
     params:

@@ -6,7 +6,7 @@ rule kmeans:
     input:
         train=f"{DATA}/train.parquet",
     output:
-        f"{RESULTS}/init/K{{K}}_seed{{seed}}.npz",
+        init_file("{K}", "{seed}"),
     params:
         cli=CLI,
         epochs=config["init"]["kmeans_epochs"],

@@ -4,12 +4,12 @@
 per-point log-likelihoods and per-pair log alpha_j N_ij. Both run over the batch in chunks of a bounded
 number of (point, component) pairs, so memory stays bounded whatever the batch size, and pick a backend:
 
-* ``"unrolled"`` (``kernel_unrolled``): entry-by-entry small-matrix algebra along the pair axis; the fast
+* ``"unrolled"`` (``unrolled``): entry-by-entry small-matrix algebra along the pair axis; the fast
   path, used whenever R = I.
 * ``"compiled"``: the same code through ``torch.compile``, which fuses its ~370 small ops per chunk into a
   few loops (C++ on CPU, Triton on CUDA). 2-3.5x the eager speed on CPU, after a one-off compile of ~40 s
   per dtype (cached on disk by PyTorch); worth it for long fits, opt-in through ``XDGMM(compile=True)``.
-* ``"linalg"`` (``kernel_linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
+* ``"linalg"`` (``linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
 The mixture may be given in float64 (the fitters keep it so); the pass casts it to the data's dtype.
 """

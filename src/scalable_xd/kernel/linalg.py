@@ -1,7 +1,7 @@
 """Reference statistics pass by batched LAPACK calls on (B, K, d, d) stacks; supports projections R_i.
 
 Straightforward and general, but LAPACK on 7x7 matrices tops out near 1 M pairs per second on two cores;
-``kernel_unrolled`` is the fast path for R = I. This one also serves the posterior, which needs the
+``unrolled`` is the fast path for R = I. This one also serves the posterior, which needs the
 per-pair factors.
 """
 
