@@ -134,9 +134,9 @@ def _plot_curves(args) -> None:
 
 
 def _plot_sky(args) -> None:
-    from .report.figures import plot_sky_density
+    from .report.sky import plot_sky_density
 
-    plot_sky_density(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed)
+    plot_sky_density(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed, frame=args.frame)
 
 
 def _plot_corner(args) -> None:
@@ -273,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
         _seed(p, "the sampling seed")
         p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
         p.set_defaults(run=run)
+        if name == "plot-sky":
+            p.add_argument("--frame", choices=["icrs", "galactic"], default="icrs",
+                           help="sky coordinates: ra, dec or Galactic l, b (default: icrs)")  # fmt: skip
     return parser
 
 

@@ -139,10 +139,10 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     val_split = None if val is None else read_features(val)
     model = XDGMM(n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"],
                   means_init=start["means"])  # fmt: skip
-    tick = time.perf_counter()
+    tick, cpu_tick = time.perf_counter(), time.process_time()
     model.fit(train_split.X, train_split.covariance(), X_val=None if val_split is None else val_split.X,
               Xcov_val=None if val_split is None else val_split.covariance(), checkpoint=checkpoint)  # fmt: skip
-    wall = time.perf_counter() - tick
+    wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
     model.save(output_model)
     test_split = None if test is None else read_features(test)
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
@@ -150,7 +150,7 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     metrics = FitMetrics(
         method=settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash,
         settings=model.describe(), train_seconds=last["seconds"], kmeans_seconds=float(start["seconds"]),
-        wall_seconds=wall, n_iter=model.n_iter_, converged=model.converged_, history=model.history_,
+        wall_seconds=wall, cpu_seconds=cpu, threads=torch.get_num_threads(), n_iter=model.n_iter_, converged=model.converged_, history=model.history_,
         covariance_mode=train_split.mode,
         device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
         versions={"scalable_xd": scalable_xd.__version__, "torch": torch.__version__, "numpy": np.__version__,

@@ -117,5 +117,5 @@ def final_outputs():
     tables = [f"{RESULTS}/tables/loglik.{ext}" for ext in ("csv", "md", "tex")] + [f"{RESULTS}/claims.md"]
     figures = [f"{RESULTS}/figures/{name}.{ext}" for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}",
                                                                "sky_density") for ext in ("png", "pdf")]
-    corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.png" for m in METHODS]
+    corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.{ext}" for m in METHODS for ext in ("png", "pdf")]
     return fits + tables + figures + corners

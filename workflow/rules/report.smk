@@ -84,13 +84,14 @@ rule sky_density:
     params:
         cli=CLI,
         samples=config["report"]["samples"],
+        frame=config["report"]["sky_frame"],
     log:
         f"{RESULTS}/logs/report/sky_density.log",
     conda:
         ENV
     shell:
         "{params.cli} plot-sky --model {input.model} --data {input.data} --n-samples {params.samples} "
-        "--output {output.png} {output.pdf} 2> {log}"
+        "--frame {params.frame} --output {output.png} {output.pdf} 2> {log}"
 
 
 rule corner:
@@ -99,8 +100,9 @@ rule corner:
         model=lambda wildcards: figure_model(wildcards.method),
         data=f"{DATA}/test.parquet",
     output:
-        report(f"{RESULTS}/figures/corner_{{method}}_K{FIGURE_K}.png", caption="../report/corner.rst",
-               category="Corner plots", labels={"method": "{method}"}),
+        png=report(f"{RESULTS}/figures/corner_{{method}}_K{FIGURE_K}.png", caption="../report/corner.rst",
+                   category="Corner plots", labels={"method": "{method}"}),
+        pdf=f"{RESULTS}/figures/corner_{{method}}_K{FIGURE_K}.pdf",
     params:
         cli=CLI,
         samples=config["report"]["samples"],
@@ -110,4 +112,4 @@ rule corner:
         ENV
     shell:
         "{params.cli} plot-corner --model {input.model} --data {input.data} --n-samples {params.samples} "
-        "--output {output} 2> {log}"
+        "--output {output.png} {output.pdf} 2> {log}"

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..io import write_text
 from .metrics import CONVERGED_NATS, metrics_frame
-from .tables import METHOD_NAMES
+from .style import METHOD_NAMES
 
 COMPARABLE_NATS = 0.25
 GAP_GOAL = 0.8

@@ -38,6 +38,8 @@ class FitMetrics:
     covariance_mode: str | None = None
     device: str = "unknown"
     wall_seconds: float | None = None
+    cpu_seconds: float | None = None  # process CPU time of the fit: beside wall time, shows a shared machine
+    threads: int | None = None
     n_iter: int | None = None
     converged: bool | None = None
     settings: dict = field(default_factory=dict)
@@ -80,7 +82,7 @@ def metrics_frame(paths) -> pd.DataFrame:
     for path in paths:
         m = FitMetrics.read(path)
         row = {"method": m.method, "K": m.n_components, "seed": m.seed, "mode": m.covariance_mode,
-               "device": m.device, "train_seconds": m.train_seconds, "kmeans_seconds": m.kmeans_seconds,
+               "device": m.device, "threads": m.threads, "cpu_seconds": m.cpu_seconds, "wall_seconds": m.wall_seconds, "train_seconds": m.train_seconds, "kmeans_seconds": m.kmeans_seconds,
                "converge_seconds": time_to_converge(m.history),
                "true_test": m.true.get("test_true_loglik", np.nan), "gap_closed": m.true.get("true_gap_closed", np.nan),
                "has_truth": bool(m.true.get("available", False))}  # fmt: skip

@@ -18,9 +18,8 @@ import pandas as pd
 
 from ..io import atomic_path, write_text
 from .metrics import metrics_frame
+from .style import METHOD_NAMES, METHOD_ORDER
 
-METHOD_NAMES = {"em": "Batch EM (Bovy et al. 2011)", "minibatch_em": "Minibatch EM", "sgd": "SGD"}
-METHOD_ORDER = list(METHOD_NAMES)
 
 
 def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:

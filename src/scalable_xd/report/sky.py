@@ -1,0 +1,95 @@
+"""Figure 2: the density of stars on the sky, data beside model samples, as astronomers draw it.
+
+Counts go into HEALPix pixels (``healpy``), are divided by the pixel area, and are shown in an equal-area
+Mollweide projection, so that a colour means the same number of stars per square degree at the poles as
+at the equator. Data and model share one logarithmic colour scale: the model's samples are scaled to the
+number of data stars, so the two maps are directly comparable. The resolution follows the data: the
+finest HEALPix grid with at least ``STARS_PER_PIXEL`` data stars per pixel on average, so that the sparse
+halo is not salt and pepper. Empty pixels are grey, not the colour of low density.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .style import PAGE, method_name, pyplot, save
+
+STARS_PER_PIXEL = 10
+EMPTY = "0.85"  # light grey
+
+
+def resolution(n_stars: int, per_pixel: int = STARS_PER_PIXEL) -> int:
+    """The HEALPix nside (a power of two, 2 to 256) with at least ``per_pixel`` stars per pixel on average."""
+    nside = 2
+    while nside < 256 and n_stars / (12 * (2 * nside) ** 2) >= per_pixel:
+        nside *= 2
+    return nside
+
+
+def density_map(lon_deg, lat_deg, nside: int, scale: float = 1.0) -> np.ndarray:
+    """Points per square degree in each HEALPix pixel (RING order), times ``scale``: summed over the pixels
+    and multiplied by the pixel area, ``scale`` times the number of points."""
+    import healpy as hp
+
+    pixels = hp.ang2pix(nside, np.asarray(lon_deg), np.asarray(lat_deg), lonlat=True)
+    counts = np.bincount(pixels, minlength=hp.nside2npix(nside)).astype(float)
+    return scale * counts / hp.nside2pixarea(nside, degrees=True)
+
+
+def to_galactic(ra_deg, dec_deg):
+    """(l, b) in degrees of ICRS (ra, dec), through astropy."""
+    import astropy.units as u
+    from astropy.coordinates import SkyCoord
+
+    galactic = SkyCoord(ra=np.asarray(ra_deg) * u.deg, dec=np.asarray(dec_deg) * u.deg, frame="icrs").galactic
+    return galactic.l.deg, galactic.b.deg
+
+
+def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, seed: int = 0,
+                     frame: str = "icrs") -> dict:  # fmt: skip
+    """Mollweide maps of the data's and the model samples' stars per square degree (Figure 2), in ``frame``
+    ``"icrs"`` (ra, dec) or ``"galactic"`` (l, b). Samples that fall off the sky (a Gaussian does not know
+    that |dec| <= 90 or that ra is periodic) are left out and their fraction stated. Returns the maps and their scale."""
+    import healpy as hp
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LogNorm
+
+    from .figures import data_rows, model_samples, read_split
+
+    if frame not in ("icrs", "galactic"):
+        raise ValueError(f"unknown frame {frame!r}: choose icrs or galactic")
+    model, samples = model_samples(model_path, n_samples, seed)
+    stars = data_rows(read_split(data_path), n_samples, seed, complete=False)  # ra and dec are never missing
+    on_sky = (samples[:, 0] >= 0) & (samples[:, 0] < 360) & (np.abs(samples[:, 1]) <= 90)
+    points = {"data": stars[:, :2], "model": samples[on_sky, :2]}
+    if frame == "galactic":
+        points = {name: np.column_stack(to_galactic(p[:, 0], p[:, 1])) for name, p in points.items()}
+    nside = resolution(len(stars))
+    maps = {"data": density_map(points["data"][:, 0], points["data"][:, 1], nside),
+            "model": density_map(points["model"][:, 0], points["model"][:, 1] , nside,
+                                 scale=len(stars) / len(samples))}  # fmt: skip
+    positive = np.concatenate([m[m > 0] for m in maps.values()])
+    vmin, vmax = positive.min(), positive.max()
+    plt = pyplot()
+    fig = plt.figure(figsize=(PAGE, 0.46 * PAGE))
+    axis = "l, b (Galactic)" if frame == "galactic" else "ra, dec (ICRS)"
+    titles = {"data": f"data: {len(stars):,} stars",
+              "model": f"model: {len(samples):,} samples of the K = {model.n_components} {method_name(model.method)}\n"
+                       f"fit, scaled to the data ({100 * (1 - on_sky.mean()):.1f}% off the sky, not shown)"}  # fmt: skip
+    cmap = plt.get_cmap("magma").with_extremes(bad=EMPTY, under=EMPTY)
+    for i, name in enumerate(("data", "model")):
+        shown = np.where(maps[name] > 0, maps[name], hp.UNSEEN)
+        hp.mollview(shown, fig=fig.number, sub=(1, 2, i + 1), title=titles[name], norm="log", min=vmin, max=vmax,
+                    cmap=cmap, flip="astro", cbar=False, badcolor=EMPTY, hold=False,
+                    margins=(0.01, 0.2, 0.01, 0.1))  # fmt: skip
+        hp.graticule(dpar=30, dmer=60, alpha=0.3)
+    for ax in fig.axes:
+        ax.title.set_fontsize(8)
+    norm = LogNorm(vmin=vmin, vmax=vmax)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes((0.3, 0.16, 0.4, 0.035)),
+                       orientation="horizontal")  # fmt: skip
+    bar.set_label("stars per square degree (grey: none)")
+    fig.suptitle(f"Equal-area Mollweide projection in {axis}; HEALPix nside {nside} "
+                 f"({hp.nside2pixarea(nside, degrees=True):.0f} sq. deg pixels)", fontsize=8, y=0.97)  # fmt: skip
+    save(fig, outputs)
+    return {"maps": maps, "nside": nside, "norm": norm, "on_sky": float(on_sky.mean())}

@@ -1,0 +1,49 @@
+"""The look every figure shares: sizes that read in a two-column paper, one font, one colour per method
+(the same in every figure), and each figure written as PNG and PDF, atomically."""
+
+from __future__ import annotations
+
+from ..io import atomic_path
+
+DPI = 200
+COLUMN, PAGE = 3.5, 7.1  # inches: one column and the full width of a two-column paper
+COLUMN_HEIGHT = 2.9
+COLOURS = {"em": "#1f77b4", "minibatch_em": "#ff7f0e", "sgd": "#2ca02c"}
+DATA_COLOUR, TRUE_COLOUR = "black", "#9467bd"
+METHOD_NAMES = {"em": "Batch EM (Bovy et al. 2011)", "minibatch_em": "Minibatch EM", "sgd": "SGD"}
+METHOD_ORDER = list(METHOD_NAMES)
+RC = {
+    "font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8,
+    "legend.fontsize": 7, "xtick.labelsize": 7, "ytick.labelsize": 7, "lines.linewidth": 1.2,
+    "axes.spines.top": False, "axes.spines.right": False, "savefig.dpi": DPI, "figure.dpi": DPI,
+}  # fmt: skip
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, with the shared style applied."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(RC)
+    return plt
+
+
+def save(fig, outputs) -> None:
+    """Write ``fig`` to every path in ``outputs`` (format from the suffix), then close it."""
+    for path in outputs:
+        suffix = "." + str(path).rsplit(".", 1)[-1]
+        with atomic_path(path, suffix=suffix) as tmp:
+            fig.savefig(tmp, dpi=DPI, format=suffix[1:])
+    pyplot().close(fig)
+
+
+def method_name(method: str) -> str:
+    return METHOD_NAMES.get(method, method)
+
+
+def in_paper_order(methods) -> list[str]:
+    """The given method names in the paper's order (EM, minibatch EM, SGD)."""
+    present = set(methods)
+    return [m for m in METHOD_ORDER if m in present]

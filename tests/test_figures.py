@@ -1,0 +1,103 @@
+"""Each figure's content, read from what the plotting function drew (not from pixels)."""
+
+import healpy as hp
+import numpy as np
+import pytest
+
+from scalable_xd.cli import main
+from scalable_xd.gaia.storage import read_features
+from scalable_xd.report.figures import LAST_EPOCHS, plot_corner, plot_timing_vs_k, plot_training_curves
+from scalable_xd.report.metrics import FitMetrics
+from scalable_xd.report.sky import density_map, plot_sky_density, resolution
+from scalable_xd.report.style import METHOD_ORDER
+
+EPOCHS = 12
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny run through the CLI: a 4,000-star mock, its splits, and every method at K = 3 for two seeds."""
+    root = tmp_path_factory.mktemp("figures")
+    assert main(["-q", "mock", "--n-rows", "4000", "--seed", "2", "--output", str(root / "raw.parquet")]) == 0
+    assert main(["-q", "features", "--input", str(root / "raw.parquet"), "--out-dir", str(root / "data")]) == 0
+    metrics = []
+    for seed in (0, 1):
+        init = root / f"init{seed}.npz"
+        assert main(["-q", "kmeans", "--train", str(root / "data" / "train.parquet"), "--n-components", "3",
+                     "--seed", str(seed), "--output", str(init)]) == 0  # fmt: skip
+        for method in METHOD_ORDER:
+            out = root / method / f"seed{seed}"
+            assert main(["-q", "fit", "--train", str(root / "data" / "train.parquet"), "--val",
+                         str(root / "data" / "val.parquet"), "--init", str(init), "--n-components", "3",
+                         "--method", method, "--seed", str(seed), "--epochs", str(EPOCHS), "--tol", "none",
+                         "--step-schedule", "step", "--step-size", "0.05", "--device", "cpu",
+                         "--output-model", str(out / "model.npz"), "--output-metrics", str(out / "metrics.json")]) == 0  # fmt: skip
+            metrics.append(out / "metrics.json")
+    return root, metrics
+
+
+def test_the_sky_map_integrates_to_the_number_of_stars():
+    rng = np.random.default_rng(0)
+    lon, lat = rng.uniform(0, 360, 5000), np.degrees(np.arcsin(rng.uniform(-1, 1, 5000)))
+    for nside in (4, 16):
+        density = density_map(lon, lat, nside)
+        assert density.sum() * hp.nside2pixarea(nside, degrees=True) == pytest.approx(5000)
+    # uniform on the sphere: every pixel near the mean density, 5000 / 41253 per square degree
+    assert np.median(density_map(lon, lat, 4)) == pytest.approx(5000 / (4 * np.pi * (180 / np.pi) ** 2), rel=0.15)
+    assert resolution(5000) == 4 and resolution(80_000) == 16 and resolution(10) == 2
+
+
+@pytest.mark.parametrize("frame", ["icrs", "galactic"])
+def test_sky_figure_shows_data_and_model_on_one_scale(run, tmp_path, frame):
+    root, _ = run
+    out = plot_sky_density(root / "minibatch_em" / "seed0" / "model.npz", root / "data" / "train.parquet",
+                           [tmp_path / "sky.png", tmp_path / "sky.pdf"], n_samples=20_000, frame=frame)  # fmt: skip
+    area = hp.nside2pixarea(out["nside"], degrees=True)
+    n_train = len(read_features(root / "data" / "train.parquet").X)
+    assert out["maps"]["data"].sum() * area == pytest.approx(n_train)
+    assert out["maps"]["model"].sum() * area == pytest.approx(n_train * out["on_sky"])  # scaled to the data
+    shown = np.concatenate([m[m > 0] for m in out["maps"].values()])
+    assert out["norm"].vmin == shown.min() and out["norm"].vmax == shown.max()
+    assert (tmp_path / "sky.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_time_error_bars_stay_positive_and_every_method_is_drawn(run, tmp_path):
+    _, metrics = run
+    drawn = plot_timing_vs_k(metrics, [tmp_path / "timing.png"])
+    assert list(drawn) == METHOD_ORDER
+    for method, bars in drawn.items():
+        assert (bars["low"] > 0).all() and (bars["low"] <= bars["centre"]).all() and (bars["centre"] <= bars["high"]).all()
+        seconds = [FitMetrics.read(p).train_seconds for p in metrics if f"/{method}/" in str(p)]
+        assert bars["centre"][0] == pytest.approx(np.exp(np.mean(np.log(seconds))))  # the geometric mean
+
+
+def test_curves_show_the_last_epochs_of_every_method(run, tmp_path):
+    _, metrics = run
+    drawn = plot_training_curves(metrics, [tmp_path / "curves.png"], n_components=3)
+    low, high = drawn["ylim"]
+    for path in metrics:
+        history = FitMetrics.read(path).history
+        assert len(history) == EPOCHS + 1
+    for method in METHOD_ORDER:
+        curves = np.array([[e["train_loglik"] for e in FitMetrics.read(p).history] for p in metrics if f"/{method}/" in str(p)])
+        last = curves.mean(axis=0)[-LAST_EPOCHS:]
+        assert low <= last.min() and last.max() <= high, method
+    start = np.mean([FitMetrics.read(p).history[0]["train_loglik"] for p in metrics])
+    assert start < low  # the k-means start is below the axis, as the title says
+
+
+def test_corner_names_every_layer_and_the_mass_beyond_the_panels(run, tmp_path):
+    root, _ = run
+    drawn = plot_corner(root / "sgd" / "seed0" / "model.npz", root / "data" / "test.parquet",
+                        [tmp_path / "corner.png", tmp_path / "corner.pdf"], n_samples=5000)  # fmt: skip
+    assert [label.split(":")[0] for label in drawn["legend"]] == ["data", "model", "true values"]
+    assert all(0 <= share <= 1 for share in drawn["outside"].values()) and "G [mag]" in drawn["outside"]
+
+
+def test_the_corner_caption_holds_noise_broadens_the_data(run):
+    """The caption says the data are broader than the true values where the noise is large."""
+    root, _ = run
+    test = read_features(root / "data" / "test.parquet")
+    complete = test.n_missing == 0
+    for k in (2, 3, 4):  # parallax, pmra, pmdec
+        assert test.X[complete, k].std() > test.true[complete, k].std()
