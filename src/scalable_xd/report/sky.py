@@ -4,7 +4,7 @@ Counts go into HEALPix pixels (``healpy``), are divided by the pixel area, and a
 Mollweide projection, so that a colour means the same number of stars per square degree at the poles as
 at the equator. Data and model share one logarithmic colour scale: the model's samples are scaled to the
 number of data stars, so the two maps are directly comparable. The resolution follows the data: the
-finest HEALPix grid with at least ``STARS_PER_PIXEL`` data stars per pixel on average, so that the sparse
+finest HEALPix grid on which at most ``MAX_EMPTY`` of the pixels hold no data star, so that the sparse
 halo is not salt and pepper. Empty pixels are grey, not the colour of low density.
 """
 
@@ -14,16 +14,20 @@ import numpy as np
 
 from .style import PAGE, method_name, pyplot, save
 
-STARS_PER_PIXEL = 10
+MAX_EMPTY = 0.05
 EMPTY = "0.85"  # light grey
 
 
-def resolution(n_stars: int, per_pixel: int = STARS_PER_PIXEL) -> int:
-    """The HEALPix nside (a power of two, 2 to 256) with at least ``per_pixel`` stars per pixel on average."""
-    nside = 2
-    while nside < 256 and n_stars / (12 * (2 * nside) ** 2) >= per_pixel:
-        nside *= 2
-    return nside
+def resolution(lon_deg, lat_deg, max_empty: float = MAX_EMPTY) -> int:
+    """The finest HEALPix nside (a power of two, 2 to 256) on which at most ``max_empty`` of the pixels
+    hold none of the given points."""
+    import healpy as hp
+
+    for nside in (256, 128, 64, 32, 16, 8, 4):
+        counts = np.bincount(hp.ang2pix(nside, lon_deg, lat_deg, lonlat=True), minlength=hp.nside2npix(nside))
+        if np.mean(counts == 0) <= max_empty:
+            return nside
+    return 2
 
 
 def density_map(lon_deg, lat_deg, nside: int, scale: float = 1.0) -> np.ndarray:
@@ -64,7 +68,7 @@ def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, s
     points = {"data": stars[:, :2], "model": samples[on_sky, :2]}
     if frame == "galactic":
         points = {name: np.column_stack(to_galactic(p[:, 0], p[:, 1])) for name, p in points.items()}
-    nside = resolution(len(stars))
+    nside = resolution(points["data"][:, 0], points["data"][:, 1])
     maps = {"data": density_map(points["data"][:, 0], points["data"][:, 1], nside),
             "model": density_map(points["model"][:, 0], points["model"][:, 1] , nside,
                                  scale=len(stars) / len(samples))}  # fmt: skip
