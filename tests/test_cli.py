@@ -131,3 +131,19 @@ def test_a_table_of_fits_run_without_test_data(files, caplog):
     assert row[4].strip() == "-"  # the test column: not measured
     _fails_with(["table", "--metrics", str(files / "init.npz"), "--output-prefix", str(prefix)],
                 "is not a metrics file written by `scalable-xd fit`", caplog)  # fmt: skip
+
+
+def test_help_answers_without_importing_torch_or_astropy():
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import contextlib, io, sys
+        from scalable_xd.cli import main
+        with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+            main(["--help"])
+        print(sorted(m for m in ("torch", "astropy", "pandas", "sklearn") if m in sys.modules))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

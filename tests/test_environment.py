@@ -21,7 +21,8 @@ def _pyproject_requirements(*groups: str) -> dict[str, str]:
         lines += project["optional-dependencies"][group]
     requirements = {}
     for line in lines:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", line.replace(" ", ""))
+        # an extra such as snakemake[reports] is the conda-forge package itself (which has the extras' deps)
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[(?!.*scalable)[a-z,]+\])?>=([0-9.]+)", line.replace(" ", ""))
         if match is None:
             assert line.startswith("scalable-xd["), f"unexpected requirement form {line!r}"
             continue

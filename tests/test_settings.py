@@ -33,7 +33,7 @@ def test_the_estimator_takes_its_defaults_from_the_settings():
     for name, default in KMeansSettings.defaults().items():
         assert signature[f"kmeans_{name}"].default == default, name
     extra = set(signature) - set(FitSettings.defaults()) - {f"kmeans_{k}" for k in KMeansSettings.defaults()}
-    assert extra == {"n_components", "random_state", "weights_init", "means_init", "covariances_init"}
+    assert extra == {"n_components", "random_state", "warm_start", "weights_init", "means_init", "covariances_init"}
 
 
 def test_the_schema_states_the_same_defaults_and_choices():

@@ -72,3 +72,41 @@ APPLICABLE = ["check_estimator_cloneable", "check_estimator_repr", "check_no_att
 @pytest.mark.parametrize("check", APPLICABLE)
 def test_applicable_estimator_checks(check):
     getattr(estimator_checks, check)("XDGMM", XDGMM(2, epochs=2, device="cpu", random_state=0))
+
+
+def test_warm_start_continues_batch_em_exactly(blobs):
+    X, variances = blobs
+    settings = dict(tol=None, device="cpu", dtype="float64", random_state=0)
+    ten = XDGMM(3, epochs=10, **settings).fit(X, variances)
+    warm = XDGMM(3, epochs=5, warm_start=True, **settings).fit(X, variances)
+    assert warm.n_iter_ == 5
+    warm.fit(X, variances)  # five more epochs from where the first five stopped, no k-means
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(warm, attr), getattr(ten, attr), rtol=1e-12, atol=1e-14)
+    assert warm.history_[0]["train_loglik"] == pytest.approx(ten.history_[5]["train_loglik"], rel=1e-12)
+    cold = XDGMM(3, epochs=5, **settings).fit(X, variances).fit(X, variances)  # without warm_start: restarts
+    np.testing.assert_allclose(cold.means_, XDGMM(3, epochs=5, **settings).fit(X, variances).means_)
+    with pytest.raises(ValueError, match="warm_start: the fitted model has K = 3"):
+        warm.set_params(n_components=4).fit(X, variances)
+
+
+def test_n_features_in_is_set_by_fit_and_kept_by_save(blobs, tmp_path):
+    X, variances = blobs
+    model = XDGMM(2, epochs=2, device="cpu", random_state=0).fit(X, variances)
+    assert model.n_features_in_ == 2
+    model.save(tmp_path / "model.npz")
+    assert XDGMM.load(tmp_path / "model.npz").n_features_in_ == 2
+
+
+def test_verbose_epochs_go_through_the_named_logger(blobs, caplog):
+    import logging
+
+    X, variances = blobs
+    with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
+        XDGMM(2, epochs=3, device="cpu", random_state=0, verbose=1).fit(X, variances)
+    lines = [r.getMessage() for r in caplog.records if r.name == "scalable_xd.fit"]
+    assert len(lines) == 4 and lines[0].startswith("epoch   0/3") and "train" in lines[-1]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
+        XDGMM(2, epochs=3, device="cpu", random_state=0).fit(X, variances)  # verbose=0: silent
+    assert not [r for r in caplog.records if r.name == "scalable_xd.fit"]

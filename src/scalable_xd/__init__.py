@@ -4,11 +4,20 @@
     model = XDGMM(n_components=64, method="minibatch_em").fit(X, Xcov)
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 from .errors import FitDivergedError, NotPositiveDefiniteError
-from .estimator import XDGMM
-from .noise import CompactCovariance
+
+# Imported on first use, so that `scalable-xd --help` and the light modules do not load torch.
+_LAZY = {"XDGMM": "estimator", "CompactCovariance": "noise"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:
     __version__ = version("scalable-xd")

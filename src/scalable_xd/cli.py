@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import logging
 import sys
 from pathlib import Path
@@ -96,7 +95,7 @@ def _kmeans(args) -> None:
 
 def _fit(args) -> None:
     steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
-              seed=args.seed, settings=_settings_of(args, FitSettings, verbose=1), output_model=args.output_model,
+              seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2), output_model=args.output_model,
               output_metrics=args.output_metrics, checkpoint=args.checkpoint, references=args.reference or (),
               tag=args.tag, config_hash=args.config_hash, threads=args.threads)  # fmt: skip
 
@@ -157,8 +156,8 @@ def _seed(p, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .gaia.query import query_gaia
-    from .report.figures import plot_corner
+    from .gaia.schema import QUERY_DEFAULTS as query
+    from .report.style import SAMPLES
 
     parser = argparse.ArgumentParser(prog="scalable-xd", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -172,7 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="the Parquet file to write")
     p.set_defaults(run=_mock)
 
-    query = {name: q.default for name, q in inspect.signature(query_gaia).parameters.items()}
     p = sub.add_parser("query", help="download the Gaia DR2 subset random_index < N (resumable)")
     p.add_argument("--n-rows", type=POSITIVE, required=True, help="rows with random_index < n-rows")
     p.add_argument("--out-dir", required=True, help="folder of the chunk files (a rerun fetches what is missing)")
@@ -262,14 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
     p.set_defaults(run=_plot_curves)
 
-    figure = {name: q.default for name, q in inspect.signature(plot_corner).parameters.items()}
     for name, run, what in (("plot-sky", _plot_sky, "Figure 2: sky density of model samples beside the data"),
                             ("plot-corner", _plot_corner, "corner plot of model samples over the data")):  # fmt: skip
         p = sub.add_parser(name, help=what)
         p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
         p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
-        p.add_argument("--n-samples", type=POSITIVE, default=figure["n_samples"],
-                       help=f"model samples (default: {figure['n_samples']})")  # fmt: skip
+        p.add_argument("--n-samples", type=POSITIVE, default=SAMPLES, help=f"model samples (default: {SAMPLES})")
         _seed(p, "the sampling seed")
         p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
         p.set_defaults(run=run)

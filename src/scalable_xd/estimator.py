@@ -70,7 +70,10 @@ class XDGMM(BaseEstimator):
     random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds the k-means init and the
         batch order; the same int gives the same fit on CPU.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
-    verbose : 0 silent, 1 a line per epoch on stderr, 2 also a progress bar per epoch (off when not a TTY).
+    verbose : 0 silent, 1 a line per epoch on the ``scalable_xd.fit`` logger (to stderr where logging is not
+        configured), 2 also a tqdm progress bar per epoch.
+    warm_start : when True, a second ``fit`` starts from the fitted parameters instead of k-means (as in
+        scikit-learn; batch EM then continues exactly where it stopped).
 
     Defaults and constraints live in ``settings.FitSettings`` (and ``KMeansSettings``); they are checked
     when ``fit`` is called, as in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``,
@@ -106,6 +109,7 @@ class XDGMM(BaseEstimator):
         kmeans_epochs: int = _KMEANS.epochs,
         kmeans_batch_size: int = _KMEANS.batch_size,
         random_state=None,
+        warm_start: bool = False,
         weights_init=None,
         means_init=None,
         covariances_init=None,
@@ -132,6 +136,7 @@ class XDGMM(BaseEstimator):
         self.kmeans_epochs = kmeans_epochs
         self.kmeans_batch_size = kmeans_batch_size
         self.random_state = random_state
+        self.warm_start = warm_start
         self.weights_init = weights_init
         self.means_init = means_init
         self.covariances_init = covariances_init
@@ -149,6 +154,8 @@ class XDGMM(BaseEstimator):
             raise ValueError(f"n_components must be a positive integer, got {n!r}")
         if not isinstance(self.random_state, (np.random.RandomState, np.random.Generator, type(None))):
             check_seed("random_state", self.random_state)
+        if not isinstance(self.warm_start, bool):
+            raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
         return settings, kmeans
 
     def describe(self) -> dict:
@@ -179,6 +186,8 @@ class XDGMM(BaseEstimator):
             store.bind(record, seed, train, val, (self.weights_init, self.means_init, self.covariances_init))
         if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
             mixture = Mixture.placeholder(self.n_components, train.model_dim, device)
+        elif self.warm_start and hasattr(self, "_mixture"):
+            mixture = self._warm_start_mixture(train, device)
         else:
             mixture = initial_mixture(train, self.n_components, kmeans, seed, device, dtype, weights=self.weights_init,
                                       means=self.means_init, covariances=self.covariances_init)  # fmt: skip
@@ -192,7 +201,16 @@ class XDGMM(BaseEstimator):
         )  # fmt: skip
         history, converged = run(fitter, train, val, loop, store)
         self._set_fitted(fitter.mixture, history, converged, settings, kmeans)
+        self.n_features_in_ = train.obs_dim
         return self
+
+    def _warm_start_mixture(self, train: Dataset, device) -> Mixture:
+        """The fitted parameters as the starting point of the next fit (``warm_start``)."""
+        previous = self._mixture
+        if (previous.n_components, previous.dim) != (self.n_components, train.model_dim):
+            raise ValueError(f"warm_start: the fitted model has K = {previous.n_components} and D = {previous.dim}, "
+                             f"the new fit K = {self.n_components} and D = {train.model_dim}")  # fmt: skip
+        return previous.to(device, torch.float64)
 
     def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype) -> tuple[Dataset, Dataset | None]:
         train = Dataset(X, Xcov, R)
@@ -298,7 +316,8 @@ class XDGMM(BaseEstimator):
     def save(self, path) -> None:
         """Write parameters, settings and history to one ``.npz`` file, atomically (see ``model_file``)."""
         write_model(path, self._fitted(), {"params": self.describe(), "history": self.history_,
-                                           "converged": self.converged_, "dtype": dtype_name(self._dtype)})  # fmt: skip
+                                           "converged": self.converged_, "dtype": dtype_name(self._dtype),
+                                           "n_features_in": getattr(self, "n_features_in_", None)})  # fmt: skip
 
     @classmethod
     def load(cls, path, device: str | None = None) -> XDGMM:
@@ -322,4 +341,5 @@ class XDGMM(BaseEstimator):
             raise ValueError(f"model {path}: n_components is {model.n_components} but it holds "
                              f"{mixture.n_components} components")  # fmt: skip
         model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
+        model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         return model

@@ -107,7 +107,8 @@ class FitSettings(_Settings):
     dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)",
                          choices=DTYPES)  # fmt: skip
     compile: bool = setting(False, "run the statistics pass through torch.compile (R = I only)")
-    verbose: int = setting(0, "0 silent, 1 a line per epoch on stderr, 2 also a progress bar", low=0, high=2)
+    verbose: int = setting(0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per "
+                           "epoch", low=0, high=2)  # fmt: skip
 
 
 @dataclass(frozen=True)

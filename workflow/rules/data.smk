@@ -12,7 +12,7 @@ rule query_gaia:
         chunk_rows=config["data"]["chunk_rows"],
         tap_url=config["data"]["tap_url"],
     log:
-        "logs/query_gaia_{n_rows}.log",
+        f"{RESULTS}/logs/query_gaia_{{n_rows}}.log",
     conda:
         ENV
     shell:
@@ -27,7 +27,7 @@ rule mock_catalogue:
     params:
         cli=CLI,
     log:
-        "logs/mock_n{n_rows}_seed{seed}.log",
+        f"{RESULTS}/logs/mock_n{{n_rows}}_seed{{seed}}.log",
     conda:
         ENV
     shell:

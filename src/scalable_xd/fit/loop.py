@@ -7,6 +7,7 @@ that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point ove
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from .checkpoint import Checkpoint
 from .fitters import Fitter
 from ..kernel.dispatch import batch_statistics, log_densities
 from ..mixture import Mixture
+
+log = logging.getLogger("scalable_xd.fit")
 
 # Points per evaluation batch; the kernel chunks it further to bound memory.
 EVAL_BATCH = 8192
@@ -88,14 +91,18 @@ def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
 
 
 def _log(cfg: LoopConfig, entry: dict) -> None:
-    if cfg.verbose >= 1:
-        val = "" if entry["val_loglik"] is None else f"  val {entry['val_loglik']:.5f}"
-        print(
-            f"[scalable-xd] epoch {entry['epoch']:3d}/{cfg.epochs}  {entry['seconds']:9.2f} s  "
-            f"train {entry['train_loglik']:.5f}{val}",
-            file=sys.stderr,
-            flush=True,
-        )
+    """One line per epoch on the ``scalable_xd.fit`` logger (when ``verbose``), so applications route it;
+    where nothing configured logging at all, a stderr handler is added so that verbose output shows."""
+    if cfg.verbose < 1:
+        return
+    if not logging.getLogger().hasHandlers() and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[scalable-xd] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    val = "" if entry["val_loglik"] is None else f"  val {entry['val_loglik']:.5f}"
+    log.info("epoch %3d/%d  %9.2f s  train %.5f%s", entry["epoch"], cfg.epochs, entry["seconds"],
+             entry["train_loglik"], val)  # fmt: skip
 
 
 def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, checkpoint: Checkpoint | None = None):
@@ -125,7 +132,9 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         tick = time.perf_counter()
         fitter.start_epoch(epoch - 1)
         batches = epoch_order(len(train), cfg.batch_size, epoch, cfg.seed, cfg.shuffle)
-        for number, index in enumerate(tqdm(batches, disable=cfg.verbose < 2 or None, leave=False)):
+        progress = tqdm(batches, disable=cfg.verbose < 2, leave=False, desc=f"epoch {epoch}", unit="batch",
+                        mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
+        for number, index in enumerate(progress):
             x, S, R = train.batch(index, cfg.device, cfg.dtype)
             try:
                 stats = batch_statistics(x, S, fitter.mixture, R, backend=cfg.backend)

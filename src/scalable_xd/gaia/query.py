@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import atomic_path
-from .schema import GAIA_TABLE, QUERY_COLUMNS
+from .schema import GAIA_TABLE, QUERY_COLUMNS, QUERY_DEFAULTS
 from .tap import DEFAULT_TAP_URL, Connections, HttpStatusError, check_reachable, make_client, redact_url, run_job
 
 log = logging.getLogger(__name__)
@@ -185,13 +185,13 @@ def write_manifest(path, chunks, *, n_rows: int, tap_url: str | None) -> None:
 def query_gaia(
     n_rows: int,
     out_dir,
-    chunk_rows: int = 200_000,
+    chunk_rows: int = QUERY_DEFAULTS["chunk_rows"],
     tap_url: str | None = None,
     *,
-    retries: int = 5,
+    retries: int = QUERY_DEFAULTS["retries"],
     backoff: float = 10.0,
-    request_timeout: float = 300.0,
-    job_timeout: float = 5400.0,
+    request_timeout: float = QUERY_DEFAULTS["request_timeout"],
+    job_timeout: float = QUERY_DEFAULTS["job_timeout"],
     connect_timeout: float = 15.0,
     poll: float = 2.0,
     progress: bool = True,

@@ -7,6 +7,9 @@ colour and the G magnitude.
 
 from __future__ import annotations
 
+# The archive query's defaults (``query.query_gaia`` and ``scalable-xd query``).
+QUERY_DEFAULTS = {"chunk_rows": 200_000, "retries": 5, "request_timeout": 300.0, "job_timeout": 5400.0}
+
 MAS_PER_DEG = 3.6e6  # the archive gives ra_error and dec_error in mas, ra and dec in degrees
 
 FEATURES = ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")

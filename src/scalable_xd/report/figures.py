@@ -10,7 +10,7 @@ import numpy as np
 
 from .metrics import FitMetrics, metrics_frame
 from .style import (
-    COLOURS, COLUMN, COLUMN_HEIGHT, DATA_COLOUR, PAGE, TRUE_COLOUR, in_paper_order, method_name, pyplot, save,
+    SAMPLES, COLOURS, COLUMN, COLUMN_HEIGHT, DATA_COLOUR, PAGE, TRUE_COLOUR, in_paper_order, method_name, pyplot, save,
 )  # fmt: skip
 
 FEATURE_LABELS = ["ra [deg]", "dec [deg]", "parallax [mas]", "pmra [mas/yr]", "pmdec [mas/yr]", "BP-RP [mag]", "G [mag]"]
@@ -127,7 +127,7 @@ def data_rows(data, n_rows: int, seed: int, complete: bool):
     return _subsample(data.X[data.n_missing == 0] if complete else data.X, n_rows, seed)
 
 
-def plot_corner(model_path, data_path, outputs, n_samples: int = 100_000, seed: int = 0) -> dict:
+def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0) -> dict:
     """Corner plot of the deconvolved model's samples over the noisy data and, where the data know them (a
     mock), the true values: every feature, 1-D histograms normalised to unit area, contours holding 39% and
     86% of each set (1 and 2 sigma of a 2-D Gaussian). Each panel spans the 0.5-99.5 percentiles of the data;

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .style import PAGE, method_name, pyplot, save
+from .style import PAGE, SAMPLES, method_name, pyplot, save
 
 MAX_EMPTY = 0.05
 EMPTY = "0.85"  # light grey
@@ -49,7 +49,7 @@ def to_galactic(ra_deg, dec_deg):
     return galactic.l.deg, galactic.b.deg
 
 
-def plot_sky_density(model_path, data_path, outputs, n_samples: int = 100_000, seed: int = 0,
+def plot_sky_density(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0,
                      frame: str = "icrs") -> dict:  # fmt: skip
     """Mollweide maps of the data's and the model samples' stars per square degree (Figure 2), in ``frame``
     ``"icrs"`` (ra, dec) or ``"galactic"`` (l, b). Samples that fall off the sky (a Gaussian does not know

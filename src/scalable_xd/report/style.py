@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..io import atomic_path
 
 DPI = 200
+SAMPLES = 100_000  # model samples drawn for the sky and corner figures
 COLUMN, PAGE = 3.5, 7.1  # inches: one column and the full width of a two-column paper
 COLUMN_HEIGHT = 2.9
 COLOURS = {"em": "#1f77b4", "minibatch_em": "#ff7f0e", "sgd": "#2ca02c"}
