@@ -173,3 +173,20 @@ def test_the_report_command_works_as_documented_without_cores(smoke, tmp_path):
     report = tmp_path / "report.html"
     snakemake(smoke.parents[1], "--report", str(report), configfile=str(tmp_path / "config.yaml"))
     assert "Table 1 of the paper" in report.read_text(errors="replace")
+
+
+def test_slurm_profile_asks_one_gpu_per_fit(tmp_path):
+    """The SLURM profile's resources, seen in a dry run (executor and conda dropped: neither the plugin nor
+    conda is needed to plan): one GPU in the gpu partition for every fit and k-means job."""
+    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    assert profile["executor"] == "slurm"
+    profile = {k: v for k, v in profile.items() if k not in ("executor", "use-conda")}
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    output = snakemake(tmp_path / "run", "--dry-run", "--profile", str(tmp_path / "profile"), "--cores", "4")
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
+    resources = {rule: [r for name, r in jobs if name == rule] for rule in ("fit", "kmeans")}
+    assert len(resources["fit"]) == len(METHODS) * len(KS) * len(SEEDS) and len(resources["kmeans"]) == len(KS) * len(SEEDS)
+    for rule, lines in resources.items():
+        for line in lines:
+            assert "gpu=1" in line.split(", ") and "slurm_partition=gpu" in line.split(", "), (rule, line)
