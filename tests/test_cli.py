@@ -77,7 +77,8 @@ def test_bad_init_files_are_named(files, caplog, content):
         np.savez(bad, weights=np.array([{}], dtype=object), means=np.zeros((3, 7)), seconds=1.0)
     else:
         bad.write_bytes(b"not an npz")
-    message = "it lacks means, seconds" if content == "keys" else "(unreadable as .npz"
+    message = {"keys": "it lacks means, seconds", "pickle": "it holds Python objects, which are never loaded",
+               "garbage": "it is empty, truncated or of another format"}[content]  # fmt: skip
     _fails_with(_fit_args(files, **{"--init": bad}), f"{bad} is not an init file written by `scalable-xd kmeans`", caplog)
     _fails_with(_fit_args(files, **{"--init": bad}), message, caplog)
 

@@ -22,9 +22,15 @@ from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches
 from .mixture import Mixture
 from .model_file import read_model, write_model
 from .posterior import posterior_moments
-from .settings import FitSettings, KMeansSettings, check_seed, resolve_seed
+from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
 
 _FIT, _KMEANS = FitSettings(), KMeansSettings()
+
+
+def _settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
+    """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
+    return {"n_components": int(n_components), **settings.as_dict(),
+            **{f"kmeans_{key}": value for key, value in kmeans.as_dict().items()}}  # fmt: skip
 
 
 class XDGMM(BaseEstimator):
@@ -149,9 +155,7 @@ class XDGMM(BaseEstimator):
         params = self.get_params()
         settings = FitSettings(**{name: params[name] for name in FitSettings.defaults()})
         kmeans = KMeansSettings(epochs=self.kmeans_epochs, batch_size=self.kmeans_batch_size)
-        n = self.n_components
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n_components must be a positive integer, got {n!r}")
+        check_count("n_components", self.n_components)
         if not isinstance(self.random_state, (np.random.RandomState, np.random.Generator, type(None))):
             check_seed("random_state", self.random_state)
         if not isinstance(self.warm_start, bool):
@@ -161,8 +165,7 @@ class XDGMM(BaseEstimator):
     def describe(self) -> dict:
         """The settings of the fitted model as JSON-friendly values (saved with it and in the metrics)."""
         seed = self.random_state if isinstance(self.random_state, (int, np.integer)) else None
-        return {"n_components": int(self.n_components), **self.settings_.as_dict(), **{
-            f"kmeans_{k}": v for k, v in self.kmeans_settings_.as_dict().items()}, "random_state": seed}  # fmt: skip
+        return {**_settings_record(self.n_components, self.settings_, self.kmeans_settings_), "random_state": seed}
 
     # ------------------------------------------------------------------ fitting
 
@@ -181,8 +184,8 @@ class XDGMM(BaseEstimator):
         else:
             seed = resolve_seed(self.random_state)
         if store is not None:
-            record = {**settings.as_dict(), "verbose": None, "compile": None, "n_components": int(self.n_components),
-                      "kmeans_epochs": kmeans.epochs, "kmeans_batch_size": kmeans.batch_size}  # fmt: skip
+            # how the fit is logged and which kernel computes it do not change its result: resume across them
+            record = {**_settings_record(self.n_components, settings, kmeans), "verbose": None, "compile": None}
             store.bind(record, seed, train, val, (self.weights_init, self.means_init, self.covariances_init))
         if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
             mixture = Mixture.placeholder(self.n_components, train.model_dim, device)
@@ -293,8 +296,7 @@ class XDGMM(BaseEstimator):
     def sample(self, n_samples: int = 1, random_state: int | None = None) -> np.ndarray:
         """Draw from the deconvolved density p(v), shape (n_samples, D); n_samples = 0 gives an empty array."""
         mixture = self._fitted()
-        if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
-            raise ValueError(f"n_samples must be a non-negative integer, got {n_samples!r}")
+        check_count("n_samples", n_samples, minimum=0)
         seed = resolve_seed(random_state)
         if n_samples == 0:
             return np.empty((0, mixture.dim))

@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 import threading
+import zipfile
 from pathlib import Path
 
 _UMASK_LOCK = threading.Lock()
@@ -50,3 +51,25 @@ def write_json(path: str | os.PathLike, data) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def read_npz(path, keys, not_ours: str) -> dict:
+    """The arrays ``keys`` of an ``.npz`` file, read without unpickling anything. Otherwise a ValueError that
+    starts with ``not_ours`` (e.g. "PATH is not a model written by XDGMM.save") and says what is wrong: keys
+    missing, Python objects inside, or not an ``.npz`` at all."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [key for key in keys if key not in archive.files]
+            if missing:
+                raise ValueError(f"{not_ours}: it lacks {', '.join(missing)}")
+            return {key: archive[key] for key in keys}
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as err:
+        if str(err).startswith(not_ours):
+            raise
+        if "Object arrays" in str(err):  # numpy's advice (allow_pickle) is exactly what must not be done
+            raise ValueError(f"{not_ours}: it holds Python objects, which are never loaded") from None
+        raise ValueError(f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})") from None

@@ -6,12 +6,11 @@ damaged, foreign or invalid file is refused with a ValueError that names it.
 from __future__ import annotations
 
 import json
-import zipfile
 
 import numpy as np
 import torch
 
-from .io import atomic_path
+from .io import atomic_path, read_npz
 from .mixture import Mixture
 
 FORMAT_VERSION = 1
@@ -27,20 +26,10 @@ def write_model(path, mixture: Mixture, meta: dict) -> None:
 def read_model(path) -> tuple[Mixture, dict]:
     """The mixture (float64, checked as strictly as a fit's) and the meta dictionary of a model file."""
     not_ours = f"{path} is not a model written by XDGMM.save"
+    arrays = read_npz(path, (*ARRAYS, "meta"), not_ours)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            missing = [key for key in (*ARRAYS, "meta") if key not in archive.files]
-            if missing:
-                raise ValueError(f"{not_ours} (it lacks {', '.join(missing)})")
-            meta = json.loads(str(archive["meta"]))
-            arrays = {key: archive[key] for key in ARRAYS}
-    except FileNotFoundError:
-        raise
-    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as err:
-        if str(err).startswith(not_ours):
-            raise
-        if "Object arrays" in str(err):  # numpy's advice (allow_pickle) is exactly what must not be done
-            raise ValueError(f"{not_ours}: it holds Python objects, which are never loaded") from None
+        meta = json.loads(str(arrays.pop("meta")))
+    except ValueError as err:
         raise ValueError(f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})") from None
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version") if isinstance(meta, dict) else None

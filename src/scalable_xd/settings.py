@@ -42,11 +42,7 @@ def _check(name: str, value, meta: dict, kind: type) -> None:
             raise ValueError(f"{name} must be True or False, got {value!r}")
         return
     if kind is int:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < meta["low"]:
-            what = "a positive integer" if meta["low"] == 1 else f"an integer >= {meta['low']}"
-            raise ValueError(f"{name} must be {what}, got {value!r}")
-        if meta["high"] is not None and value > meta["high"]:
-            raise ValueError(f"{name} must be at most {meta['high']}, got {value!r}")
+        check_count(name, value, meta["low"], meta["high"])
         return
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     ok = ok and math.isfinite(value) and (value > meta["low"] if meta["low_open"] else value >= meta["low"])
@@ -117,6 +113,15 @@ class KMeansSettings(_Settings):
 
     epochs: int = setting(10, "passes of minibatch k-means", low=1)
     batch_size: int = setting(500, "points per k-means minibatch", low=1)
+
+
+def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) -> None:
+    """Counts (K, epochs, samples, ...) are integers, not bools, in [minimum, maximum]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
 
 
 def check_seed(name: str, value) -> None:

@@ -14,11 +14,11 @@ import logging
 import platform
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from .io import atomic_path, read_npz, write_json
 from .settings import FitSettings, KMeansSettings
 
 log = logging.getLogger("scalable_xd")
@@ -43,17 +43,7 @@ def check_writable(*paths) -> None:
 def read_init(path, n_components: int) -> dict:
     """The arrays of a k-means init file (``kmeans``), checked to hold ``n_components`` components; a
     ValueError names the file otherwise."""
-    not_ours = f"{path} is not an init file written by `scalable-xd kmeans`"
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            missing = [key for key in ("weights", "means", "seconds") if key not in archive.files]
-            if missing:
-                raise ValueError(f"{not_ours}: it lacks {', '.join(missing)}")
-            init = {key: archive[key] for key in archive.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
-        if str(err).startswith(not_ours):
-            raise
-        raise ValueError(f"{not_ours} (unreadable as .npz: {err.__class__.__name__})") from None
+    init = read_npz(path, ("weights", "means", "seconds"), f"{path} is not an init file written by `scalable-xd kmeans`")
     if len(init["weights"]) != n_components:
         raise ValueError(f"{path} holds an init of K = {len(init['weights'])} components, not {n_components}")
     return init
@@ -71,7 +61,6 @@ def _set_threads(threads: int) -> None:
 
 def mock(n_rows: int, seed: int, output) -> None:
     from .gaia.mock import make_mock
-    from .io import atomic_path
 
     frame = make_mock(n_rows, seed=seed)
     with atomic_path(output) as tmp:
@@ -106,7 +95,6 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
     from ._torch import resolve_device, resolve_dtype
     from .fit.init import kmeans_init
     from .gaia.storage import read_features
-    from .io import atomic_path
 
     _set_threads(threads)
     check_writable(output)
@@ -178,7 +166,6 @@ def reference(*, train, test, init, n_components: int, seed: int, kind: str, set
     true values (``oracle``) or on the noisy values with their noise ignored (``noisy``)."""
     from .estimator import XDGMM
     from .gaia.storage import read_features
-    from .io import write_json
     from .truth import reference_data, require_truth, true_loglik
 
     _set_threads(threads)
