@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 # Keys that describe how or when a run happened, not what it found.
-IGNORED = {"seconds", "train_seconds", "kmeans_seconds", "wall_seconds", "config_hash", "versions", "settings",
-           "device", "tag"}  # fmt: skip
+IGNORED = {"seconds", "train_seconds", "kmeans_seconds", "wall_seconds", "cpu_seconds", "threads", "config_hash",
+           "versions", "settings", "device", "tag"}  # fmt: skip
 
 
 def differences(a, b, where: str, rtol: float):
