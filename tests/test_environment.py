@@ -1,11 +1,13 @@
 """pyproject.toml, environment.yml, the workflow's conda env and the configs stay consistent."""
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"torch": "pytorch", "matplotlib": "matplotlib-base"}
@@ -39,11 +41,30 @@ def _conda_requirements(path: Path) -> dict[str, str]:
     return requirements
 
 
-def test_workflow_env_has_what_the_rules_import():
-    env = _conda_requirements(REPO / "workflow" / "envs" / "scalable_xd.yaml")
+def test_workflow_env_pins_exactly_what_the_rules_import():
+    entries = yaml.safe_load((REPO / "workflow" / "envs" / "scalable_xd.yaml").read_text())["dependencies"]
+    pins = dict(entry.split(" ", 1) for entry in entries)
+    assert re.fullmatch(r"=3\.1[0-9]", pins.pop("python"))
+    assert all(re.fullmatch(r"==[0-9]+(\.[0-9]+)+", pin) for pin in pins.values()), pins  # exact, no ranges
     wanted = _pyproject_requirements("data", "plots")
-    assert CONDA_ONLY <= env.keys()
-    assert {k: v for k, v in env.items() if k != "python" and k not in CONDA_ONLY} == wanted
+    assert pins.keys() == wanted.keys() | CONDA_ONLY
+    for name, bound in wanted.items():  # each pin satisfies pyproject.toml's lower bound
+        assert Version(pins[name].removeprefix("==")) >= Version(bound), name
+
+
+def test_pin_script_writes_the_same_packages_and_checks_bounds(monkeypatch):
+    sys.path.insert(0, str(REPO / "workflow" / "scripts"))
+    import pin_env
+
+    written = yaml.safe_load(pin_env.pinned_text())["dependencies"]
+    committed = yaml.safe_load(pin_env.ENV.read_text())["dependencies"]
+    assert [e.split(" ")[0] for e in written] == [e.split(" ")[0] for e in committed]
+    assert pin_env.stale_pins() == []
+    monkeypatch.setattr(pin_env, "lower_bounds", lambda: {"numpy": "99.0", "newpkg": "1.0"})
+    assert pin_env.stale_pins() == [
+        f"numpy =={dict(e.split(' ==') for e in committed if '==' in e)['numpy']} is below pyproject.toml's >=99.0",
+        "newpkg is in pyproject.toml but not pinned in scalable_xd.yaml",
+    ]
 
 
 def test_environment_yml_mirrors_pyproject():
