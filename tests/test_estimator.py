@@ -127,10 +127,15 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
             XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
 
 
-@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
-def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeypatch):
+@pytest.mark.parametrize("method, options", [
+    ("em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_em", {}), ("stochastic_minibatch_em", {}),
+    ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
+    ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),
+])  # fmt: skip
+def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch):
     x, S = data
-    settings = dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5)
+    settings = dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5,
+                    **options)  # fmt: skip
     uninterrupted = XDGMM(**settings).fit(x, S)
 
     checkpoint = tmp_path / "fit.ckpt"
@@ -146,6 +151,9 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, tmp_path, monkeyp
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(resumed, attr), getattr(uninterrupted, attr), rtol=1e-12, atol=1e-14)
     assert [h["epoch"] for h in resumed.history_] == list(range(7))
+    assert resumed.history_ == uninterrupted.history_ or all(  # the same curve (and truncation restarts)
+        {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+        for a, b in zip(resumed.history_, uninterrupted.history_))  # fmt: skip
     with pytest.raises(ValueError, match="different fit"):
         XDGMM(**{**settings, "w": 0.5}).fit(x, S, checkpoint=checkpoint)
 

@@ -15,7 +15,7 @@ from scalable_xd.steps import REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-WORKFLOW_FIT_KEYS = {"methods", "n_components", "seeds", "threads"}  # the grid, not settings
+WORKFLOW_FIT_KEYS = {"methods", "variants", "n_components", "seeds", "threads"}  # the grid, not settings
 
 
 def _subparser(name):
@@ -33,7 +33,8 @@ def test_the_estimator_takes_its_defaults_from_the_settings():
     for name, default in KMeansSettings.defaults().items():
         assert signature[f"kmeans_{name}"].default == default, name
     extra = set(signature) - set(FitSettings.defaults()) - {f"kmeans_{k}" for k in KMeansSettings.defaults()}
-    assert extra == {"n_components", "random_state", "warm_start", "weights_init", "means_init", "covariances_init"}
+    assert extra == {"n_components", "random_state", "warm_start", "weights_init", "means_init", "covariances_init",
+                     "fix_weights", "fix_means", "fix_covariances"}
 
 
 def test_the_schema_states_the_same_defaults_and_choices():
@@ -44,8 +45,8 @@ def test_the_schema_states_the_same_defaults_and_choices():
             assert fit[f.name]["default"] == f.default, f.name
             if f.metadata["choices"] is not None:
                 assert tuple(fit[f.name]["enum"]) == f.metadata["choices"], f.name
-    assert set(SCHEMA["fit"]["properties"]["methods"]["items"]["enum"]) == set(
-        dataclasses.fields(FitSettings)[0].metadata["choices"])  # fmt: skip
+    variant_methods = SCHEMA["fit"]["properties"]["variants"]["additionalProperties"]["properties"]["method"]["enum"]
+    assert tuple(variant_methods) == dataclasses.fields(FitSettings)[0].metadata["choices"]
     init = SCHEMA["init"]["properties"]
     assert {k: v["default"] for k, v in init.items()} == {f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()}
     truth = SCHEMA["truth"]["properties"]

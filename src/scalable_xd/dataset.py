@@ -13,9 +13,10 @@ from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
 
 
 class Dataset:
-    """X (N, d), noise covariances (N, d, d) in any container from ``noise``, projections R (N, d, D) or None."""
+    """X (N, d), noise covariances (N, d, d) in any container from ``noise``, projections R (N, d, D) or None,
+    and per-point weights (N,) or None (``sample_weight``: a point of weight 2 counts as two copies)."""
 
-    def __init__(self, X, Xcov=None, R=None, *, name: str = "X", validate: bool = True):
+    def __init__(self, X, Xcov=None, R=None, *, sample_weight=None, name: str = "X", validate: bool = True):
         self.X = as_float_tensor(X, name)
         if self.X.ndim != 2:
             raise ValueError(f"{name} must have shape (N, d), got {tuple(self.X.shape)}")
@@ -30,6 +31,7 @@ class Dataset:
             self.R = as_float_tensor(R, "R")
             if self.R.ndim != 3 or self.R.shape[:2] != (n, d):
                 raise ValueError(f"R must have shape (N, d, D) = ({n}, {d}, D), got {tuple(self.R.shape)}")
+        self.weights = None if sample_weight is None else _checked_weights(sample_weight, n, name)
         if validate:
             self.validate(name)
 
@@ -63,6 +65,15 @@ class Dataset:
         return self.X.shape[0]
 
     @property
+    def total_weight(self) -> float:
+        """What a mean over the data divides by: the number of points, or the sum of their weights."""
+        return len(self) if self.weights is None else float(self.weights.sum())
+
+    def batch_weights(self, index, device, dtype):
+        """The weights of the rows ``index`` on ``device`` in ``dtype``, or None when unweighted."""
+        return None if self.weights is None else self.weights[index].to(device=device, dtype=dtype)
+
+    @property
     def obs_dim(self) -> int:
         return self.X.shape[1]
 
@@ -76,3 +87,17 @@ class Dataset:
         S = self.noise.batch(index, device, dtype)
         R = None if self.R is None else self.R[index].to(device=device, dtype=dtype, non_blocking=True)
         return x, S, R
+
+
+def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:
+    """``sample_weight`` as a float64 tensor (N,): finite, non-negative and not all zero, as Bovy's ``weight``
+    and scikit-learn's ``sample_weight`` require; a bad entry is named by its row."""
+    weights = torch.as_tensor(as_float_tensor(sample_weight, "sample_weight"), dtype=torch.float64)
+    if weights.shape != (n,):
+        raise ValueError(f"sample_weight must have shape ({n},), one weight per row of {name}, "
+                         f"got {tuple(weights.shape)}")  # fmt: skip
+    check_rows(weights, lambda v: ~torch.isfinite(v), "sample_weight row {row} is NaN or inf")
+    check_rows(weights, lambda v: v < 0, "sample_weight row {row} is negative")
+    if not weights.sum() > 0:
+        raise ValueError("sample_weight is zero for every row: no point would count")
+    return weights

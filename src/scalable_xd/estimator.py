@@ -14,11 +14,13 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
+from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
 from .fit.checkpoint import Checkpoint
 from .fit.fitters import make_fitter
+from .fit.updates import FixedParameters
 from .fit.init import initial_mixture
-from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches
+from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches, total_loglik
 from .mixture import Mixture
 from .model_file import read_model, write_model
 from .posterior import posterior_moments
@@ -42,7 +44,9 @@ class XDGMM(BaseEstimator):
     Parameters
     ----------
     n_components : number of mixture components K.
-    method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM) or ``"sgd"`` (Adam).
+    method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM), ``"sgd"`` (Adam), or
+        stochastic EM (each star's component sampled from its responsibilities, then an EM update from
+        those assignments): ``"stochastic_em"`` (batch: full passes) or ``"stochastic_minibatch_em"``.
     batch_size : points per minibatch for minibatch_em and sgd (batch EM sums over the whole data set,
         in chunks of at least 8,192 points).
     epochs : passes over the training data (for ``"em"``: the maximum number of iterations).
@@ -63,6 +67,11 @@ class XDGMM(BaseEstimator):
         update; SGD adds the penalty sum_j w / tr(V_j) to the loss.
     tol : batch EM stops once an iteration improves the mean training log-likelihood by less than this
         (None: run every epoch).
+    averaging : ``"polyak"`` reports the running mean of the parameters over all updates (minibatch methods;
+        the updates themselves are unchanged), as Nguyen, Forbes & McLachlan's "P" variants.
+    truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave the
+        growing compact sets of Nguyen, Forbes & McLachlan (c1 = c2 = c3 = ``truncation_bound``, in the
+        features' units; see ``fitters.MinibatchEM``); the restarts are counted in ``history_``.
     covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
     kmeans_epochs, kmeans_batch_size : the minibatch k-means for the initial weights and means
         (covariances start at I).
@@ -76,6 +85,10 @@ class XDGMM(BaseEstimator):
     random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds the k-means init and the
         batch order; the same int gives the same fit on CPU.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
+    fix_weights, fix_means, fix_covariances : keep these parameters at their initial values, for every
+        component (True) or those marked in a boolean array of length K, as Bovy et al.'s fixamp, fixmean
+        and fixcovar; free weights share 1 - the fixed ones, and a fixed mean's covariance is the scatter
+        about it (see ``updates.FixedParameters``). Every method honours them.
     verbose : 0 silent, 1 a line per epoch on the ``scalable_xd.fit`` logger (to stderr where logging is not
         configured), 2 also a tqdm progress bar per epoch.
     warm_start : when True, a second ``fit`` starts from the fitted parameters instead of k-means (as in
@@ -107,6 +120,9 @@ class XDGMM(BaseEstimator):
         sgd_scaling: str = _FIT.sgd_scaling,
         w: float = _FIT.w,
         tol: float | None = _FIT.tol,
+        averaging: str = _FIT.averaging,
+        truncation: bool = _FIT.truncation,
+        truncation_bound: float = _FIT.truncation_bound,
         covariance_update: str = _FIT.covariance_update,
         device: str = _FIT.device,
         dtype: str = _FIT.dtype,
@@ -119,6 +135,9 @@ class XDGMM(BaseEstimator):
         weights_init=None,
         means_init=None,
         covariances_init=None,
+        fix_weights=False,
+        fix_means=False,
+        fix_covariances=False,
     ):
         self.n_components = n_components
         self.method = method
@@ -134,6 +153,9 @@ class XDGMM(BaseEstimator):
         self.sgd_scaling = sgd_scaling
         self.w = w
         self.tol = tol
+        self.averaging = averaging
+        self.truncation = truncation
+        self.truncation_bound = truncation_bound
         self.covariance_update = covariance_update
         self.device = device
         self.dtype = dtype
@@ -146,6 +168,9 @@ class XDGMM(BaseEstimator):
         self.weights_init = weights_init
         self.means_init = means_init
         self.covariances_init = covariances_init
+        self.fix_weights = fix_weights
+        self.fix_means = fix_means
+        self.fix_covariances = fix_covariances
 
     # ------------------------------------------------------------------ configuration
 
@@ -160,6 +185,7 @@ class XDGMM(BaseEstimator):
             check_seed("random_state", self.random_state)
         if not isinstance(self.warm_start, bool):
             raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
+        self._fixed_masks()
         return settings, kmeans
 
     def describe(self) -> dict:
@@ -169,15 +195,18 @@ class XDGMM(BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
-    def fit(self, X, Xcov=None, *, R=None, X_val=None, Xcov_val=None, R_val=None, checkpoint=None) -> XDGMM:
+    def fit(self, X, Xcov=None, *, R=None, sample_weight=None, X_val=None, Xcov_val=None, R_val=None,
+            checkpoint=None) -> XDGMM:  # fmt: skip
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. ``R`` (N, d, D) projects the model space onto the
-        data (identity when None). Validation data, if given, is scored after every epoch. ``checkpoint``:
-        a file written atomically after each epoch; if it exists, the fit resumes from it.
+        data (identity when None). ``sample_weight`` (N,): non-negative weights, a point of weight 2 counting
+        as two copies (Bovy's ``weight``; the k-means initial means ignore them). Validation data, if given,
+        is scored after every epoch. ``checkpoint``: a file written atomically after each epoch; if it
+        exists, the fit resumes from it.
         """
         settings, kmeans = self._validated()
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype)
+        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype, sample_weight)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
         if self.random_state is None and store is not None and store.seed is not None:
             seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
@@ -185,7 +214,8 @@ class XDGMM(BaseEstimator):
             seed = resolve_seed(self.random_state)
         if store is not None:
             # how the fit is logged and which kernel computes it do not change its result: resume across them
-            record = {**_settings_record(self.n_components, settings, kmeans), "verbose": None, "compile": None}
+            record = {**_settings_record(self.n_components, settings, kmeans), "verbose": None, "compile": None,
+                      **self._fixed_record()}  # fmt: skip
             store.bind(record, seed, train, val, (self.weights_init, self.means_init, self.covariances_init))
         if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
             mixture = Mixture.placeholder(self.n_components, train.model_dim, device)
@@ -194,16 +224,17 @@ class XDGMM(BaseEstimator):
         else:
             mixture = initial_mixture(train, self.n_components, kmeans, seed, device, dtype, weights=self.weights_init,
                                       means=self.means_init, covariances=self.covariances_init)  # fmt: skip
-        fitter = make_fitter(settings, mixture)
+        fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture))
+        batch_method = settings.method in ("em", "stochastic_em")  # sums over all points, one update an epoch
         loop = LoopConfig(
             epochs=settings.epochs,
-            batch_size=settings.batch_size if settings.method != "em" else max(settings.batch_size, EVAL_BATCH),
-            shuffle=settings.method != "em", seed=seed, device=device, dtype=dtype,
+            batch_size=max(settings.batch_size, EVAL_BATCH) if batch_method else settings.batch_size,
+            shuffle=not batch_method, seed=seed, device=device, dtype=dtype,
             backend="compiled" if settings.compile else "auto", w=settings.w,
             tol=settings.tol if settings.method == "em" else None, verbose=settings.verbose,
         )  # fmt: skip
         history, converged = run(fitter, train, val, loop, store)
-        self._set_fitted(fitter.mixture, history, converged, settings, kmeans)
+        self._set_fitted(fitter.result, history, converged, settings, kmeans)
         self.n_features_in_ = train.obs_dim
         return self
 
@@ -215,8 +246,34 @@ class XDGMM(BaseEstimator):
                              f"the new fit K = {self.n_components} and D = {train.model_dim}")  # fmt: skip
         return previous.to(device, torch.float64)
 
-    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype) -> tuple[Dataset, Dataset | None]:
-        train = Dataset(X, Xcov, R)
+    def _fixed_masks(self) -> dict[str, np.ndarray]:
+        """``fix_weights``, ``fix_means`` and ``fix_covariances`` as boolean arrays of length K."""
+        masks = {}
+        for name in ("fix_weights", "fix_means", "fix_covariances"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)):
+                masks[name] = np.full(self.n_components, bool(value))
+                continue
+            mask = np.asarray(value)
+            if mask.dtype != bool or mask.shape != (self.n_components,):
+                raise ValueError(f"{name} must be True, False or a boolean array of length n_components "
+                                 f"({self.n_components}), got {value!r}")  # fmt: skip
+            masks[name] = mask
+        return masks
+
+    def _fixed_record(self) -> dict:
+        """The fixed-parameter masks as lists, for the checkpoint's fingerprint."""
+        return {name: mask.tolist() for name, mask in self._fixed_masks().items()}
+
+    def _fixed_parameters(self, mixture: Mixture) -> FixedParameters:
+        """The masks as tensors, with the initial weights the fixed ones keep (all positive, summing to 1,
+        so the free ones always have a share left)."""
+        masks = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in self._fixed_masks().items()}
+        return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
+
+    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype, sample_weight=None):
+        """The validated training and validation sets."""
+        train = Dataset(X, Xcov, R, sample_weight=sample_weight)
         train.check_range(dtype)
         if self.n_components > len(train):
             raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
@@ -249,10 +306,10 @@ class XDGMM(BaseEstimator):
             raise NotFittedError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
         return self._mixture
 
-    def _data_for_model(self, X, Xcov, R) -> Dataset:
+    def _data_for_model(self, X, Xcov, R, sample_weight=None) -> Dataset:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
-        data = Dataset(X, Xcov, R)
+        data = Dataset(X, Xcov, R, sample_weight=sample_weight)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
         data.check_range(self._dtype)
@@ -267,10 +324,10 @@ class XDGMM(BaseEstimator):
         """log p(x_i) under the convolved model for each point, shape (N,)."""
         return torch.cat([ll.cpu() for _, ll, _ in self._scored_batches(X, Xcov, R)]).numpy()
 
-    def score(self, X, Xcov=None, R=None) -> float:
-        """Mean log-likelihood per point."""
-        total = sum(float(ll.sum(dtype=torch.float64)) for _, ll, _ in self._scored_batches(X, Xcov, R))
-        return total / len(X)
+    def score(self, X, Xcov=None, R=None, sample_weight=None) -> float:
+        """Mean log-likelihood per point (weighted by ``sample_weight`` where given)."""
+        data = self._data_for_model(X, Xcov, R, sample_weight)
+        return total_loglik(data, self._mixture, self._device, self._dtype, self._backend) / data.total_weight
 
     def predict_proba(self, X, Xcov=None, R=None) -> np.ndarray:
         """Responsibilities r_ij: the probability that point i came from component j, shape (N, K)."""
@@ -292,6 +349,20 @@ class XDGMM(BaseEstimator):
             means.append(mean.cpu())
             covs.append(cov.cpu())
         return torch.cat(means).numpy(), torch.cat(covs).numpy()
+
+    def condition(self, X_given, Xcov_given=None) -> XDGMM:
+        """The mixture of the features left NaN in ``X_given`` (D,), given measurements of the others with
+        noise ``Xcov_given`` (None: exact; variances or a covariance of the measured features), as a new
+        fitted ``XDGMM`` over those features (see ``conditioning``)."""
+        mixture = self._fitted()
+        measured, x_b = measured_features(X_given, mixture.dim)
+        S_b = measurement_noise(Xcov_given, int(measured.sum()))
+        conditioned = condition(mixture, measured, x_b, S_b)
+        model = type(self)(**{**self.get_params(), "weights_init": None, "means_init": None,
+                              "covariances_init": None})  # fmt: skip
+        model._set_fitted(conditioned, [], True, self.settings_, self.kmeans_settings_)
+        model.n_features_in_ = conditioned.dim
+        return model
 
     def sample(self, n_samples: int = 1, random_state: int | None = None) -> np.ndarray:
         """Draw from the deconvolved density p(v), shape (n_samples, D); n_samples = 0 gives an empty array."""

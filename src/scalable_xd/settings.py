@@ -12,8 +12,11 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 
-METHODS = ("em", "minibatch_em", "sgd")
-SCHEDULES = ("step", "cappe_moulines")
+METHODS = ("em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_em")
+# Methods that update after every minibatch (and so can be averaged); the batch ones update once an epoch.
+MINIBATCH_METHODS = ("minibatch_em", "sgd", "stochastic_minibatch_em")
+SCHEDULES = ("step", "cappe_moulines", "power")
+AVERAGING = ("none", "polyak")
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("none", "spread")
 DTYPES = ("float32", "float64")
@@ -78,16 +81,17 @@ def _kind(f) -> type:
 class FitSettings(_Settings):
     """How a mixture is fitted (everything but K, the seed and explicit initial parameters)."""
 
-    method: str = setting("em", "em (Bovy et al. 2011 batch EM), minibatch_em (online EM) or sgd (Adam)",
-                          choices=METHODS)  # fmt: skip
+    method: str = setting("em", "em (Bovy et al. 2011 batch EM), minibatch_em (online EM), sgd (Adam), or "
+                          "stochastic EM: stochastic_em (batch) or stochastic_minibatch_em", choices=METHODS)  # fmt: skip
     epochs: int = setting(20, "passes over the training data (for em: the maximum number of iterations)", low=1)
     batch_size: int = setting(500, "points per minibatch for minibatch_em and sgd (em sums over all points)", low=1)
     step_size: float = setting(0.1, "minibatch EM's first step size (the paper: 0.01)", low=0, high=1, low_open=True)
-    step_schedule: str = setting("cappe_moulines", "minibatch EM steps: (t0 + t)^-kappa from step_size, or the "
-                                 "paper's step_size times step_decay after decay_epoch", choices=SCHEDULES)  # fmt: skip
+    step_schedule: str = setting("cappe_moulines", "minibatch EM steps: (t0 + t)^-kappa from step_size, the "
+                                 "paper's step_size times step_decay after decay_epoch, or step_size r^-kappa for "
+                                 "update r (power)", choices=SCHEDULES)  # fmt: skip
     step_decay: float = setting(0.5, "factor on the step size after decay_epoch (schedule 'step')", low=0, high=1,
                                 low_open=True)  # fmt: skip
-    kappa: float = setting(0.6, "exponent of the cappe_moulines schedule", low=0.5, high=1, low_open=True)
+    kappa: float = setting(0.6, "exponent of the cappe_moulines and power schedules", low=0.5, high=1, low_open=True)
     lr: float = setting(1e-2, "SGD (Adam) learning rate", low=0, low_open=True)
     lr_decay: float = setting(0.1, "factor on the learning rate after decay_epoch", low=0, high=1, low_open=True)
     decay_epoch: int = setting(10, "epochs before the step size or learning rate decays", low=0)
@@ -97,6 +101,12 @@ class FitSettings(_Settings):
                        "update; sgd: the penalty w / tr V)", low=0)  # fmt: skip
     tol: float | None = setting(1e-6, "em stops once an iteration improves the mean training log-likelihood by "
                                 "less (None: run every epoch)", low=0, nullable=True)  # fmt: skip
+    averaging: str = setting("none", "polyak: report the running mean of the parameters over all updates "
+                             "(minibatch methods; the updates themselves unchanged)", choices=AVERAGING)  # fmt: skip
+    truncation: bool = setting(False, "minibatch EM restarts from the initial parameters whenever they leave "
+                               "the growing compact sets of Nguyen, Forbes & McLachlan")  # fmt: skip
+    truncation_bound: float = setting(1000.0, "c1 = c2 = c3 of the truncation sets, in the features' units",
+                                      low=1, low_open=True)  # fmt: skip
     covariance_update: str = setting("stable", "minibatch EM's covariance update: the centred form or the paper's "
                                      "eq. 7", choices=COVARIANCE_UPDATES)  # fmt: skip
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
@@ -105,6 +115,15 @@ class FitSettings(_Settings):
     compile: bool = setting(False, "run the statistics pass through torch.compile (R = I only)")
     verbose: int = setting(0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per "
                            "epoch", low=0, high=2)  # fmt: skip
+
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.averaging != "none" and self.method not in MINIBATCH_METHODS:
+            raise ValueError(f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} "
+                             f"makes one update per epoch (use one of {', '.join(MINIBATCH_METHODS)})")  # fmt: skip
+        if self.truncation and self.method not in ("minibatch_em", "stochastic_minibatch_em"):
+            raise ValueError(f"truncation applies to minibatch_em and stochastic_minibatch_em, not {self.method!r}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import shutil
 NAME = config["name"]
 RESULTS = f"results/{NAME}"
 DATA = f"{RESULTS}/data"
-METHODS = config["fit"]["methods"]
+METHODS = config["fit"]["methods"]  # methods or names of fit.variants
+VARIANTS = config["fit"]["variants"]
 KS = config["fit"]["n_components"]
 SEEDS = config["fit"]["seeds"]
 FIGURE_K = config["report"]["figure_K"]
@@ -22,6 +23,10 @@ ENV = "../envs/scalable_xd.yaml"
 wildcard_constraints:
     method="|".join(METHODS),
 
+_unknown = [m for m in METHODS if m not in VARIANTS and m not in ("em", "minibatch_em", "sgd", "stochastic_em",
+                                                                  "stochastic_minibatch_em")]
+if _unknown:
+    raise ValueError(f"fit.methods {_unknown} are neither methods nor names of fit.variants {sorted(VARIANTS)}")
 if FIGURE_K not in KS:
     raise ValueError(f"report.figure_K = {FIGURE_K} is not one of fit.n_components {KS}")
 if FIGURE_SEED not in SEEDS:
@@ -72,7 +77,7 @@ def reference_metrics(K):
 
 # Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
 # (scalable_xd.settings.FitSettings) and goes to `scalable-xd fit` as an option of the same name.
-WORKFLOW_FIT_KEYS = ("methods", "n_components", "seeds", "threads")
+WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads")
 
 
 def _option(key, value):
@@ -82,9 +87,12 @@ def _option(key, value):
     return f"{flag} {'none' if value is None else value}"
 
 
-def fit_options(keys=None):
-    """The config's fit settings (all, or ``keys``) as command-line options."""
-    fit = config["fit"]
+def fit_options(keys=None, method=None):
+    """The config's fit settings (all, or ``keys``) as command-line options; with ``method``, those of that
+    method or variant (a variant's settings replace the block's, and name the method)."""
+    fit = dict(config["fit"])
+    if method is not None:
+        fit.update(VARIANTS.get(method, {"method": method}))
     keys = [k for k in fit if k not in WORKFLOW_FIT_KEYS] if keys is None else keys
     return " ".join(_option(key, fit[key]) for key in keys)
 

@@ -16,7 +16,7 @@ rule fit:
     params:
         cli=CLI,
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
-        settings=fit_options(),
+        settings=lambda wildcards: fit_options(method=wildcards.method),
         tag=NAME,
         config_hash=CONFIG_HASH,
         references=lambda wildcards, input: f"--reference {' '.join(input.references)}" if input.references else "",
@@ -29,7 +29,7 @@ rule fit:
         ENV
     shell:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
-        "--n-components {wildcards.K} --method {wildcards.method} --seed {wildcards.seed} {params.settings} "
+        "--n-components {wildcards.K} --seed {wildcards.seed} {params.settings} "
         "--threads {threads} "
         "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"

@@ -38,8 +38,8 @@ class CheckpointError(ValueError):
 
 
 def data_digest(data: Dataset) -> str:
-    """A short hash of a data set: its shapes, the float64 column sums of X, and ``DIGEST_ROWS`` evenly
-    spaced rows of X, the noise and R. One streaming pass over X; any change to X's values, to the sampled
+    """A short hash of a data set: its shapes, the float64 column sums of X, ``DIGEST_ROWS`` evenly
+    spaced rows of X, the noise and R, and every sample weight. One streaming pass over X; any change to X's values, to the sampled
     rows' noise or to the row order of the sample changes it."""
     n = len(data)
     digest = hashlib.sha256(repr((n, data.obs_dim, data.model_dim)).encode())
@@ -47,7 +47,7 @@ def data_digest(data: Dataset) -> str:
         digest.update(data.X[start : start + 65_536].to(torch.float64).sum(dim=0).numpy().tobytes())
     rows = torch.from_numpy(np.unique(np.linspace(0, n - 1, min(n, DIGEST_ROWS)).astype(np.int64)))
     x, S, R = data.batch(rows, "cpu", torch.float64)
-    for part in (x, S, R):
+    for part in (x, S, R, data.weights):  # the weights in full: one number per row
         if part is not None:
             digest.update(part.contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

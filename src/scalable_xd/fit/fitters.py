@@ -12,6 +12,7 @@ than on the sky, a condition number float32 cannot even store as a positive-defi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 import torch
@@ -19,13 +20,24 @@ import torch
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from ..settings import FitSettings
-from .updates import CholeskyParameters, em_update, feature_scale, online_em_update, online_em_update_naive, regularised
+from .updates import (
+    CholeskyParameters,
+    FixedParameters,
+    em_update,
+    feature_scale,
+    online_em_update,
+    online_em_update_naive,
+    regularised,
+)
 
 
 class Fitter(Protocol):
-    """What the loop drives: ``mixture`` is the current model (the one the E-step uses and a fit reports)."""
+    """What the loop drives: ``mixture`` is the model the E-step uses; ``result`` the one the fit reports
+    (the same, except under Polyak averaging)."""
 
     mixture: Mixture
+    result: Mixture
+    samples_assignments: bool  # stochastic EM: the loop passes uniforms for the S-step
 
     def step_size(self, epoch: int) -> float:
         """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
@@ -37,21 +49,30 @@ class Fitter(Protocol):
 
     def end_epoch(self) -> None: ...
 
+    def diagnostics(self) -> dict:
+        """Extra numbers for the history entry of the epoch just done (e.g. truncation restarts)."""
+
     def state_dict(self) -> dict:
         """Tensors and plain data that ``load_state_dict`` restores exactly (see ``checkpoint``)."""
 
     def load_state_dict(self, state: dict) -> None: ...
 
 
-def make_fitter(settings: FitSettings, mixture: Mixture) -> Fitter:
-    """The fitter of ``settings.method``, starting from ``mixture``."""
+def make_fitter(settings: FitSettings, mixture: Mixture, fixed: FixedParameters | None = None) -> Fitter:
+    """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held."""
     s = settings
-    if s.method == "em":
-        return BatchEM(mixture, w=s.w)
-    if s.method == "minibatch_em":
-        return MinibatchEM(mixture, w=s.w, step_size=s.step_size, schedule=s.step_schedule, step_decay=s.step_decay,
-                           decay_epoch=s.decay_epoch, kappa=s.kappa, covariance_update=s.covariance_update)  # fmt: skip
-    return SGD(mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling)
+    if s.method in ("em", "stochastic_em"):
+        fitter = BatchEM(mixture, w=s.w, fixed=fixed, stochastic=s.method == "stochastic_em")
+    elif s.method in ("minibatch_em", "stochastic_minibatch_em"):
+        fitter = MinibatchEM(mixture, w=s.w, step_size=s.step_size, schedule=s.step_schedule,
+                             step_decay=s.step_decay, decay_epoch=s.decay_epoch, kappa=s.kappa,
+                             covariance_update=s.covariance_update, fixed=fixed,
+                             stochastic=s.method == "stochastic_minibatch_em",
+                             truncation=s.truncation_bound if s.truncation else None)  # fmt: skip
+    else:
+        fitter = SGD(mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch,
+                     scaling=s.sgd_scaling, fixed=fixed)  # fmt: skip
+    return PolyakAverage(fitter) if s.averaging == "polyak" else fitter
 
 
 def _mixture_state(mixture: Mixture) -> dict:
@@ -64,12 +85,23 @@ def _mixture_from_state(state: dict, like: Mixture) -> Mixture:
 
 
 class BatchEM:
-    """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch."""
+    """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch.
 
-    def __init__(self, mixture: Mixture, *, w: float):
+    ``stochastic``: stochastic EM (Celeux & Diebolt's SEM; seed 003): the sums come from one sampled
+    assignment per star (the S-step) rather than its responsibilities, the true values still integrated
+    out analytically. A component that draws no star is frozen with weight zero, as in batch EM.
+    """
+
+    def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None, stochastic: bool = False):
         self.mixture = mixture
         self.w = w
+        self.fixed = fixed
+        self.samples_assignments = stochastic
         self._sums: Statistics | None = None
+
+    @property
+    def result(self) -> Mixture:
+        return self.mixture
 
     def step_size(self, epoch: int) -> float:
         return 1.0
@@ -81,8 +113,11 @@ class BatchEM:
         self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
     def end_epoch(self) -> None:
-        self.mixture = em_update(self.mixture, self._sums, self.w)
+        self.mixture = em_update(self.mixture, self._sums, self.w, self.fixed)
         self._sums = None
+
+    def diagnostics(self) -> dict:
+        return {}
 
     def state_dict(self) -> dict:
         return {"mixture": _mixture_state(self.mixture)}
@@ -97,10 +132,19 @@ class MinibatchEM:
     Step sizes: ``schedule="step"`` uses ``step_size`` and multiplies it by ``step_decay`` once ``decay_epoch``
     epochs are done (the paper: 1e-2, halved after 10); ``schedule="cappe_moulines"`` uses
     lambda_t = (t0 + t)^-kappa over update count t, with t0 = step_size^(-1/kappa) so that it starts at
-    ``step_size`` and decays as Cappe & Moulines recommend (kappa in (0.5, 1]).
+    ``step_size`` and decays as Cappe & Moulines recommend (kappa in (0.5, 1]); ``schedule="power"`` uses
+    gamma_r = step_size r^-kappa for update r = 1, 2, ... (Nguyen, Forbes & McLachlan's
+    (1 - 1e-10) r^-0.6 is step_size = 1 - 1e-10, kappa = 0.6).
 
     The running state (``state``) is unregularised; ``mixture``, which the E-step uses and the fit reports,
     adds ``w I`` to its covariances (see ``updates.regularised``). The initial covariances seed the state.
+
+    ``stochastic``: the minibatch form of stochastic EM (each batch's sums from sampled assignments).
+    ``truncation``: the truncated algorithm of Nguyen, Forbes & McLachlan (seed 004, section 3.2) with
+    c1 = c2 = c3 = ``truncation``: after the m-th restart the parameters must stay in the compact set
+    K_m (weights >= 1/(c + m), every mean entry within +-(c + m), covariance eigenvalues in
+    [1/(c + m), c + m], in the features' units); an update that leaves it restarts the running state from
+    the initial parameters and m grows by one. The step-size count is not reset.
     """
 
     def __init__(
@@ -114,22 +158,34 @@ class MinibatchEM:
         decay_epoch: int,
         kappa: float,
         covariance_update: str,
+        fixed: FixedParameters | None = None,
+        stochastic: bool = False,
+        truncation: float | None = None,
     ):
+        if covariance_update == "naive" and fixed is not None and fixed.any():
+            raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
         self.state = mixture
+        self.initial = mixture
         self.w = w
         self.base_step = step_size
         self.schedule = schedule
         self.step_decay = step_decay
         self.decay_epoch = decay_epoch
         self.kappa = kappa
+        self.fixed = fixed
+        self.samples_assignments = stochastic
+        self.truncation = truncation
         self.update = online_em_update if covariance_update == "stable" else online_em_update_naive
         self.n_updates = 0
+        self.restarts = 0
         self._epoch = 0
 
     def step_size(self, epoch: int) -> float:
         if self.schedule == "cappe_moulines":
             t0 = self.base_step ** (-1.0 / self.kappa)
             return (t0 + self.n_updates) ** (-self.kappa)
+        if self.schedule == "power":
+            return self.base_step * (self.n_updates + 1) ** (-self.kappa)
         return self.base_step * (self.step_decay if epoch >= self.decay_epoch else 1.0)
 
     def start_epoch(self, epoch: int) -> None:
@@ -137,21 +193,48 @@ class MinibatchEM:
 
     @property
     def mixture(self) -> Mixture:
-        return regularised(self.state, self.w)
+        return regularised(self.state, self.w, self.fixed)
+
+    @property
+    def result(self) -> Mixture:
+        return self.mixture
 
     def observe(self, stats: Statistics) -> None:
-        self.state = self.update(self.state, stats.double(), self.step_size(self._epoch), self.w)
+        step = self.step_size(self._epoch)
+        if self.update is online_em_update:
+            self.state = online_em_update(self.state, stats.double(), step, self.w, self.fixed)
+        else:
+            self.state = self.update(self.state, stats.double(), step, self.w)
         self.n_updates += 1
+        if self.truncation is not None and not inside_compact_set(self.mixture, self.truncation + self.restarts):
+            self.state = self.initial
+            self.restarts += 1
 
     def end_epoch(self) -> None:
         return None
 
+    def diagnostics(self) -> dict:
+        return {} if self.truncation is None else {"truncation_restarts": self.restarts}
+
     def state_dict(self) -> dict:
-        return {"state": _mixture_state(self.state), "n_updates": self.n_updates}
+        return {"state": _mixture_state(self.state), "initial": _mixture_state(self.initial),
+                "n_updates": self.n_updates, "restarts": self.restarts}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.state = _mixture_from_state(state["state"], self.state)
+        self.initial = _mixture_from_state(state["initial"], self.state)
+        if self.fixed is not None:  # the fixed weights are the initial ones, not the placeholder's
+            self.fixed = dataclasses.replace(self.fixed, weight_values=self.initial.weights)
         self.n_updates = int(state["n_updates"])
+        self.restarts = int(state["restarts"])
+
+
+def inside_compact_set(mixture: Mixture, bound: float) -> bool:
+    """Whether the parameters lie in the truncation set of bound c: weights >= 1/c, |mean entries| <= c,
+    covariance eigenvalues in [1/c, c] (seed 004, section 3.2)."""
+    eigenvalues = torch.linalg.eigvalsh(mixture.covariances)
+    return bool((mixture.weights >= 1.0 / bound).all() and (mixture.means.abs() <= bound).all()
+                and (eigenvalues >= 1.0 / bound).all() and (eigenvalues <= bound).all())  # fmt: skip
 
 
 class SGD:
@@ -166,8 +249,11 @@ class SGD:
     that ``lr`` means the same for degrees and milliarcseconds (see ``CholeskyParameters``).
     """
 
-    def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str):
-        self.params = CholeskyParameters(mixture, feature_scale(mixture) if scaling == "spread" else None)
+    samples_assignments = False
+
+    def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str,
+                 fixed: FixedParameters | None = None):  # fmt: skip
+        self.params = CholeskyParameters(mixture, feature_scale(mixture) if scaling == "spread" else None, fixed)
         self.w = w
         self.base_lr = lr
         self.lr_decay = lr_decay
@@ -188,16 +274,77 @@ class SGD:
         self.optimizer.step()
         self.mixture = self.params.mixture()
 
+    @property
+    def result(self) -> Mixture:
+        return self.mixture
+
     def end_epoch(self) -> None:
         return None
 
+    def diagnostics(self) -> dict:
+        return {}
+
     def state_dict(self) -> dict:
         return {"params": [t.clone() for t in self.params.tensors()], "scale": self.params.scale.clone(),
-                "optimizer": self.optimizer.state_dict()}  # fmt: skip
+                "optimizer": self.optimizer.state_dict(), "initial": _mixture_state(self.params.initial)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.params.scale = state["scale"].to(self.params.scale)
+        self.params.initial = _mixture_from_state(state["initial"], self.params.initial)
+        self.params.fixed = dataclasses.replace(self.params.fixed, weight_values=self.params.initial.weights)
         for tensor, saved in zip(self.params.tensors(), state["params"]):
             tensor.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
         self.mixture = self.params.mixture()
+
+
+class PolyakAverage:
+    """Polyak-Ruppert averaging around a minibatch fitter: the update and the E-step are the wrapped
+    fitter's own; what the fit reports (``result``) is the running mean of its parameters over all updates
+    so far, theta_bar_r = theta_bar_{r-1} + (theta_r - theta_bar_{r-1}) / r (seed 004's "P" variants).
+    Weights, means and covariances are averaged as they are; an average of positive-definite matrices is
+    positive definite, and of weights that sum to one sums to one.
+    """
+
+    def __init__(self, inner: Fitter):
+        self.inner = inner
+        self.samples_assignments = inner.samples_assignments
+        self.average = inner.result
+        self.n_averaged = 0
+
+    @property
+    def mixture(self) -> Mixture:
+        return self.inner.mixture
+
+    @property
+    def result(self) -> Mixture:
+        return self.average
+
+    def step_size(self, epoch: int) -> float:
+        return self.inner.step_size(epoch)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.inner.start_epoch(epoch)
+
+    def observe(self, stats: Statistics) -> None:
+        self.inner.observe(stats)
+        self.n_averaged += 1
+        rate = 1.0 / self.n_averaged
+        new, avg = self.inner.result, self.average
+        self.average = Mixture(*(a + rate * (b - a) for a, b in zip((avg.weights, avg.means, avg.covariances),
+                                                                    (new.weights, new.means, new.covariances))))
+
+    def end_epoch(self) -> None:
+        self.inner.end_epoch()
+
+    def diagnostics(self) -> dict:
+        return self.inner.diagnostics()
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict(), "average": _mixture_state(self.average),
+                "n_averaged": self.n_averaged}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state["inner"])
+        self.average = _mixture_from_state(state["average"], self.average)
+        self.n_averaged = int(state["n_averaged"])

@@ -65,9 +65,21 @@ def scored_batches(data: Dataset, mixture: Mixture, device, dtype, backend: str,
 
 
 def total_loglik(data: Dataset, mixture: Mixture, device, dtype, backend: str) -> float:
-    """Sum over all points of log p(x_i), accumulated in float64."""
-    batches = scored_batches(data, mixture, device, dtype, backend)
-    return sum(float(ll.sum(dtype=torch.float64)) for _, ll, _ in batches)
+    """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
+    accumulated in float64."""
+    total = 0.0
+    for start, ll, _ in scored_batches(data, mixture, device, dtype, backend):
+        weights = data.batch_weights(slice(start, start + len(ll)), ll.device, torch.float64)
+        total += float(ll.sum(dtype=torch.float64) if weights is None else (ll.double() * weights).sum())
+    return total
+
+
+def assignment_uniforms(seed: int, epoch: int, batch: int, size: int, device, dtype) -> torch.Tensor:
+    """Stochastic EM's uniforms for one batch: drawn on the CPU from a generator that depends only on
+    (seed, epoch, batch), so that draws are the same on every device and after a resume."""
+    batch_seed = int(np.random.SeedSequence([seed, epoch, batch, 1]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    uniforms = torch.rand(size, generator=torch.Generator().manual_seed(batch_seed), dtype=torch.float64)
+    return uniforms.to(device=device, dtype=dtype)
 
 
 @dataclass
@@ -113,11 +125,12 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": total_loglik(train, fitter.mixture, cfg.device, cfg.dtype, cfg.backend) / len(train),
+            "train_loglik": total_loglik(train, fitter.result, cfg.device, cfg.dtype, cfg.backend) / train.total_weight,
             "val_loglik": None
             if val is None
-            else total_loglik(val, fitter.mixture, cfg.device, cfg.dtype, cfg.backend) / len(val),
+            else total_loglik(val, fitter.result, cfg.device, cfg.dtype, cfg.backend) / val.total_weight,
             "step_size": fitter.step_size(max(epoch - 1, 0)),
+            **fitter.diagnostics(),
         }
 
     if checkpoint is not None and checkpoint.saved is not None:
@@ -136,8 +149,13 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
                         mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
         for number, index in enumerate(progress):
             x, S, R = train.batch(index, cfg.device, cfg.dtype)
+            weights = train.batch_weights(index, cfg.device, cfg.dtype)
+            uniforms = None
+            if fitter.samples_assignments:
+                uniforms = assignment_uniforms(cfg.seed, epoch, number, x.shape[0], cfg.device, cfg.dtype)
             try:
-                stats = batch_statistics(x, S, fitter.mixture, R, backend=cfg.backend)
+                stats = batch_statistics(x, S, fitter.mixture, R, backend=cfg.backend, point_weights=weights,
+                                         uniforms=uniforms)  # fmt: skip
             except NotPositiveDefiniteError as err:
                 raise FitDivergedError(
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
@@ -147,6 +165,7 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         synchronize(cfg.device)
         seconds = history[-1]["seconds"] + time.perf_counter() - tick
         _check_mixture(fitter.mixture, epoch, cfg.w)
+        _check_mixture(fitter.result, epoch, cfg.w)
         history.append(evaluate(epoch, seconds))
         _log(cfg, history[-1])
         if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:

@@ -26,6 +26,8 @@ and is left for the divergence check to report.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..kernel.statistics import Statistics
@@ -65,46 +67,92 @@ def _live(q: torch.Tensor) -> torch.Tensor:
     return q > torch.finfo(q.dtype).tiny
 
 
-def em_update(mixture: Mixture, stats: Statistics, w: float) -> Mixture:
+@dataclass(frozen=True)
+class FixedParameters:
+    """Which components keep their weight, mean or covariance (Bovy et al.'s fixamp, fixmean, fixcovar),
+    as (K,) boolean masks.
+
+    A fixed mean changes the covariance update too: the scatter is then taken about the fixed mean, not
+    about the mean the data would give (``sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V`` without the
+    recentring term), as in Bovy's proj_EM_step. Fixed weights stay; the free ones share what is left,
+    1 - sum of the fixed ones, in proportion to their own updates.
+    """
+
+    weights: torch.Tensor
+    means: torch.Tensor
+    covariances: torch.Tensor
+    weight_values: torch.Tensor  # (K,) the weights the fixed ones keep (the initial weights)
+
+    @classmethod
+    def none(cls, k: int, device=None) -> FixedParameters:
+        free = torch.zeros(k, dtype=torch.bool, device=device)
+        return cls(free, free, free, torch.full((k,), 1.0 / k, dtype=torch.float64, device=device))
+
+    def any(self) -> bool:
+        return bool(self.weights.any() or self.means.any() or self.covariances.any())
+
+
+def share_weights(proposed: torch.Tensor, current: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
+    """Weights that keep ``current`` where ``fixed`` and give the free components 1 - sum(fixed weights) in
+    proportion to ``proposed`` (the update's unnormalised weights)."""
+    if not fixed.any():
+        return proposed / proposed.sum()
+    free = torch.where(fixed, torch.zeros_like(proposed), proposed)
+    total = free.sum()
+    left = 1.0 - current[fixed].sum()
+    return torch.where(fixed, current, free / torch.where(total > 0, total, torch.ones_like(total)) * left)
+
+
+def em_update(mixture: Mixture, stats: Statistics, w: float, fixed: FixedParameters | None = None) -> Mixture:
     """One batch-EM M-step from sums over the whole data set (Bovy, Hogg & Roweis 2011).
 
     Regularisation as in their code: V = (sum r [(b - m')(b - m')^T + B] + w I) / (q + 1) when w > 0,
     and divided by q alone when w == 0. A component whose q underflows to zero gets weight zero and keeps
-    its mean and covariance (it is frozen, as in the reference implementation).
+    its mean and covariance (it is frozen, as in the reference implementation). ``fixed``: parameters kept
+    as they are (see ``FixedParameters``).
     """
     V, m = mixture.covariances, mixture.means
+    fixed = fixed or FixedParameters.none(len(m), m.device)
     q = stats.q.to(V.dtype)
     live = _live(q)
     q_safe = torch.where(live, q, torch.ones_like(q))
     u_bar = stats.U.to(V.dtype) / q_safe[:, None]
-    inner = (stats.UU - stats.P).to(V.dtype) / q_safe[:, None, None] - u_bar[:, :, None] * u_bar[:, None, :]
-    scatter = _psd(V + V @ inner @ V, V)  # sum r [(b - m')(b - m')^T + B] / q
+    recentre = torch.where(fixed.means[:, None, None], 0.0, u_bar[:, :, None] * u_bar[:, None, :])
+    inner = (stats.UU - stats.P).to(V.dtype) / q_safe[:, None, None] - recentre
+    scatter = _psd(V + V @ inner @ V, V)  # sum r [(b - m')(b - m')^T + B] / q, m' the new (or fixed) mean
     if w > 0:
         new_cov = (q[:, None, None] * scatter + w * _eye_like(V)) / (q[:, None, None] + 1.0)
     else:
         new_cov = scatter
     new_mean = m + (V @ u_bar.unsqueeze(-1)).squeeze(-1)
     return Mixture(
-        weights=q / q.sum(),
-        means=torch.where(live[:, None], new_mean, m),
-        covariances=torch.where(live[:, None, None], new_cov, V),
+        weights=share_weights(q, mixture.weights, fixed.weights),
+        means=torch.where((live & ~fixed.means)[:, None], new_mean, m),
+        covariances=torch.where((live & ~fixed.covariances)[:, None, None], new_cov, V),
     )
 
 
-def regularised(state: Mixture, w: float) -> Mixture:
-    """The mixture an online-EM state describes: its running covariances plus ``w I``.
+def regularised(state: Mixture, w: float, fixed: FixedParameters | None = None) -> Mixture:
+    """The mixture an online-EM state describes: its running covariances plus ``w I`` (fixed covariances
+    as they are), and its running weights with the fixed ones restored (see ``FixedParameters``).
 
     Online EM keeps its running statistics free of the regularisation and adds ``w I`` only to the
     covariance the E-step uses and the fit reports, as the paper's code does with its running sums. Adding
     it to the running state instead feeds it back through every later step: at the fixed point each
     covariance then carries about ``(w / step) I`` extra (0.1 to 0.2 per feature at the paper's settings).
     """
-    if w == 0:
-        return state
-    return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
+    if fixed is None or not fixed.any():
+        if w == 0:
+            return state
+        return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
+    covs = state.covariances
+    shift = (w * (~fixed.covariances).to(covs.dtype))[:, None, None] * _eye_like(covs)
+    return Mixture(share_weights(state.weights, fixed.weight_values, fixed.weights), state.means,
+                   state.covariances + shift)  # fmt: skip
 
 
-def online_em_update(state: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
+def online_em_update(state: Mixture, stats: Statistics, step: float, w: float,
+                     fixed: FixedParameters | None = None) -> Mixture:  # fmt: skip
     """One minibatch (online) EM step in the centred form above; returns the new running state.
 
     ``state`` holds the running weights, means and unregularised covariances Vr; the statistics were
@@ -113,24 +161,29 @@ def online_em_update(state: Mixture, stats: Statistics, step: float, w: float) -
 
         Vr' = Vr + (lambda q_b / qhat') w I + V [lambda (UU - P) / qhat' - g g^T] V,
 
-    which is the module docstring's form when w = 0.
+    which is the module docstring's form when w = 0. A fixed mean drops the recentring term g g^T (the
+    scatter is kept about it); a fixed covariance keeps Vr, which then holds the fixed covariance itself
+    (``regularised`` adds no w I to it). The running weights always update: they normalise the means'
+    and covariances' running sums; fixed weights are restored only in the mixture ``regularised`` gives.
     """
     Vr, m = state.covariances, state.means
-    V = Vr + w * _eye_like(Vr)
+    fixed = fixed or FixedParameters.none(len(m), m.device)
+    V = Vr + (w * (~fixed.covariances).to(Vr.dtype))[:, None, None] * _eye_like(Vr)
     n = stats.n_points
     q_b = stats.q / n
     q_new = (1.0 - step) * state.weights + step * q_b
     live = _live(q_new)
     q_safe = torch.where(live, q_new, torch.ones_like(q_new))
     g = step * stats.U / (n * q_safe[:, None])
-    inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - g[:, :, None] * g[:, None, :]
+    recentre = torch.where(fixed.means[:, None, None], 0.0, g[:, :, None] * g[:, None, :])
+    inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - recentre
     shift = (step * w * q_b / q_safe)[:, None, None] * _eye_like(Vr)
     new_cov = _psd(Vr + shift + V @ inner @ V, V)
     new_mean = m + (V @ g.unsqueeze(-1)).squeeze(-1)
     return Mixture(
         weights=q_new,
-        means=torch.where(live[:, None], new_mean, m),
-        covariances=torch.where(live[:, None, None], new_cov, Vr),
+        means=torch.where((live & ~fixed.means)[:, None], new_mean, m),
+        covariances=torch.where((live & ~fixed.covariances)[:, None, None], new_cov, Vr),
     )
 
 
@@ -191,8 +244,12 @@ class CholeskyParameters:
     is the same fraction of every feature's range.
     """
 
-    def __init__(self, mixture: Mixture, scale: torch.Tensor | None = None):
+    def __init__(self, mixture: Mixture, scale: torch.Tensor | None = None, fixed: FixedParameters | None = None):
         self.scale = torch.ones_like(mixture.means[0]) if scale is None else scale.to(mixture.means)
+        # Fixed parameters get zero gradients, and are reported as given (not through a round trip that
+        # could change their last bit); fixed weights keep their values and the free ones share the rest.
+        self.fixed = fixed or FixedParameters.none(mixture.n_components, mixture.means.device)
+        self.initial = mixture
         chol = torch.linalg.cholesky(mixture.covariances) / self.scale[:, None]
         self.logits = torch.log(mixture.weights.clamp_min(torch.finfo(mixture.weights.dtype).tiny)).clone()
         self.means = mixture.means / self.scale
@@ -207,9 +264,21 @@ class CholeskyParameters:
     def cholesky(self) -> torch.Tensor:
         return self.scale[:, None] * self._unit_cholesky()
 
+    def _free_softmax(self) -> torch.Tensor:
+        """Softmax over the free components' logits (the fixed ones get zero)."""
+        if not self.fixed.weights.any():
+            return torch.softmax(self.logits, dim=0)
+        return torch.softmax(self.logits.masked_fill(self.fixed.weights, -torch.inf), dim=0)
+
     def mixture(self) -> Mixture:
         chol = self.cholesky()
-        return Mixture(torch.softmax(self.logits, dim=0), self.means * self.scale, chol @ chol.mT)
+        fixed, initial = self.fixed, self.initial
+        weights = self._free_softmax()
+        if fixed.weights.any():
+            weights = share_weights(weights, fixed.weight_values, fixed.weights)
+        means = torch.where(fixed.means[:, None], initial.means, self.means * self.scale)
+        covariances = torch.where(fixed.covariances[:, None, None], initial.covariances, chol @ chol.mT)
+        return Mixture(weights, means, covariances)
 
     def loss_gradients(self, stats: Statistics, w: float) -> list[torch.Tensor]:
         """Gradients of loss = -sum_batch log p(x_i) + sum_j w / tr(V_j) for (logits, means, raw).
@@ -227,5 +296,11 @@ class CholeskyParameters:
         grad_unit = self.scale[:, None] * torch.tril(2.0 * grad_cov @ chol)
         diag = torch.diagonal(grad_unit, dim1=-2, dim2=-1) * torch.diagonal(unit, dim1=-2, dim2=-1)
         grad_raw = torch.tril(grad_unit, -1) + torch.diag_embed(diag)
-        grad_logits = -(stats.q - stats.n_points * weights)
-        return [grad_logits, -stats.U * self.scale, grad_raw]
+        fixed = self.fixed
+        if fixed.weights.any():  # free alpha_j = (1 - fixed sum) softmax_free(z)_j: dLL/dz_j = q_j - beta_j q_free
+            beta = self._free_softmax()
+            grad_logits = -(stats.q - beta * stats.q[~fixed.weights].sum()).masked_fill(fixed.weights, 0.0)
+        else:
+            grad_logits = -(stats.q - stats.n_points * weights)
+        grad_means = (-stats.U * self.scale).masked_fill(fixed.means[:, None], 0.0)
+        return [grad_logits, grad_means, grad_raw.masked_fill(fixed.covariances[:, None, None], 0.0)]

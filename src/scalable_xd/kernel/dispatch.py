@@ -58,18 +58,22 @@ def chunks(n_points: int, n_components: int, max_pairs: int):
         yield slice(start, min(start + step, n_points))
 
 
-def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None):
+def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None, point_weights=None,
+            uniforms=None):  # fmt: skip
     """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk."""
     backend = choose_backend(backend, R)
     mixture = mixture.to(dtype=x.dtype)
     max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
+        extra = {"point_weights": None if point_weights is None else point_weights[part],
+                 "uniforms": None if uniforms is None else uniforms[part]}  # fmt: skip
         if backend == "linalg":
-            yield linalg_chunk(x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start)
+            yield linalg_chunk(x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start,
+                               **extra)  # fmt: skip
         elif backend == "compiled":
-            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, terms=_compiled_terms())
+            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, terms=_compiled_terms(), **extra)
         else:
-            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start)
+            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, **extra)
 
 
 def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None):
@@ -79,10 +83,12 @@ def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_
 
 
 def batch_statistics(
-    x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None
+    x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None, point_weights=None,
+    uniforms=None,
 ) -> Statistics:
-    """The per-component sums q, U, UU, P for one batch."""
+    """The per-component sums q, U, UU, P for one batch; ``point_weights`` (B,) weight each point's
+    responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``)."""
     total = None
-    for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs):
+    for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs, point_weights, uniforms):
         total = stats if total is None else total.combine(stats)
     return total

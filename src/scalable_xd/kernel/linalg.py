@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..mixture import Mixture
-from .statistics import LOG_2PI, Statistics, raise_for_failed_pairs
+from .statistics import LOG_2PI, Statistics, assign, n_points, raise_for_failed_pairs
 
 
 def convolved_terms(x, S, mixture: Mixture, R=None, row_offset: int = 0):
@@ -32,20 +32,21 @@ def convolved_terms(x, S, mixture: Mixture, R=None, row_offset: int = 0):
     return chol, u, log_dens
 
 
-def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int):
-    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk."""
+def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, point_weights=None, uniforms=None):
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk (``point_weights`` and
+    ``uniforms`` as in ``statistics.assign``)."""
     chol, u, log_dens = convolved_terms(x, S, mixture, R, row_offset)
     loglik = torch.logsumexp(log_dens, dim=1)
     if not with_stats:
         return loglik, log_dens, None
-    resp = torch.exp(log_dens - loglik.unsqueeze(1))
+    resp = assign(torch.exp(log_dens - loglik.unsqueeze(1)), point_weights, uniforms, dim=1)
     t_inv = torch.cholesky_inverse(chol)
     if R is not None:
         u = torch.einsum("bij,bki->bkj", R, u)
         t_inv = R.mT.unsqueeze(1) @ t_inv @ R.unsqueeze(1)
     ru = resp.unsqueeze(-1) * u
     stats = Statistics(
-        x.shape[0],
+        n_points(x, point_weights),
         resp.sum(0),
         ru.sum(0),
         torch.einsum("bki,bkj->kij", ru, u),

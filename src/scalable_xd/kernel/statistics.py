@@ -27,9 +27,10 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 @dataclass
 class Statistics:
-    """Per-component sums over a batch of ``n_points`` points."""
+    """Per-component sums over a batch of ``n_points`` points (with per-point weights: their total weight,
+    which is what every update divides by in place of the count)."""
 
-    n_points: int
+    n_points: float
     q: torch.Tensor  # (K,)
     U: torch.Tensor  # (K, D)
     UU: torch.Tensor  # (K, D, D)
@@ -49,3 +50,29 @@ def raise_for_failed_pairs(failed: torch.Tensor, row_offset: int) -> None:
     if failed.any():
         row, component = (int(v) for v in torch.nonzero(failed)[0])
         raise NotPositiveDefiniteError(row_offset + row, component)
+
+
+def assign(resp: torch.Tensor, point_weights=None, uniforms=None, *, dim: int) -> torch.Tensor:
+    """The weights each point gives the components' sums, from its responsibilities ``resp`` (components
+    along ``dim``).
+
+    ``uniforms`` (B,), in [0, 1): stochastic EM's S-step. Each point is assigned to one component, the
+    first whose cumulative responsibility exceeds u times the total (inverse-CDF sampling, so a component
+    of responsibility zero is never drawn), and its responsibilities become that one-hot vector; the sums
+    are then linear in the one-hot vectors, so their expectation is the soft sums. ``point_weights`` (B,):
+    each point's responsibilities are multiplied by its weight (``sample_weight``), so that a point of
+    weight 2 counts as the point twice.
+    """
+    if uniforms is not None:
+        cdf = torch.cumsum(resp, dim=dim)
+        total = cdf.narrow(dim, resp.shape[dim] - 1, 1)
+        chosen = (cdf < uniforms.unsqueeze(dim) * total).sum(dim, keepdim=True).clamp_max(resp.shape[dim] - 1)
+        resp = torch.zeros_like(resp).scatter_(dim, chosen, 1.0)
+    if point_weights is not None:
+        resp = resp * point_weights.unsqueeze(dim)
+    return resp
+
+
+def n_points(x: torch.Tensor, point_weights=None) -> float:
+    """The batch's size for the updates: its number of points, or their total weight."""
+    return x.shape[0] if point_weights is None else float(point_weights.sum(dtype=torch.float64))

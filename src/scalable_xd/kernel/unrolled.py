@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..mixture import Mixture
-from .statistics import LOG_2PI, Statistics, raise_for_failed_pairs
+from .statistics import LOG_2PI, Statistics, assign, n_points, raise_for_failed_pairs
 
 
 def _cholesky(V: torch.Tensor, S: torch.Tensor):
@@ -62,11 +62,13 @@ def _triangular_inverse(L, inv_diag):
     return W
 
 
-def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool):
+def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, point_weights=None, uniforms=None):
     """The pass over one chunk as plain tensors, so that ``torch.compile`` can fuse it (see ``kernel``).
 
     Returns (failed (K, B), log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
-    (q (K,), U (K, D), UU (K, D, D), lower triangle of P (K, D(D+1)/2) in row-major order).
+    (q (K,), U (K, D), UU (K, D, D), lower triangle of P (K, D(D+1)/2) in row-major order), whose
+    responsibilities are first replaced by sampled one-hot assignments (``uniforms``) and weighted per
+    point (``point_weights``) where given (see ``statistics.assign``).
     """
     dim = x.shape[1]
     L, inv_diag = _cholesky(covariances, S)
@@ -81,7 +83,7 @@ def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool):
     if not with_stats:
         return failed, loglik, log_dens
 
-    resp = torch.exp(log_dens - loglik)  # (K, B)
+    resp = assign(torch.exp(log_dens - loglik), point_weights, uniforms, dim=0)  # (K, B)
     W = _triangular_inverse(L, inv_diag)
     # u = T^-1 d = W^T z, and T^-1 = W^T W, entry by entry.
     u = []
@@ -104,12 +106,13 @@ def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool):
     return failed, loglik, log_dens, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), p_lower
 
 
-def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, terms=unrolled_terms):
+def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, terms=unrolled_terms,
+                   point_weights=None, uniforms=None):  # fmt: skip
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I.
 
     ``terms`` is ``unrolled_terms`` itself or a compiled version of it.
     """
-    out = terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, with_stats)
+    out = terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, with_stats, point_weights, uniforms)
     failed, loglik, log_dens = out[:3]
     raise_for_failed_pairs(failed.T, row_offset)
     if not with_stats:
@@ -119,4 +122,4 @@ def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, te
     P = torch.zeros_like(UU)
     P[:, rows, cols] = p_lower
     P[:, cols, rows] = p_lower
-    return loglik, log_dens.T, Statistics(x.shape[0], q, U, UU, P)
+    return loglik, log_dens.T, Statistics(n_points(x, point_weights), q, U, UU, P)

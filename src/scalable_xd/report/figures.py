@@ -10,7 +10,7 @@ import numpy as np
 
 from .metrics import FitMetrics, metrics_frame
 from .style import (
-    SAMPLES, COLOURS, COLUMN, COLUMN_HEIGHT, DATA_COLOUR, PAGE, TRUE_COLOUR, in_paper_order, method_name, pyplot, save,
+    SAMPLES, COLOURS, COLUMN, colour, COLUMN_HEIGHT, DATA_COLOUR, PAGE, TRUE_COLOUR, in_paper_order, method_name, pyplot, save,
 )  # fmt: skip
 
 FEATURE_LABELS = ["ra [deg]", "dec [deg]", "parallax [mas]", "pmra [mas/yr]", "pmdec [mas/yr]", "BP-RP [mag]", "G [mag]"]
@@ -46,7 +46,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
         centre, spread = np.exp(log_t["mean"].to_numpy()), np.exp(log_t["std"].to_numpy())
         low, high = centre / spread, centre * spread
         ax.errorbar(log_t.index, centre, yerr=[centre - low, high - centre], marker="o", markersize=3, capsize=3,
-                    color=COLOURS.get(method), label=method_name(method))  # fmt: skip
+                    color=colour(method, frame.method), label=method_name(method))  # fmt: skip
         drawn[method] = {"K": list(log_t.index), "centre": centre, "low": low, "high": high}
     ks = sorted(frame.K.unique())
     ax.set_xscale("log", base=2)
@@ -85,9 +85,9 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
         loglik = np.array([[e["train_loglik"] for e in h[:length]] for h in runs])
         seconds = np.array([[e["seconds"] for e in h[:length]] for h in runs]).mean(axis=0)
         mean, sd = loglik.mean(axis=0), loglik.std(axis=0)
-        ax.plot(seconds, mean, marker=".", markersize=3, color=COLOURS.get(method),
+        ax.plot(seconds, mean, marker=".", markersize=3, color=colour(method, curves),
                 label=f"{method_name(method)} ({len(runs)} seeds)")  # fmt: skip
-        ax.fill_between(seconds, mean - sd, mean + sd, color=COLOURS.get(method), alpha=0.3, linewidth=0)
+        ax.fill_between(seconds, mean - sd, mean + sd, color=colour(method, curves), alpha=0.3, linewidth=0)
         last = slice(max(1, length - LAST_EPOCHS), length) if length > 1 else slice(0, 1)
         shown.append(np.concatenate([(mean - sd)[last], (mean + sd)[last]]))
         start.append(mean[0])

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..io import atomic_path, write_text
 from .metrics import metrics_frame
-from .style import METHOD_NAMES, METHOD_ORDER
+from .style import METHOD_NAMES, in_paper_order
 
 
 
@@ -35,7 +35,7 @@ def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
     for name in ("test", "test_observed"):
         for agg in ("mean", "std"):
             table.loc[~table.best_K, f"{name}_{agg}"] = np.nan
-    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    order = {m: i for i, m in enumerate(in_paper_order(table.method))}
     return table.sort_values(["method", "K"], key=lambda s: s.map(order) if s.name == "method" else s,
                              ignore_index=True)  # fmt: skip
 

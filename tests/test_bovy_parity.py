@@ -1,0 +1,179 @@
+"""What Bovy's XD does beyond a plain fit: fixed parameters, per-star weights, and conditioning, each checked
+against an independent computation (numpy, by hand) rather than against the code's own output."""
+
+import numpy as np
+import pytest
+from helpers import draw_xd_data, random_spd, xd_log_densities, xd_pair_posteriors
+from scipy.stats import multivariate_normal
+
+from scalable_xd import XDGMM
+
+K, D = 3, 3
+METHODS = ["em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_em"]
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(13)
+    weights, means, covs = np.array([0.5, 0.3, 0.2]), rng.normal(scale=4, size=(K, D)), random_spd(rng, K, D)
+    x, S, _, _ = draw_xd_data(rng, 600, weights, means, covs, 0.1, 0.6)
+    init = dict(weights_init=np.array([0.4, 0.35, 0.25]), means_init=means + 0.5, covariances_init=covs * 1.3)
+    return x, S, init
+
+
+def _fit(x, S, init, **settings):
+    base = dict(n_components=K, epochs=3, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=0)
+    return XDGMM(**{**base, **init, **settings}).fit(x, S)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fixed_parameters_stay_exactly_fixed(problem, method):
+    x, S, init = problem
+    mask = np.array([True, False, True])
+    model = _fit(x, S, init, method=method, fix_weights=mask, fix_means=mask, fix_covariances=np.array([False, True, False]))
+    np.testing.assert_array_equal(model.weights_[mask], init["weights_init"][mask])
+    np.testing.assert_array_equal(model.means_[mask], init["means_init"][mask])
+    np.testing.assert_array_equal(model.covariances_[1], init["covariances_init"][1])
+    assert abs(model.weights_.sum() - 1.0) < 1e-12
+    assert not np.allclose(model.means_[1], init["means_init"][1])  # the free ones moved
+    assert not np.allclose(model.covariances_[0], init["covariances_init"][0])
+    everything = _fit(x, S, init, method=method, fix_weights=True, fix_means=True, fix_covariances=True)
+    for attr, name in (("weights_", "weights_init"), ("means_", "means_init"), ("covariances_", "covariances_init")):
+        np.testing.assert_array_equal(getattr(everything, attr), init[name])
+
+
+def test_em_step_with_fixed_parameters_matches_bovys_update_by_hand(problem):
+    """One iteration against eq. 4-5 written out: free weights share 1 - the fixed ones (Bovy's ampnorm), a
+    fixed mean's covariance is the scatter about that mean, with Bovy's regularisation (sum + w I)/(q + 1)."""
+    x, S, init = problem
+    w = 0.05
+    fix_weights, fix_means = np.array([False, True, False]), np.array([True, False, False])
+    model = _fit(x, S, init, method="em", epochs=1, w=w, fix_weights=fix_weights, fix_means=fix_means)
+    weights, means, covs = init["weights_init"], init["means_init"], init["covariances_init"]
+    r, b, B = xd_pair_posteriors(x, S, weights, means, covs)
+    q = r.sum(0)
+    expected_weights = q / q[~fix_weights].sum() * (1 - weights[fix_weights].sum())
+    expected_weights[fix_weights] = weights[fix_weights]
+    expected_means = np.where(fix_means[:, None], means, np.einsum("nk,nkd->kd", r, b) / q[:, None])
+    centred = b - expected_means[None]
+    scatter = np.einsum("nk,nkd,nke->kde", r, centred, centred) + np.einsum("nk,nkde->kde", r, B)
+    expected_covs = (scatter + w * np.eye(D)) / (q[:, None, None] + 1.0)
+    np.testing.assert_allclose(model.weights_, expected_weights, rtol=1e-12)
+    np.testing.assert_allclose(model.means_, expected_means, rtol=1e-11)
+    np.testing.assert_allclose(model.covariances_, expected_covs, rtol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_a_weighted_fit_equals_the_fit_of_repeated_rows(problem, method):
+    """Integer weights: the fit is that of the data with each row repeated (weight 0: the row left out). One
+    batch per epoch, so that minibatch methods see the same sums in both."""
+    x, S, init = problem
+    counts = np.random.default_rng(3).integers(0, 4, size=len(x))
+    repeated = np.repeat(np.arange(len(x)), counts)
+    settings = dict(method=method, epochs=4, batch_size=4 * len(x), step_size=0.5, lr=0.05)
+    weighted = XDGMM(n_components=K, tol=None, dtype="float64", device="cpu", random_state=0, **init, **settings)
+    weighted.fit(x, S, sample_weight=counts.astype(float))
+    plain = _fit(x[repeated], S[repeated], init, **settings)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(weighted, attr), getattr(plain, attr), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(weighted.history_[-1]["train_loglik"], plain.history_[-1]["train_loglik"], rtol=1e-12)
+    np.testing.assert_allclose(weighted.score(x, S, sample_weight=counts), plain.score(x[repeated], S[repeated]),
+                               rtol=1e-12)  # fmt: skip
+
+
+@pytest.mark.parametrize("weights, message", [
+    (np.r_[np.ones(599), -1.0], "sample_weight row 599 is negative"),
+    (np.r_[np.ones(10), np.nan, np.ones(589)], "sample_weight row 10 is NaN or inf"),
+    (np.ones(5), r"sample_weight must have shape \(600,\)"),
+    (np.zeros(600), "zero for every row"),
+])  # fmt: skip
+def test_bad_sample_weights_are_named(problem, weights, message):
+    x, S, init = problem
+    with pytest.raises(ValueError, match=message):
+        XDGMM(K, device="cpu", **init).fit(x, S, sample_weight=weights)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(fix_means=np.array([True, False])), "fix_means must be True, False or a boolean array of length"),
+    (dict(fix_covariances="yes"), "fix_covariances must be True, False or a boolean array"),
+    (dict(method="minibatch_em", covariance_update="naive", fix_means=True), "covariance_update='stable'"),
+    (dict(method="em", averaging="polyak"), "averaging='polyak' averages minibatch updates"),
+    (dict(method="sgd", truncation=True), "truncation applies to minibatch_em"),
+    (dict(method="minibatch_em", truncation_bound=0.5), r"truncation_bound must be in \(1"),
+])  # fmt: skip
+def test_bad_settings_are_named(problem, settings, message):
+    x, S, init = problem
+    with pytest.raises(ValueError, match=message):
+        XDGMM(K, device="cpu", **{**init, **settings}).fit(x, S)
+
+
+def _conditional_by_hand(weights, means, covs, keep, x_b, S_b):
+    """Gaussian conditioning written out with explicit inverses (numpy), and scipy for the marginal."""
+    a, b = np.flatnonzero(keep), np.flatnonzero(~keep)
+    out_w, out_m, out_V = [], [], []
+    for alpha, m, V in zip(weights, means, covs):
+        T = V[np.ix_(b, b)] + S_b
+        gain = V[np.ix_(a, b)] @ np.linalg.inv(T)
+        out_m.append(m[a] + gain @ (x_b - m[b]))
+        out_V.append(V[np.ix_(a, a)] - gain @ V[np.ix_(b, a)])
+        out_w.append(alpha * multivariate_normal(m[b], T).pdf(x_b))
+    return np.array(out_w) / np.sum(out_w), np.array(out_m), np.array(out_V)
+
+
+@pytest.mark.parametrize("n_components", [1, 3])
+@pytest.mark.parametrize("noise", ["none", "variances", "matrix"])
+def test_conditioning_matches_the_gaussian_formulas(n_components, noise):
+    rng = np.random.default_rng(n_components)
+    weights = rng.dirichlet(np.ones(n_components))
+    means, covs = rng.normal(scale=2, size=(n_components, 4)), random_spd(rng, n_components, 4)
+    model = XDGMM(n_components, device="cpu", weights_init=weights, means_init=means, covariances_init=covs,
+                  epochs=1, tol=None)  # fmt: skip
+    model._set_fitted(_mixture(weights, means, covs), [], True, *model._validated())
+    given = np.array([np.nan, 0.7, np.nan, -1.2])
+    S_b = {"none": None, "variances": np.array([0.3, 0.1]), "matrix": np.array([[0.3, 0.05], [0.05, 0.1]])}[noise]
+    S_full = np.zeros((2, 2)) if S_b is None else np.diag(S_b) if S_b.ndim == 1 else S_b
+    conditioned = model.condition(given, S_b)
+    expected = _conditional_by_hand(weights, means, covs, np.isnan(given), given[[1, 3]], S_full)
+    np.testing.assert_allclose(conditioned.weights_, expected[0], rtol=1e-10)
+    np.testing.assert_allclose(conditioned.means_, expected[1], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(conditioned.covariances_, expected[2], rtol=1e-10, atol=1e-12)
+    assert conditioned.n_features_in_ == 2
+
+
+def test_exact_conditioning_is_the_joint_over_the_marginal():
+    """With no noise, log p(v_a | v_b) = log p(v_a, v_b) - log p(v_b), from the joint model's own density."""
+    rng = np.random.default_rng(8)
+    weights, means, covs = rng.dirichlet(np.ones(3)), rng.normal(size=(3, 3)), random_spd(rng, 3, 3)
+    model = XDGMM(3, device="cpu")
+    model._set_fitted(_mixture(weights, means, covs), [], True, *model._validated())
+    v_b = 0.4
+    conditioned = model.condition([np.nan, np.nan, v_b])
+    v_a = rng.normal(size=(5, 2))
+    joint = model.score_samples(np.c_[v_a, np.full(5, v_b)], None)
+    marginal = np.log(sum(w * multivariate_normal(m[2], V[2, 2]).pdf(v_b) for w, m, V in zip(weights, means, covs)))
+    np.testing.assert_allclose(conditioned.score_samples(v_a, None), joint - marginal, rtol=1e-5)
+    noisy = xd_log_densities(v_a, np.zeros((5, 2, 2)), conditioned.weights_, conditioned.means_, conditioned.covariances_)
+    np.testing.assert_allclose(np.logaddexp.reduce(noisy, axis=1), joint - marginal, rtol=1e-5)
+
+
+@pytest.mark.parametrize("given, noise, message", [
+    ([0.1, 0.2, 0.3], None, "at least one feature NaN"),
+    ([np.nan] * 3, None, "at least one feature NaN"),
+    ([np.nan, 0.2], None, r"X_given must have shape \(3,\)"),
+    ([np.nan, np.inf, 0.3], None, "feature 1 is infinite"),
+    ([np.nan, 0.2, 0.3], np.ones(3), r"Xcov_given must be variances \(2,\)"),
+    ([np.nan, 0.2, 0.3], -np.ones(2), "positive semi-definite"),
+])  # fmt: skip
+def test_bad_conditioning_input_is_named(given, noise, message):
+    model = XDGMM(1, device="cpu")
+    model._set_fitted(_mixture(np.ones(1), np.zeros((1, 3)), np.eye(3)[None]), [], True, *model._validated())
+    with pytest.raises(ValueError, match=message):
+        model.condition(given, noise)
+
+
+def _mixture(weights, means, covs):
+    import torch
+
+    from scalable_xd.mixture import Mixture
+
+    return Mixture(*(torch.tensor(a, dtype=torch.float64) for a in (weights, means, covs)))
