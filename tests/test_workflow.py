@@ -165,6 +165,27 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing
 
 
+def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp_path):
+    output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="methods.yaml")
+    commands = [line for line in output.splitlines() if " fit --train " in line]
+    assert len(commands) == 6 * 3
+    for method in ("em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_em"):
+        own = [c for c in commands if f"/fits/{method}/" in c]
+        assert len(own) == 3 and all(f" --method {method} " in c and "--averaging none" in c for c in own), method
+    polyak = [c for c in commands if "/fits/minibatch_em_polyak/" in c]
+    assert len(polyak) == 3 and all(" --method minibatch_em " in c and "--averaging polyak" in c for c in polyak)
+
+
+def test_an_unknown_method_in_the_grid_is_named(tmp_path):
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "methods": ["em", "minibatch_em_polyak"]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+               "--configfile", str(tmp_path / "config.yaml"), "--dry-run"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "fit.methods ['minibatch_em_polyak'] are neither methods nor names of fit.variants" in result.stdout + result.stderr
+
+
 def test_the_report_command_works_as_documented_without_cores(smoke, tmp_path):
     """`snakemake --report report.html --configfile ...` with fit.threads 0 (every config but smoke): the
     rules' thread count once asked snakemake for --cores, which a report does not give."""
