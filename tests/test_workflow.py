@@ -174,6 +174,7 @@ def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp
         assert len(own) == 3 and all(f" --method {method} " in c and "--averaging none" in c for c in own), method
     polyak = [c for c in commands if "/fits/minibatch_em_polyak/" in c]
     assert len(polyak) == 3 and all(" --method minibatch_em " in c and "--averaging polyak" in c for c in polyak)
+    assert all("--label minibatch_em_polyak" in c for c in polyak)  # reported under the variant's name
 
 
 def test_an_unknown_method_in_the_grid_is_named(tmp_path):

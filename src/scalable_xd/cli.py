@@ -97,7 +97,7 @@ def _fit(args) -> None:
     steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
               seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2), output_model=args.output_model,
               output_metrics=args.output_metrics, checkpoint=args.checkpoint, references=args.reference or (),
-              tag=args.tag, config_hash=args.config_hash, threads=args.threads)  # fmt: skip
+              tag=args.tag, config_hash=args.config_hash, threads=args.threads, label=args.label)  # fmt: skip
 
 
 def _reference(args) -> None:
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
     p.add_argument("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)")
     p.add_argument("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)")
+    p.add_argument("--label", default=None,
+                   help="the name the fit is reported under in tables and figures (a workflow variant; default: "
+                        "the method)")  # fmt: skip
     p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
     p.add_argument("--config-hash", default=None, help="recorded in the metrics")
     p.add_argument("--reference", nargs="*", default=None,

@@ -108,8 +108,10 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
 
 
 def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSettings, output_model,
-        output_metrics, checkpoint=None, references=(), tag=None, config_hash=None, threads: int = 0) -> None:  # fmt: skip
-    """One fit from a k-means init: the model, and its metrics record (``report.metrics``)."""
+        output_metrics, checkpoint=None, references=(), tag=None, config_hash=None, threads: int = 0,
+        label: str | None = None) -> None:  # fmt: skip
+    """One fit from a k-means init: the model, and its metrics record (``report.metrics``), reported under
+    ``label`` (a workflow variant's name) or the method's name."""
     import torch
 
     import scalable_xd
@@ -136,7 +138,7 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
     device = model._device
     metrics = FitMetrics(
-        method=settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash,
+        method=label or settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash,
         settings=model.describe(), train_seconds=last["seconds"], kmeans_seconds=float(start["seconds"]),
         wall_seconds=wall, cpu_seconds=cpu, threads=torch.get_num_threads(), n_iter=model.n_iter_, converged=model.converged_, history=model.history_,
         covariance_mode=train_split.mode,

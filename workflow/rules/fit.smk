@@ -29,7 +29,7 @@ rule fit:
         ENV
     shell:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
-        "--n-components {wildcards.K} --seed {wildcards.seed} {params.settings} "
+        "--n-components {wildcards.K} --seed {wildcards.seed} --label {wildcards.method} {params.settings} "
         "--threads {threads} "
         "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
