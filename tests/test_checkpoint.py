@@ -62,6 +62,21 @@ def test_a_checkpoint_of_other_data_of_the_same_shape_is_refused(finished):
         XDGMM(**SETTINGS).fit(*_data(0), X_val=_data(2)[0], Xcov_val=_data(2)[1], checkpoint=finished)
     with pytest.raises(CheckpointError, match="other data: init"):
         XDGMM(**SETTINGS, means_init=[[-2, 0], [2, 0]]).fit(*_data(0), checkpoint=finished)
+    weights = np.ones(600)
+    with pytest.raises(CheckpointError, match="other data"):  # weights of one everywhere are still other data
+        XDGMM(**SETTINGS).fit(*_data(0), sample_weight=weights, checkpoint=finished)
+
+
+def test_fixed_parameters_and_weights_are_part_of_the_fingerprint(tmp_path):
+    path, weights = tmp_path / "fit.ckpt", np.linspace(0.5, 2.0, 600)
+    XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(*_data(0), sample_weight=weights, checkpoint=path)
+    resumed = XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(*_data(0), sample_weight=weights, checkpoint=path)
+    assert resumed.n_iter_ == 2
+    with pytest.raises(CheckpointError, match=r"other settings: fix_means \[True, False\] in the checkpoint"):
+        XDGMM(**SETTINGS).fit(*_data(0), sample_weight=weights, checkpoint=path)
+    weights[300] = 1.0  # one weight
+    with pytest.raises(CheckpointError, match="other data"):
+        XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(*_data(0), sample_weight=weights, checkpoint=path)
 
 
 def test_the_same_data_resumes_and_other_settings_are_named(finished):
