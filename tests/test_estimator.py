@@ -131,11 +131,12 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
     ("em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_em", {}), ("stochastic_minibatch_em", {}),
     ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
     ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),
+    ("em", {"split_merge": True, "tol": 0.2, "split_merge_tries": 3}),  # interrupted in a partial EM
 ])  # fmt: skip
 def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch):
     x, S = data
-    settings = dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5,
-                    **options)  # fmt: skip
+    settings = {**dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu",
+                       random_state=5), **options}  # fmt: skip
     uninterrupted = XDGMM(**settings).fit(x, S)
 
     checkpoint = tmp_path / "fit.ckpt"

@@ -72,6 +72,10 @@ class XDGMM(BaseEstimator):
     truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave the
         growing compact sets of Nguyen, Forbes & McLachlan (c1 = c2 = c3 = ``truncation_bound``, in the
         features' units; see ``fitters.MinibatchEM``); the restarts are counted in ``history_``.
+    split_merge, split_merge_tries : batch EM with Ueda et al.'s split-and-merge moves, as Bovy et al.
+        (2011): after convergence, up to ``split_merge_tries`` moves (merge two components, split a third,
+        partial then full EM), each kept only if the converged log-likelihood improves (see
+        ``fit.split_merge``); moves tried and accepted are counted in ``history_``.
     covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
     kmeans_epochs, kmeans_batch_size : the minibatch k-means for the initial weights and means
         (covariances start at I).
@@ -120,6 +124,8 @@ class XDGMM(BaseEstimator):
         sgd_scaling: str = _FIT.sgd_scaling,
         w: float = _FIT.w,
         tol: float | None = _FIT.tol,
+        split_merge: bool = _FIT.split_merge,
+        split_merge_tries: int = _FIT.split_merge_tries,
         averaging: str = _FIT.averaging,
         truncation: bool = _FIT.truncation,
         truncation_bound: float = _FIT.truncation_bound,
@@ -153,6 +159,8 @@ class XDGMM(BaseEstimator):
         self.sgd_scaling = sgd_scaling
         self.w = w
         self.tol = tol
+        self.split_merge = split_merge
+        self.split_merge_tries = split_merge_tries
         self.averaging = averaging
         self.truncation = truncation
         self.truncation_bound = truncation_bound
@@ -231,7 +239,8 @@ class XDGMM(BaseEstimator):
             batch_size=max(settings.batch_size, EVAL_BATCH) if batch_method else settings.batch_size,
             shuffle=not batch_method, seed=seed, device=device, dtype=dtype,
             backend="compiled" if settings.compile else "auto", w=settings.w,
-            tol=settings.tol if settings.method == "em" else None, verbose=settings.verbose,
+            tol=settings.tol if settings.method == "em" and not settings.split_merge else None,
+            verbose=settings.verbose,
         )  # fmt: skip
         history, converged = run(fitter, train, val, loop, store)
         self._set_fitted(fitter.result, history, converged, settings, kmeans)

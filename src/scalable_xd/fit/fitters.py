@@ -38,6 +38,8 @@ class Fitter(Protocol):
     mixture: Mixture
     result: Mixture
     samples_assignments: bool  # stochastic EM: the loop passes uniforms for the S-step
+    wants_criteria: bool  # split-and-merge: the loop asks the kernel for the criteria's sums
+    finished: bool  # split-and-merge: no move left to try, so the fit is done
 
     def step_size(self, epoch: int) -> float:
         """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
@@ -61,6 +63,10 @@ class Fitter(Protocol):
 def make_fitter(settings: FitSettings, mixture: Mixture, fixed: FixedParameters | None = None) -> Fitter:
     """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held."""
     s = settings
+    if s.split_merge:
+        from .split_merge import SplitMergeEM
+
+        return SplitMergeEM(mixture, w=s.w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
     if s.method in ("em", "stochastic_em"):
         fitter = BatchEM(mixture, w=s.w, fixed=fixed, stochastic=s.method == "stochastic_em")
     elif s.method in ("minibatch_em", "stochastic_minibatch_em"):
@@ -91,6 +97,8 @@ class BatchEM:
     assignment per star (the S-step) rather than its responsibilities, the true values still integrated
     out analytically. A component that draws no star is frozen with weight zero, as in batch EM.
     """
+
+    wants_criteria = finished = False
 
     def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None, stochastic: bool = False):
         self.mixture = mixture
@@ -146,6 +154,8 @@ class MinibatchEM:
     [1/(c + m), c + m], in the features' units); an update that leaves it restarts the running state from
     the initial parameters and m grows by one. The step-size count is not reset.
     """
+
+    wants_criteria = finished = False
 
     def __init__(
         self,
@@ -249,7 +259,7 @@ class SGD:
     that ``lr`` means the same for degrees and milliarcseconds (see ``CholeskyParameters``).
     """
 
-    samples_assignments = False
+    samples_assignments = wants_criteria = finished = False
 
     def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str,
                  fixed: FixedParameters | None = None):  # fmt: skip
@@ -305,6 +315,8 @@ class PolyakAverage:
     Weights, means and covariances are averaged as they are; an average of positive-definite matrices is
     positive definite, and of weights that sum to one sums to one.
     """
+
+    wants_criteria = finished = False
 
     def __init__(self, inner: Fitter):
         self.inner = inner

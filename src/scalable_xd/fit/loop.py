@@ -125,7 +125,8 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": total_loglik(train, fitter.result, cfg.device, cfg.dtype, cfg.backend) / train.total_weight,
+            "train_loglik": total_loglik(train, fitter.result, cfg.device, cfg.dtype, cfg.backend)
+            / train.total_weight,
             "val_loglik": None
             if val is None
             else total_loglik(val, fitter.result, cfg.device, cfg.dtype, cfg.backend) / val.total_weight,
@@ -155,7 +156,7 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
                 uniforms = assignment_uniforms(cfg.seed, epoch, number, x.shape[0], cfg.device, cfg.dtype)
             try:
                 stats = batch_statistics(x, S, fitter.mixture, R, backend=cfg.backend, point_weights=weights,
-                                         uniforms=uniforms)  # fmt: skip
+                                         uniforms=uniforms, with_criteria=fitter.wants_criteria)  # fmt: skip
             except NotPositiveDefiniteError as err:
                 raise FitDivergedError(
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
@@ -170,6 +171,7 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         _log(cfg, history[-1])
         if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
             converged = True
+        converged = converged or fitter.finished
         if checkpoint is not None:
             checkpoint.save(epoch, history, converged, fitter.state_dict())
         epoch += 1

@@ -59,14 +59,14 @@ def chunks(n_points: int, n_components: int, max_pairs: int):
 
 
 def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None, point_weights=None,
-            uniforms=None):  # fmt: skip
+            uniforms=None, with_criteria: bool = False):  # fmt: skip
     """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk."""
     backend = choose_backend(backend, R)
     mixture = mixture.to(dtype=x.dtype)
     max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
         extra = {"point_weights": None if point_weights is None else point_weights[part],
-                 "uniforms": None if uniforms is None else uniforms[part]}  # fmt: skip
+                 "uniforms": None if uniforms is None else uniforms[part], "with_criteria": with_criteria}  # fmt: skip
         if backend == "linalg":
             yield linalg_chunk(x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start,
                                **extra)  # fmt: skip
@@ -84,11 +84,12 @@ def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_
 
 def batch_statistics(
     x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None, point_weights=None,
-    uniforms=None,
+    uniforms=None, with_criteria: bool = False,
 ) -> Statistics:
     """The per-component sums q, U, UU, P for one batch; ``point_weights`` (B,) weight each point's
-    responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``)."""
+    responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``);
+    ``with_criteria`` adds the split-and-merge sums (``statistics.Criteria``)."""
     total = None
-    for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs, point_weights, uniforms):
+    for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs, point_weights, uniforms, with_criteria):
         total = stats if total is None else total.combine(stats)
     return total

@@ -10,7 +10,16 @@ from __future__ import annotations
 import torch
 
 from ..mixture import Mixture
-from .statistics import LOG_2PI, Statistics, assign, n_points, raise_for_failed_pairs
+from .statistics import (
+    LOG_2PI,
+    Criteria,
+    Statistics,
+    assign,
+    criteria_sums,
+    n_points,
+    raise_for_failed_pairs,
+    summed_loglik,
+)
 
 
 def convolved_terms(x, S, mixture: Mixture, R=None, row_offset: int = 0):
@@ -32,7 +41,8 @@ def convolved_terms(x, S, mixture: Mixture, R=None, row_offset: int = 0):
     return chol, u, log_dens
 
 
-def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, point_weights=None, uniforms=None):
+def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, point_weights=None, uniforms=None,
+                 with_criteria: bool = False):  # fmt: skip
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk (``point_weights`` and
     ``uniforms`` as in ``statistics.assign``)."""
     chol, u, log_dens = convolved_terms(x, S, mixture, R, row_offset)
@@ -51,5 +61,8 @@ def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, p
         ru.sum(0),
         torch.einsum("bki,bkj->kij", ru, u),
         torch.einsum("bk,bkij->kij", resp, t_inv),
+        summed_loglik(loglik, point_weights),
+        Criteria(*criteria_sums(log_dens, loglik, mixture.log_weights, point_weights, dim=1)) if with_criteria
+        else None,
     )
     return loglik, log_dens, stats

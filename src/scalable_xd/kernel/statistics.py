@@ -28,21 +28,67 @@ LOG_2PI = math.log(2.0 * math.pi)
 @dataclass
 class Statistics:
     """Per-component sums over a batch of ``n_points`` points (with per-point weights: their total weight,
-    which is what every update divides by in place of the count)."""
+    which is what every update divides by in place of the count), the batch's summed log-likelihood, and,
+    when asked for, the split-and-merge criteria's sums (``Criteria``)."""
 
     n_points: float
     q: torch.Tensor  # (K,)
     U: torch.Tensor  # (K, D)
     UU: torch.Tensor  # (K, D, D)
     P: torch.Tensor  # (K, D, D)
+    loglik: torch.Tensor | None = None  # () sum over the batch of (weighted) log p(x_i) under the E-step's model
+    criteria: Criteria | None = None
 
     def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
-        return Statistics(self.n_points, self.q.double(), self.U.double(), self.UU.double(), self.P.double())
+        return Statistics(self.n_points, self.q.double(), self.U.double(), self.UU.double(), self.P.double(),
+                          None if self.loglik is None else self.loglik.double(),
+                          None if self.criteria is None else self.criteria.double())  # fmt: skip
 
     def combine(self, other: Statistics) -> Statistics:
+        loglik = None if self.loglik is None or other.loglik is None else self.loglik + other.loglik
+        criteria = None if self.criteria is None or other.criteria is None else self.criteria.combine(other.criteria)
         return Statistics(self.n_points + other.n_points, self.q + other.q, self.U + other.U, self.UU + other.UU,
-                          self.P + other.P)  # fmt: skip
+                          self.P + other.P, loglik, criteria)  # fmt: skip
+
+
+@dataclass
+class Criteria:
+    """Sums behind Ueda et al.'s split-and-merge criteria (as Bovy et al. 2011 use them), from the soft
+    responsibilities r_ij (times the point weights) and log N_ij = log N(x_i | m_j, V_j + S_i):
+
+        overlap (K, K) = sum_i r_ij r_ik      (merge: components that claim the same stars)
+        r_log_r (K,)   = sum_i r_ij log r_ij,   r_log_n (K,) = sum_i r_ij log N_ij
+
+    so that the local Kullback-Leibler divergence of component j's stars from the component itself is
+    sum_i f_ij log(f_ij / N_ij) with f_ij = r_ij / q_j, i.e. (r_log_r - r_log_n) / q_j - log q_j.
+    """
+
+    overlap: torch.Tensor
+    r_log_r: torch.Tensor
+    r_log_n: torch.Tensor
+
+    def double(self) -> Criteria:
+        return Criteria(self.overlap.double(), self.r_log_r.double(), self.r_log_n.double())
+
+    def combine(self, other: Criteria) -> Criteria:
+        return Criteria(self.overlap + other.overlap, self.r_log_r + other.r_log_r, self.r_log_n + other.r_log_n)
+
+
+def criteria_sums(log_dens, loglik, log_weights, point_weights=None, *, dim: int) -> tuple:
+    """(overlap, r_log_r, r_log_n) of ``Criteria`` from log alpha_j N_ij (components along ``dim``) and
+    log p(x_i); pairs of responsibility zero contribute nothing."""
+    log_r = log_dens - loglik.unsqueeze(dim)
+    r = torch.exp(log_r)
+    if point_weights is not None:
+        r = r * point_weights.unsqueeze(dim)
+    shape = (-1, 1) if dim == 0 else (1, -1)
+    zero = torch.zeros_like(r)
+    r_log_r = torch.where(r > 0, r * log_r, zero)
+    r_log_n = torch.where(r > 0, r * (log_dens - log_weights.reshape(shape)), zero)
+    other = 1 - dim
+    overlap = r @ r.mT if dim == 0 else r.mT @ r
+    return overlap, r_log_r.sum(other), r_log_n.sum(other)
 
 
 def raise_for_failed_pairs(failed: torch.Tensor, row_offset: int) -> None:
@@ -71,6 +117,11 @@ def assign(resp: torch.Tensor, point_weights=None, uniforms=None, *, dim: int) -
     if point_weights is not None:
         resp = resp * point_weights.unsqueeze(dim)
     return resp
+
+
+def summed_loglik(loglik: torch.Tensor, point_weights=None) -> torch.Tensor:
+    """The batch's (weighted) total log-likelihood, in float64."""
+    return loglik.sum(dtype=torch.float64) if point_weights is None else (loglik.double() * point_weights).sum()
 
 
 def n_points(x: torch.Tensor, point_weights=None) -> float:

@@ -15,7 +15,16 @@ from __future__ import annotations
 import torch
 
 from ..mixture import Mixture
-from .statistics import LOG_2PI, Statistics, assign, n_points, raise_for_failed_pairs
+from .statistics import (
+    LOG_2PI,
+    Criteria,
+    Statistics,
+    assign,
+    criteria_sums,
+    n_points,
+    raise_for_failed_pairs,
+    summed_loglik,
+)
 
 
 def _cholesky(V: torch.Tensor, S: torch.Tensor):
@@ -62,13 +71,15 @@ def _triangular_inverse(L, inv_diag):
     return W
 
 
-def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, point_weights=None, uniforms=None):
+def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, point_weights=None, uniforms=None,
+                   with_criteria: bool = False):  # fmt: skip
     """The pass over one chunk as plain tensors, so that ``torch.compile`` can fuse it (see ``kernel``).
 
     Returns (failed (K, B), log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
     (q (K,), U (K, D), UU (K, D, D), lower triangle of P (K, D(D+1)/2) in row-major order), whose
     responsibilities are first replaced by sampled one-hot assignments (``uniforms``) and weighted per
-    point (``point_weights``) where given (see ``statistics.assign``).
+    point (``point_weights``) where given (see ``statistics.assign``); with ``with_criteria`` also the
+    split-and-merge sums (``statistics.criteria_sums``).
     """
     dim = x.shape[1]
     L, inv_diag = _cholesky(covariances, S)
@@ -103,23 +114,29 @@ def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, poin
     u = torch.stack(u, dim=1)  # (K, D, B)
     ru = u * resp[:, None, :]
     p_lower = torch.bmm(torch.stack(t_inv, dim=1), resp.unsqueeze(-1)).squeeze(-1)
-    return failed, loglik, log_dens, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), p_lower
+    out = (failed, loglik, log_dens, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), p_lower)
+    if with_criteria:
+        out = out + criteria_sums(log_dens, loglik, log_weights, point_weights, dim=0)
+    return out
 
 
 def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, terms=unrolled_terms,
-                   point_weights=None, uniforms=None):  # fmt: skip
+                   point_weights=None, uniforms=None, with_criteria: bool = False):  # fmt: skip
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I.
 
     ``terms`` is ``unrolled_terms`` itself or a compiled version of it.
     """
-    out = terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, with_stats, point_weights, uniforms)
+    out = terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, with_stats, point_weights, uniforms,
+                with_criteria)  # fmt: skip
     failed, loglik, log_dens = out[:3]
     raise_for_failed_pairs(failed.T, row_offset)
     if not with_stats:
         return loglik, log_dens.T, None
-    q, U, UU, p_lower = out[3:]
+    q, U, UU, p_lower = out[3:7]
     rows, cols = torch.tril_indices(x.shape[1], x.shape[1], device=x.device)
     P = torch.zeros_like(UU)
     P[:, rows, cols] = p_lower
     P[:, cols, rows] = p_lower
-    return loglik, log_dens.T, Statistics(n_points(x, point_weights), q, U, UU, P)
+    criteria = Criteria(*out[7:]) if with_criteria else None
+    stats = Statistics(n_points(x, point_weights), q, U, UU, P, summed_loglik(loglik, point_weights), criteria)
+    return loglik, log_dens.T, stats
