@@ -132,6 +132,8 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
     ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
     ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),
     ("em", {"split_merge": True, "tol": 0.2, "split_merge_tries": 3}),  # interrupted in a partial EM
+    ("minibatch_em", {"split_merge": True}),  # interrupted with a trial proposed, before its epoch
+    ("sgd", {"split_merge": True, "batch_size": 100}),
 ])  # fmt: skip
 def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch):
     x, S = data

@@ -24,9 +24,9 @@ TRAP = dict(means_init=np.array([[-0.3, 0.0], [0.3, 0.0], [6.0, 3.0]]),
             covariances_init=np.stack([np.eye(2) * 0.3] * 2 + [np.eye(2) * 4.0]))  # fmt: skip
 
 
-def _recovered(model) -> bool:
-    """Every true centre has a fitted mean within 0.1."""
-    return all(np.linalg.norm(model.means_ - c, axis=1).min() < 0.1 for c in CENTRES)
+def _recovered(model, within: float = 0.1) -> bool:
+    """Every true centre has a fitted mean within ``within``."""
+    return all(np.linalg.norm(model.means_ - c, axis=1).min() < within for c in CENTRES)
 
 
 def test_em_stays_trapped_and_split_and_merge_escapes(three_clusters):
@@ -84,10 +84,49 @@ def test_moves_are_ranked_by_overlap_then_local_divergence():
     assert ranked_moves(criteria, q, 4) == [(1, 3, 2), (1, 3, 0), (0, 2, 1), (0, 2, 3)]
 
 
+@pytest.fixture(scope="module")
+def shuffled_clusters():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.normal(size=(4000, 2)) * 0.5 + c for c in CENTRES])
+    return rng.permutation(x), np.full((12_000, 2), 0.01)
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "stochastic_minibatch_em", "sgd"])
+def test_the_stochastic_form_escapes_the_trap_for_every_minibatch_method(shuffled_clusters, method):
+    x, S = shuffled_clusters
+    settings = dict(n_components=3, method=method, epochs=8, batch_size=200, lr=0.05, device="cpu", dtype="float64",
+                    random_state=0, **TRAP)  # fmt: skip
+    plain = XDGMM(**settings).fit(x, S)
+    moved = XDGMM(**settings, split_merge=True).fit(x, S)
+    within = 0.3 if method == "sgd" else 0.1  # Adam at a fixed learning rate jitters around the optimum
+    assert not _recovered(plain, within) and _recovered(moved, within)
+    # every judged move: kept exactly when the trial scored higher on the judging sample
+    for before, after in zip(moved.history_, moved.history_[1:]):
+        if after["moves_tried"] > before["moves_tried"]:
+            incumbent, trial = after["last_judged"]
+            assert (after["moves_accepted"] > before["moves_accepted"]) == (trial > incumbent)
+
+
+def test_a_validation_set_judges_the_stochastic_moves(shuffled_clusters):
+    """With X_val given, a move is judged on it: after each judgement the epoch's validation score (of the
+    model kept) is the higher of the two judged scores."""
+    x, S = shuffled_clusters
+    model = XDGMM(3, "minibatch_em", epochs=4, batch_size=200, split_merge=True, device="cpu", dtype="float64",
+                  random_state=0, **TRAP)  # fmt: skip
+    model.fit(x[:10_000], S[:10_000], X_val=x[10_000:], Xcov_val=S[10_000:])
+    judged = [after for before, after in zip(model.history_, model.history_[1:])
+              if after["moves_tried"] > before["moves_tried"]]  # fmt: skip
+    assert judged
+    for entry in judged:
+        assert entry["val_loglik"] == pytest.approx(max(entry["last_judged"]), rel=1e-12)
+
+
 @pytest.mark.parametrize("settings, message", [
-    (dict(method="sgd", split_merge=True), "split_merge needs method 'em'"),
-    (dict(method="em", split_merge=True, tol=None), "split_merge needs method 'em' with a tolerance"),
+    (dict(method="em", split_merge=True, tol=None), "split_merge with method 'em' needs a tolerance"),
     (dict(method="em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
+    (dict(method="minibatch_em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
+    (dict(method="minibatch_em", split_merge=True, averaging="polyak"), "without averaging or truncation"),
+    (dict(method="stochastic_em", split_merge=True), "split_merge works with em, minibatch_em"),
     (dict(method="em", split_merge=True, split_merge_tries=0), "split_merge_tries must be a positive integer"),
 ])  # fmt: skip
 def test_bad_split_merge_settings_are_named(three_clusters, settings, message):

@@ -29,6 +29,26 @@ from .settings import FitSettings, KMeansSettings, check_count, check_seed, reso
 _FIT, _KMEANS = FitSettings(), KMeansSettings()
 
 
+# Training stars that judge stochastic split-and-merge moves when no validation data are given.
+JUDGE_SAMPLE = 20_000
+
+
+def _judge_sample(train: Dataset, seed: int) -> Dataset:
+    """A fixed random sample of the training data (``JUDGE_SAMPLE`` stars at most), chosen by the seed."""
+    if len(train) <= JUDGE_SAMPLE:
+        return train
+    rows = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:JUDGE_SAMPLE].sort().values
+    x, S, R = train.batch(rows, "cpu", torch.float64)
+    weights = None if train.weights is None else train.weights[rows]
+    return Dataset(x, S, R, sample_weight=weights, name="the split-and-merge judging sample", validate=False)
+
+
+def _judge(data: Dataset, device, dtype, compiled: bool):
+    """Mean log-likelihood of a mixture on ``data``: what decides a stochastic split-and-merge move."""
+    backend = "compiled" if compiled else "auto"
+    return lambda mixture: total_loglik(data, mixture, device, dtype, backend) / data.total_weight
+
+
 def _settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
     """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
     return {"n_components": int(n_components), **settings.as_dict(),
@@ -72,10 +92,12 @@ class XDGMM(BaseEstimator):
     truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave the
         growing compact sets of Nguyen, Forbes & McLachlan (c1 = c2 = c3 = ``truncation_bound``, in the
         features' units; see ``fitters.MinibatchEM``); the restarts are counted in ``history_``.
-    split_merge, split_merge_tries : batch EM with Ueda et al.'s split-and-merge moves, as Bovy et al.
-        (2011): after convergence, up to ``split_merge_tries`` moves (merge two components, split a third,
-        partial then full EM), each kept only if the converged log-likelihood improves (see
-        ``fit.split_merge``); moves tried and accepted are counted in ``history_``.
+    split_merge, split_merge_tries : Ueda et al.'s split-and-merge moves (merge two components, split a
+        third), at most ``split_merge_tries`` of them; tried and accepted moves are counted in ``history_``.
+        Batch EM as Bovy et al. (2011): after convergence, partial then full EM, a move kept only if the
+        converged log-likelihood improves. Minibatch methods (the stochastic form; docs/split_merge.md): one
+        move an epoch from running criteria, trained beside the incumbent for an epoch and kept only if it
+        scores higher on the validation data (or a fixed sample of 20,000 training stars).
     covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
     kmeans_epochs, kmeans_batch_size : the minibatch k-means for the initial weights and means
         (covariances start at I).
@@ -232,8 +254,11 @@ class XDGMM(BaseEstimator):
         else:
             mixture = initial_mixture(train, self.n_components, kmeans, seed, device, dtype, weights=self.weights_init,
                                       means=self.means_init, covariances=self.covariances_init)  # fmt: skip
-        fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture))
         batch_method = settings.method in ("em", "stochastic_em")  # sums over all points, one update an epoch
+        judge = None
+        if settings.split_merge and not batch_method:
+            judge = _judge(val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile)
+        fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture), judge)
         loop = LoopConfig(
             epochs=settings.epochs,
             batch_size=max(settings.batch_size, EVAL_BATCH) if batch_method else settings.batch_size,

@@ -107,8 +107,9 @@ class FitSettings(_Settings):
                                "the growing compact sets of Nguyen, Forbes & McLachlan")  # fmt: skip
     truncation_bound: float = setting(1000.0, "c1 = c2 = c3 of the truncation sets, in the features' units",
                                       low=1, low_open=True)  # fmt: skip
-    split_merge: bool = setting(False, "em: split-and-merge moves after convergence (Ueda et al.; Bovy et al. "
-                                "2011), each kept only if the converged log-likelihood improves")  # fmt: skip
+    split_merge: bool = setting(False, "split-and-merge moves (Ueda et al.): em after convergence, each kept only "
+                                "if the converged log-likelihood improves; minibatch methods one per epoch, "
+                                "judged on a fixed validation sample")  # fmt: skip
     split_merge_tries: int = setting(5, "split-and-merge moves tried at most", low=1)
     covariance_update: str = setting("stable", "minibatch EM's covariance update: the centred form or the paper's "
                                      "eq. 7", choices=COVARIANCE_UPDATES)  # fmt: skip
@@ -125,9 +126,12 @@ class FitSettings(_Settings):
         if self.averaging != "none" and self.method not in MINIBATCH_METHODS:
             raise ValueError(f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} "
                              f"makes one update per epoch (use one of {', '.join(MINIBATCH_METHODS)})")  # fmt: skip
-        if self.split_merge and (self.method != "em" or self.tol is None):
-            raise ValueError(f"split_merge needs method 'em' with a tolerance tol (moves are tried once EM has "
-                             f"converged), got method {self.method!r}, tol {self.tol!r}")  # fmt: skip
+        if self.split_merge and self.method == "em" and self.tol is None:
+            raise ValueError("split_merge with method 'em' needs a tolerance tol (moves are tried once EM has "
+                             "converged), got tol None")  # fmt: skip
+        if self.split_merge and (self.method == "stochastic_em" or self.averaging != "none" or self.truncation):
+            raise ValueError("split_merge works with em, minibatch_em, stochastic_minibatch_em and sgd, without "
+                             "averaging or truncation")  # fmt: skip
         if self.truncation and self.method not in ("minibatch_em", "stochastic_minibatch_em"):
             raise ValueError(f"truncation applies to minibatch_em and stochastic_minibatch_em, not {self.method!r}")
 

@@ -13,6 +13,7 @@ than on the sky, a condition number float32 cannot even store as a positive-defi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -40,6 +41,7 @@ class Fitter(Protocol):
     samples_assignments: bool  # stochastic EM: the loop passes uniforms for the S-step
     wants_criteria: bool  # split-and-merge: the loop asks the kernel for the criteria's sums
     finished: bool  # split-and-merge: no move left to try, so the fit is done
+    shadow: Mixture | None  # stochastic split-and-merge: a trial model that gets its own statistics pass
 
     def step_size(self, epoch: int) -> float:
         """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
@@ -60,13 +62,23 @@ class Fitter(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-def make_fitter(settings: FitSettings, mixture: Mixture, fixed: FixedParameters | None = None) -> Fitter:
-    """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held."""
+def make_fitter(settings: FitSettings, mixture: Mixture, fixed: FixedParameters | None = None,
+                judge: Callable[[Mixture], float] | None = None) -> Fitter:  # fmt: skip
+    """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held;
+    ``judge`` scores a mixture on a fixed validation sample (stochastic split-and-merge)."""
     s = settings
-    if s.split_merge:
+    if s.split_merge and s.method == "em":
         from .split_merge import SplitMergeEM
 
         return SplitMergeEM(mixture, w=s.w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
+    if s.split_merge:
+        from .split_merge import StochasticSplitMerge
+
+        if fixed is not None and fixed.any():
+            raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
+        plain = dataclasses.replace(s, split_merge=False)
+        return StochasticSplitMerge(make_fitter(plain, mixture), judge=judge, tries=s.split_merge_tries,
+                                    make_fitter=lambda start, held: make_fitter(plain, start, held))  # fmt: skip
     if s.method in ("em", "stochastic_em"):
         fitter = BatchEM(mixture, w=s.w, fixed=fixed, stochastic=s.method == "stochastic_em")
     elif s.method in ("minibatch_em", "stochastic_minibatch_em"):
@@ -99,6 +111,7 @@ class BatchEM:
     """
 
     wants_criteria = finished = False
+    shadow = None
 
     def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None, stochastic: bool = False):
         self.mixture = mixture
@@ -156,6 +169,7 @@ class MinibatchEM:
     """
 
     wants_criteria = finished = False
+    shadow = None
 
     def __init__(
         self,
@@ -260,6 +274,7 @@ class SGD:
     """
 
     samples_assignments = wants_criteria = finished = False
+    shadow = None
 
     def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str,
                  fixed: FixedParameters | None = None):  # fmt: skip
@@ -317,6 +332,7 @@ class PolyakAverage:
     """
 
     wants_criteria = finished = False
+    shadow = None
 
     def __init__(self, inner: Fitter):
         self.inner = inner

@@ -161,6 +161,9 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
                 raise FitDivergedError(
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
                 ) from None
+            if fitter.shadow is not None:  # a split-and-merge trial: its own pass over the same batch
+                fitter.observe_shadow(batch_statistics(x, S, fitter.shadow, R, backend=cfg.backend,
+                                                       point_weights=weights, uniforms=uniforms))  # fmt: skip
             fitter.observe(stats)
         fitter.end_epoch()
         synchronize(cfg.device)

@@ -1,4 +1,6 @@
-"""Split-and-merge EM (Ueda et al. 2000, as Bovy, Hogg & Roweis 2011 apply it to XD) for batch EM.
+"""Split-and-merge (Ueda et al. 2000, as Bovy, Hogg & Roweis 2011 apply it to XD): for batch EM, and a
+stochastic form for the minibatch methods (``StochasticSplitMerge``; design and reasoning in
+docs/split_merge.md).
 
 EM runs to convergence; then the components are ranked for a move: merge candidates (j, k) by the overlap
 of their responsibilities, sum_i r_ij r_ik, and split candidates l by the local Kullback-Leibler divergence
@@ -16,6 +18,9 @@ which mixes the features' units, degrees and milliarcseconds alike.)
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import torch
 
@@ -89,6 +94,7 @@ class SplitMergeEM:
 
     samples_assignments = False
     wants_criteria = True
+    shadow = None
 
     def __init__(self, mixture: Mixture, *, w: float, tol: float, tries: int, fixed: FixedParameters | None = None):
         if fixed is not None and fixed.any():
@@ -184,3 +190,139 @@ class SplitMergeEM:
         self.moves = [tuple(m) for m in state["moves"]]
         self.move = None if state["move"] is None else tuple(state["move"])
         self.partial_left, self.tried, self.accepted = (int(state[k]) for k in ("partial_left", "tried", "accepted"))
+
+
+class StochasticSplitMerge:
+    """Split-and-merge for minibatch EM and SGD without full passes (docs/split_merge.md).
+
+    * Criteria: the ``Criteria`` sums of every batch of an epoch, each at the parameters of its update, added
+      up over the epoch: every star enters once, so they estimate the full-data criteria up to the drift of
+      the parameters within the epoch.
+    * A move is proposed at the end of an epoch (from that epoch's sums) while ``tries`` remain and no
+      trial is running. The trial is a second fitter (``make_fitter``) started from the moved incumbent;
+      through the next epoch it takes the same batches as the incumbent, each with its own statistics
+      pass (the loop's ``shadow``), the first ``partial_batches`` of them with every other component
+      fixed (a partial update), the rest freely.
+    * At the end of that epoch both are scored on the same fixed validation sample (``judge``), and the
+      trial replaces the incumbent only if it scores higher. A trial epoch costs two statistics passes
+      per batch; every other epoch costs the criteria's K x K overlap sums on top of the usual pass.
+    """
+
+    samples_assignments = finished = False
+    wants_criteria = True
+
+    def __init__(self, incumbent, *, make_fitter: Callable, judge: Callable[[Mixture], float], tries: int,
+                 partial_fraction: float = 0.1):  # fmt: skip
+        self.incumbent, self.make_fitter, self.judge = incumbent, make_fitter, judge
+        self.samples_assignments = incumbent.samples_assignments
+        self.tries, self.partial_fraction = tries, partial_fraction
+        self.trial = None
+        self.move: tuple | None = None
+        self.partial_left = 0
+        self.tried = self.accepted = 0
+        self.last_scores: tuple[float, float] | None = None
+        self._criteria: Criteria | None = None
+        self._q: torch.Tensor | None = None
+        self._batches = 0
+        self._epoch = 0
+
+    @property
+    def mixture(self) -> Mixture:
+        return self.incumbent.mixture
+
+    @property
+    def result(self) -> Mixture:
+        return self.incumbent.result
+
+    @property
+    def shadow(self) -> Mixture | None:
+        """The trial's E-step model while a move is being tried: the loop gives it its own statistics."""
+        return None if self.trial is None else self.trial.mixture
+
+    def step_size(self, epoch: int) -> float:
+        return self.incumbent.step_size(epoch)
+
+    def start_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._criteria, self._q, self._batches = None, None, 0
+        self.incumbent.start_epoch(epoch)
+        if self.trial is not None:
+            self.trial.start_epoch(epoch)
+
+    def observe(self, stats: Statistics) -> None:
+        self.incumbent.observe(stats)
+        stats = stats.double()
+        self._criteria = stats.criteria if self._criteria is None else self._criteria.combine(stats.criteria)
+        self._q = stats.q if self._q is None else self._q + stats.q
+        self._batches += 1
+
+    def observe_shadow(self, stats: Statistics) -> None:
+        """The trial's update from its own statistics of the same batch (partial for the first batches)."""
+        self.trial.observe(stats)
+        self.partial_left -= 1
+        if self.partial_left == 0:
+            _free(self.trial)
+
+    def end_epoch(self) -> None:
+        self.incumbent.end_epoch()
+        if self.trial is not None:
+            self.trial.end_epoch()
+            self.tried += 1
+            scores = self.judge(self.incumbent.result), self.judge(self.trial.result)
+            self.last_scores = scores
+            if scores[1] > scores[0]:
+                self.incumbent, self.accepted = self.trial, self.accepted + 1
+            self.trial = None
+            return  # the next move is ranked from an epoch of the kept model's own criteria
+        if self.tried < self.tries and self._criteria is not None:
+            moves = ranked_moves(self._criteria, self._q, 1)
+            if moves:
+                self._start_trial(moves[0])
+
+    def _start_trial(self, move: tuple[int, int, int]) -> None:
+        # minibatch EM's trial starts from the running state (its mixture adds w I, which the trial adds again)
+        start = getattr(self.incumbent, "state", self.incumbent.mixture)
+        moved = apply_move(start, self._q, move)
+        self.trial = self.make_fitter(moved, others_fixed(moved, move))
+        _continue_schedule(self.trial, self.incumbent)
+        self.trial.start_epoch(self._epoch + 1)
+        self.move = move
+        self.partial_left = max(1, math.ceil(self.partial_fraction * self._batches))
+
+    def diagnostics(self) -> dict:
+        scores = {} if self.last_scores is None else {"last_judged": list(self.last_scores)}
+        return {"moves_tried": self.tried, "moves_accepted": self.accepted, **scores}
+
+    def state_dict(self) -> dict:
+        """Checkpoints are written after ``end_epoch``: a trial then has just been proposed and has taken no
+        batch yet, so the move and the q it was built with recreate it exactly."""
+        pending = self.trial is not None
+        return {"incumbent": self.incumbent.state_dict(), "tried": self.tried, "accepted": self.accepted,
+                "last_scores": None if self.last_scores is None else list(self.last_scores),
+                "move": list(self.move) if pending else None, "q": self._q if pending else torch.zeros(0),
+                "batches": self._batches, "epoch": self._epoch}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.incumbent.load_state_dict(state["incumbent"])
+        self.tried, self.accepted = int(state["tried"]), int(state["accepted"])
+        self.last_scores = None if state["last_scores"] is None else tuple(state["last_scores"])
+        self._batches, self._epoch = int(state["batches"]), int(state["epoch"])
+        self.trial = None
+        if state["move"] is not None:
+            self._q = state["q"].to(self.incumbent.mixture.means)
+            self._start_trial(tuple(state["move"]))
+
+
+def _free(fitter) -> None:
+    """End a trial's partial phase: its components are all free from now on."""
+    none = FixedParameters.none(fitter.mixture.n_components, fitter.mixture.means.device)
+    if hasattr(fitter, "params"):  # SGD keeps the masks with its parameters
+        fitter.params.fixed = none
+    else:
+        fitter.fixed = none
+
+
+def _continue_schedule(trial, incumbent) -> None:
+    """The trial continues the incumbent's step-size schedule (minibatch EM counts its updates)."""
+    if hasattr(incumbent, "n_updates"):
+        trial.n_updates = incumbent.n_updates
