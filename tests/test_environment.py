@@ -88,7 +88,7 @@ def test_every_rule_names_an_existing_conda_env_and_a_log():
         assert text.count("    log:\n") == n_rules, path.name
 
 
-@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "methods", "smoke"])
+@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "smoke"])
 def test_configs_validate_against_the_schema(name):
     from snakemake.utils import validate
 

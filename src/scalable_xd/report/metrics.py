@@ -85,7 +85,9 @@ def metrics_frame(paths) -> pd.DataFrame:
                "device": m.device, "threads": m.threads, "cpu_seconds": m.cpu_seconds, "wall_seconds": m.wall_seconds, "train_seconds": m.train_seconds, "kmeans_seconds": m.kmeans_seconds,
                "converge_seconds": time_to_converge(m.history),
                "true_test": m.true.get("test_true_loglik", np.nan), "gap_closed": m.true.get("true_gap_closed", np.nan),
-               "has_truth": bool(m.true.get("available", False))}  # fmt: skip
+               "has_truth": bool(m.true.get("available", False)),
+               "fitted_with": m.settings.get("method", m.method), "split_merge": bool(m.settings.get("split_merge")),
+               "moves_accepted": m.history[-1].get("moves_accepted", 0) if m.history else 0}  # fmt: skip
         for name, split in (("train", m.train), ("val", m.val), ("test", m.test)):
             row[name], row[f"{name}_observed"] = _score(split, "loglik"), _score(split, "loglik_observed")
         rows.append(row)
