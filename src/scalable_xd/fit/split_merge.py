@@ -93,7 +93,6 @@ class SplitMergeEM:
     ``tries`` caps the moves tried. ``finished`` tells the loop that no move is left to try."""
 
     samples_assignments = False
-    wants_criteria = True
     shadow = None
 
     def __init__(self, mixture: Mixture, *, w: float, tol: float, tries: int, fixed: FixedParameters | None = None):
@@ -110,6 +109,7 @@ class SplitMergeEM:
         self.move: tuple | None = None
         self.partial_left = 0
         self.tried = self.accepted = 0
+        self.wants_criteria = False  # asked for once EM has converged (see ``end_epoch``)
         self._sums: Statistics | None = None
 
     @property
@@ -142,6 +142,10 @@ class SplitMergeEM:
                 self.phase, self.previous = "full", None
             return
         if self.previous is not None and loglik - self.previous < self.tol:
+            if sums.criteria is None:  # the criteria cost K^2 per star: computed only at convergence, so
+                self.wants_criteria = True  # the next epoch's pass repeats this one's at the same parameters
+                return
+            self.wants_criteria = False
             self._converged(loglik, sums)
             return
         self.previous = loglik
@@ -176,6 +180,7 @@ class SplitMergeEM:
             "incumbent_q": torch.zeros(0) if self.incumbent_q is None else self.incumbent_q,
             "moves": [list(m) for m in self.moves], "move": None if self.move is None else list(self.move),
             "partial_left": self.partial_left, "tried": self.tried, "accepted": self.accepted,
+            "wants_criteria": self.wants_criteria,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
@@ -190,6 +195,7 @@ class SplitMergeEM:
         self.moves = [tuple(m) for m in state["moves"]]
         self.move = None if state["move"] is None else tuple(state["move"])
         self.partial_left, self.tried, self.accepted = (int(state[k]) for k in ("partial_left", "tried", "accepted"))
+        self.wants_criteria = bool(state["wants_criteria"])
 
 
 class StochasticSplitMerge:
@@ -209,7 +215,6 @@ class StochasticSplitMerge:
     """
 
     samples_assignments = finished = False
-    wants_criteria = True
 
     def __init__(self, incumbent, *, make_fitter: Callable, judge: Callable[[Mixture], float], tries: int,
                  partial_fraction: float = 0.1):  # fmt: skip
@@ -235,6 +240,12 @@ class StochasticSplitMerge:
         return self.incumbent.result
 
     @property
+    def wants_criteria(self) -> bool:
+        """Only epochs that may end with a proposal need the criteria (not a trial's epoch), and only while
+        tries remain."""
+        return self.trial is None and self.tried < self.tries
+
+    @property
     def shadow(self) -> Mixture | None:
         """The trial's E-step model while a move is being tried: the loop gives it its own statistics."""
         return None if self.trial is None else self.trial.mixture
@@ -252,8 +263,9 @@ class StochasticSplitMerge:
     def observe(self, stats: Statistics) -> None:
         self.incumbent.observe(stats)
         stats = stats.double()
-        self._criteria = stats.criteria if self._criteria is None else self._criteria.combine(stats.criteria)
-        self._q = stats.q if self._q is None else self._q + stats.q
+        if stats.criteria is not None:
+            self._criteria = stats.criteria if self._criteria is None else self._criteria.combine(stats.criteria)
+            self._q = stats.q if self._q is None else self._q + stats.q
         self._batches += 1
 
     def observe_shadow(self, stats: Statistics) -> None:
