@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -93,7 +94,25 @@ def _kmeans(args) -> None:
                  threads=args.threads)  # fmt: skip
 
 
+def _join_process_group(device: str) -> str:
+    """Under torchrun (WORLD_SIZE > 1 in the environment) join the process group: NCCL with one GPU per
+    process where the fit runs on CUDA, gloo on CPU. Returns the device this process fits on."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return device
+
+
 def _fit(args) -> None:
+    args.device = _join_process_group(args.device)
     steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
               seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2), output_model=args.output_model,
               output_metrics=args.output_metrics, checkpoint=args.checkpoint, references=args.reference or (),

@@ -18,6 +18,7 @@ from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
 from .fit.checkpoint import Checkpoint
 from .fit.fitters import make_fitter
+from .fit.parallel import Group
 from .fit.updates import FixedParameters
 from .fit.init import initial_mixture
 from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches, total_loglik
@@ -43,10 +44,10 @@ def _judge_sample(train: Dataset, seed: int) -> Dataset:
     return Dataset(x, S, R, sample_weight=weights, name="the split-and-merge judging sample", validate=False)
 
 
-def _judge(data: Dataset, device, dtype, compiled: bool):
+def _judge(data: Dataset, device, dtype, compiled: bool, group: Group):
     """Mean log-likelihood of a mixture on ``data``: what decides a stochastic split-and-merge move."""
     backend = "compiled" if compiled else "auto"
-    return lambda mixture: total_loglik(data, mixture, device, dtype, backend) / data.total_weight
+    return lambda mixture: total_loglik(data, mixture, device, dtype, backend, group) / data.total_weight
 
 
 def _settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
@@ -233,6 +234,11 @@ class XDGMM(BaseEstimator):
         as two copies (Bovy's ``weight``; the k-means initial means ignore them). Validation data, if given,
         is scored after every epoch. ``checkpoint``: a file written atomically after each epoch; if it
         exists, the fit resumes from it.
+
+        Data-parallel: called on every process of an initialised ``torch.distributed`` group (each with the
+        same data and settings), every global batch is split across the processes and their sums are
+        reduced, so all of them end with the same model; only rank 0 writes the checkpoint (see
+        ``fit.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
         """
         settings, kmeans = self._validated()
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
@@ -255,9 +261,11 @@ class XDGMM(BaseEstimator):
             mixture = initial_mixture(train, self.n_components, kmeans, seed, device, dtype, weights=self.weights_init,
                                       means=self.means_init, covariances=self.covariances_init)  # fmt: skip
         batch_method = settings.method in ("em", "stochastic_em")  # sums over all points, one update an epoch
+        group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
         judge = None
         if settings.split_merge and not batch_method:
-            judge = _judge(val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile)
+            judge = _judge(val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile,
+                           group)  # fmt: skip
         fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture), judge)
         loop = LoopConfig(
             epochs=settings.epochs,
@@ -265,7 +273,7 @@ class XDGMM(BaseEstimator):
             shuffle=not batch_method, seed=seed, device=device, dtype=dtype,
             backend="compiled" if settings.compile else "auto", w=settings.w,
             tol=settings.tol if settings.method == "em" and not settings.split_merge else None,
-            verbose=settings.verbose,
+            verbose=settings.verbose, group=group,
         )  # fmt: skip
         history, converged = run(fitter, train, val, loop, store)
         self._set_fitted(fitter.result, history, converged, settings, kmeans)

@@ -117,6 +117,7 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     import scalable_xd
 
     from .estimator import XDGMM
+    from .fit.parallel import Group
     from .gaia.features import loglik_summary
     from .gaia.storage import read_features
     from .report.metrics import FitMetrics
@@ -133,7 +134,9 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     model.fit(train_split.X, train_split.covariance(), X_val=None if val_split is None else val_split.X,
               Xcov_val=None if val_split is None else val_split.covariance(), checkpoint=checkpoint)  # fmt: skip
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
-    model.save(output_model)
+    group = Group.current()  # under torchrun every process fits; rank 0 alone writes
+    if group.writes:
+        model.save(output_model)
     test_split = None if test is None else read_features(test)
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
     device = model._device
@@ -151,9 +154,10 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
                                                             test_split),
         true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(_read_json, references)}),
     )  # fmt: skip
-    metrics.write(output_metrics)
-    if checkpoint:
-        Path(checkpoint).unlink(missing_ok=True)
+    if group.writes:
+        metrics.write(output_metrics)
+        if checkpoint:
+            Path(checkpoint).unlink(missing_ok=True)
     log.info("%s K=%d seed=%d: train %.4f in %.1f s", settings.method, n_components, seed, last["train_loglik"],
              metrics.train_seconds)  # fmt: skip
 

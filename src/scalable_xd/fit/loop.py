@@ -22,7 +22,9 @@ from ..errors import FitDivergedError, NotPositiveDefiniteError
 from .checkpoint import Checkpoint
 from .fitters import Fitter
 from ..kernel.dispatch import batch_statistics, log_densities
+from ..kernel.statistics import Statistics
 from ..mixture import Mixture
+from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
 
 log = logging.getLogger("scalable_xd.fit")
 
@@ -52,11 +54,13 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
     return [order[start:stop] for start, stop in bounds]
 
 
-def scored_batches(data: Dataset, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH):
-    """Yield (start row, log p(x) (B,), log alpha_j N_ij (B, K)) over a data set in bounded-memory batches;
-    a factorisation failure names the row of the whole data set."""
-    for start in range(0, len(data), batch_size):
-        x, S, R = data.batch(slice(start, start + batch_size), device, dtype)
+def scored_batches(data: Dataset, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH,
+                   rows: slice | None = None):  # fmt: skip
+    """Yield (start row, log p(x) (B,), log alpha_j N_ij (B, K)) over a data set (or its ``rows``) in
+    bounded-memory batches; a factorisation failure names the row of the whole data set."""
+    rows = rows or slice(0, len(data))
+    for start in range(rows.start, rows.stop, batch_size):
+        x, S, R = data.batch(slice(start, min(start + batch_size, rows.stop)), device, dtype)
         try:
             loglik, log_dens = log_densities(x, S, mixture, R, backend=backend)
         except NotPositiveDefiniteError as err:
@@ -64,14 +68,15 @@ def scored_batches(data: Dataset, mixture: Mixture, device, dtype, backend: str,
         yield start, loglik, log_dens
 
 
-def total_loglik(data: Dataset, mixture: Mixture, device, dtype, backend: str) -> float:
+def total_loglik(data: Dataset, mixture: Mixture, device, dtype, backend: str, group: Group = ONE_PROCESS) -> float:
     """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
-    accumulated in float64."""
+    accumulated in float64; in a process group each process scores its share of the rows."""
     total = 0.0
-    for start, ll, _ in scored_batches(data, mixture, device, dtype, backend):
+    rows = group.share(slice(0, len(data)), len(data))
+    for start, ll, _ in scored_batches(data, mixture, device, dtype, backend, rows=rows):
         weights = data.batch_weights(slice(start, start + len(ll)), ll.device, torch.float64)
         total += float(ll.sum(dtype=torch.float64) if weights is None else (ll.double() * weights).sum())
-    return total
+    return reduce_sum(total, group, device)
 
 
 def assignment_uniforms(seed: int, epoch: int, batch: int, size: int, device, dtype) -> torch.Tensor:
@@ -94,6 +99,7 @@ class LoopConfig:
     w: float
     tol: float | None
     verbose: int = 0
+    group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
 
 
 def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
@@ -117,6 +123,18 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
              entry["train_loglik"], val)  # fmt: skip
 
 
+def _global_sums(batch: tuple, mixture: Mixture, cfg: LoopConfig, with_criteria: bool) -> Statistics:
+    """The kernel's sums over a global batch: this process's share (x, S, R, weights, uniforms), summed
+    over the processes when data-parallel."""
+    x, S, R, weights, uniforms = batch
+    if len(x) == 0:  # a batch smaller than the number of processes
+        stats = Statistics.zeros(mixture.n_components, mixture.dim, cfg.device, with_criteria)
+    else:
+        stats = batch_statistics(x, S, mixture, R, backend=cfg.backend, point_weights=weights, uniforms=uniforms,
+                                 with_criteria=with_criteria)  # fmt: skip
+    return reduce_statistics(stats, cfg.group, with_criteria)
+
+
 def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, checkpoint: Checkpoint | None = None):
     """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from the checkpoint's
     saved state when there is one and saving to it after every epoch; returns (history, converged)."""
@@ -125,11 +143,11 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": total_loglik(train, fitter.result, cfg.device, cfg.dtype, cfg.backend)
+            "train_loglik": total_loglik(train, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group)
             / train.total_weight,
             "val_loglik": None
             if val is None
-            else total_loglik(val, fitter.result, cfg.device, cfg.dtype, cfg.backend) / val.total_weight,
+            else total_loglik(val, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group) / val.total_weight,
             "step_size": fitter.step_size(max(epoch - 1, 0)),
             **fitter.diagnostics(),
         }
@@ -149,21 +167,24 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         progress = tqdm(batches, disable=cfg.verbose < 2, leave=False, desc=f"epoch {epoch}", unit="batch",
                         mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
         for number, index in enumerate(progress):
-            x, S, R = train.batch(index, cfg.device, cfg.dtype)
-            weights = train.batch_weights(index, cfg.device, cfg.dtype)
+            size = index.stop - index.start if isinstance(index, slice) else len(index)
+            share = cfg.group.share(index, size)  # the whole batch unless data-parallel
+            x, S, R = train.batch(share, cfg.device, cfg.dtype)
+            weights = train.batch_weights(share, cfg.device, cfg.dtype)
             uniforms = None
-            if fitter.samples_assignments:
-                uniforms = assignment_uniforms(cfg.seed, epoch, number, x.shape[0], cfg.device, cfg.dtype)
+            if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
+                uniforms = assignment_uniforms(cfg.seed, epoch, number, size, cfg.device, cfg.dtype)
+                uniforms = uniforms[cfg.group.share(slice(0, size), size)]
+
+            batch = (x, S, R, weights, uniforms)
             try:
-                stats = batch_statistics(x, S, fitter.mixture, R, backend=cfg.backend, point_weights=weights,
-                                         uniforms=uniforms, with_criteria=fitter.wants_criteria)  # fmt: skip
+                stats = _global_sums(batch, fitter.mixture, cfg, fitter.wants_criteria)
+                if fitter.shadow is not None:  # a split-and-merge trial: its own pass over the same batch
+                    fitter.observe_shadow(_global_sums(batch, fitter.shadow, cfg, False))
             except NotPositiveDefiniteError as err:
                 raise FitDivergedError(
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
                 ) from None
-            if fitter.shadow is not None:  # a split-and-merge trial: its own pass over the same batch
-                fitter.observe_shadow(batch_statistics(x, S, fitter.shadow, R, backend=cfg.backend,
-                                                       point_weights=weights, uniforms=uniforms))  # fmt: skip
             fitter.observe(stats)
         fitter.end_epoch()
         synchronize(cfg.device)
@@ -175,7 +196,7 @@ def run(fitter: Fitter, train: Dataset, val: Dataset | None, cfg: LoopConfig, ch
         if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
             converged = True
         converged = converged or fitter.finished
-        if checkpoint is not None:
+        if checkpoint is not None and cfg.group.writes:
             checkpoint.save(epoch, history, converged, fitter.state_dict())
         epoch += 1
     return history, converged

@@ -39,6 +39,12 @@ class Statistics:
     loglik: torch.Tensor | None = None  # () sum over the batch of (weighted) log p(x_i) under the E-step's model
     criteria: Criteria | None = None
 
+    @classmethod
+    def zeros(cls, k: int, d: int, device, with_criteria: bool = False) -> Statistics:
+        """The sums of no point (a process whose share of a small batch is empty)."""
+        z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
+        return cls(0, z(k), z(k, d), z(k, d, d), z(k, d, d), z(), Criteria(z(k, k), z(k), z(k)) if with_criteria else None)
+
     def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
         return Statistics(self.n_points, self.q.double(), self.U.double(), self.UU.double(), self.P.double(),

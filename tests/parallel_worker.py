@@ -1,0 +1,50 @@
+"""One process of a data-parallel fit, started by tests/test_parallel.py (as torchrun would start it: RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment). Usage:
+
+    python tests/parallel_worker.py OUTPUT.npz JSON_SETTINGS [CHECKPOINT] [DIE_AFTER_BATCHES]
+"""
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+import numpy as np
+import torch.distributed as dist
+
+import scalable_xd.fit.loop
+from scalable_xd import XDGMM
+
+
+def problem():
+    """The data every process (and the one-process reference) fits: three noisy clusters in 3-D."""
+    rng = np.random.default_rng(7)
+    means = np.array([[0.0, 0.0, 0.0], [4.0, 0.0, 1.0], [0.0, 5.0, -2.0]])
+    x = np.concatenate([rng.normal(size=(700, 3)) + m for m in means])
+    S = np.stack([np.diag(rng.uniform(0.05, 0.3, 3)) for _ in range(len(x))])
+    return rng.permutation(x), S  # the noise is drawn independently per row, so it needs no permuting
+
+
+def main(output, settings, checkpoint=None, die_after=None):
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    if die_after is not None and dist.get_rank() == 1:
+        calls = {"n": 0}
+        real = scalable_xd.fit.loop.batch_statistics
+
+        def dying(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] > int(die_after):
+                os._exit(3)  # a killed process: no clean shutdown
+            return real(*args, **kwargs)
+
+        scalable_xd.fit.loop.batch_statistics = dying
+    x, S = problem()
+    model = XDGMM(**json.loads(settings)).fit(x, S, checkpoint=checkpoint or None)
+    if dist.get_rank() == 0:
+        np.savez(output, weights=model.weights_, means=model.means_, covariances=model.covariances_,
+                 history=json.dumps(model.history_))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

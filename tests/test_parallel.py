@@ -1,0 +1,107 @@
+"""Data-parallel fits: two gloo processes on this machine, started here as torchrun would start them, give
+the one-process fit on the same global batches (float64, to summation order); a checkpoint written by two
+processes resumes in one; a killed process makes the other fail with a message, not hang."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from parallel_worker import problem  # noqa: E402
+
+from scalable_xd import XDGMM
+
+WORKER = Path(__file__).parent / "parallel_worker.py"
+BASE = dict(n_components=3, epochs=4, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=3)
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two(tmp_path, settings, checkpoint="", die_after=None, timeout=240):
+    """Start ranks 0 and 1; return (rank 0's result file, the processes' return codes and stderr)."""
+    output = tmp_path / "rank0.npz"
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}  # fmt: skip
+    args = [sys.executable, str(WORKER), str(output), json.dumps(settings), str(checkpoint)]
+    args += [] if die_after is None else [str(die_after)]
+    procs = [subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=subprocess.PIPE,
+                              text=True) for rank in (0, 1)]  # fmt: skip
+    results = [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
+    return output, results
+
+
+@pytest.mark.parametrize("method, options", [
+    ("em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_minibatch_em", {}),
+    ("minibatch_em", {"split_merge": True}),
+])  # fmt: skip
+def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
+    settings = {**BASE, "method": method, **options}
+    output, results = _run_two(tmp_path, settings)
+    assert all(code == 0 for code, _ in results), results
+    two = np.load(output)
+    one = XDGMM(**settings).fit(*problem())
+    for name in ("weights", "means", "covariances"):
+        np.testing.assert_allclose(two[name], getattr(one, f"{name}_"), rtol=1e-9, atol=1e-12)
+    curve_two = [h["train_loglik"] for h in json.loads(str(two["history"]))]
+    np.testing.assert_allclose(curve_two, [h["train_loglik"] for h in one.history_], rtol=1e-12)
+
+
+def test_a_checkpoint_of_two_processes_resumes_in_one(tmp_path):
+    """Rank 1 is killed in epoch 3 (21 batches an epoch); rank 0 wrote the checkpoint of epoch 2."""
+    settings = {**BASE, "method": "minibatch_em"}
+    checkpoint = tmp_path / "fit.ckpt"
+    _, results = _run_two(tmp_path, settings, checkpoint, die_after=2 * 21 + 5)
+    assert [code != 0 for code, _ in results] == [True, True] and checkpoint.exists()
+    resumed = XDGMM(**settings).fit(*problem(), checkpoint=checkpoint)
+    uninterrupted = XDGMM(**settings).fit(*problem())
+    assert [h["epoch"] for h in resumed.history_] == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(resumed.means_, uninterrupted.means_, rtol=1e-9)
+
+
+def test_a_killed_process_makes_the_other_fail_with_a_message(tmp_path):
+    tick = time.perf_counter()
+    _, results = _run_two(tmp_path, {**BASE, "method": "minibatch_em"}, die_after=5, timeout=120)
+    (code0, err0), (code1, _) = results
+    assert code1 == 3 and code0 != 0
+    assert "rank 0 of 2: lost contact with the other processes" in err0
+    assert time.perf_counter() - tick < 100  # well inside the group's 60 s timeout plus start-up
+
+
+def test_torchrun_runs_the_command_line_fit(tmp_path):
+    """`torchrun --nproc-per-node 2 -m scalable_xd fit ...` gives the model of the one-process command."""
+    from scalable_xd.cli import main
+
+    assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(tmp_path / "raw.parquet")]) == 0
+    assert main(["-q", "features", "--input", str(tmp_path / "raw.parquet"), "--out-dir", str(tmp_path / "data")]) == 0
+    assert main(["-q", "kmeans", "--train", str(tmp_path / "data" / "train.parquet"), "--n-components", "3",
+                 "--output", str(tmp_path / "init.npz")]) == 0  # fmt: skip
+
+    def fit_args(out):
+        return ["fit", "--train", str(tmp_path / "data" / "train.parquet"), "--init", str(tmp_path / "init.npz"),
+                "--n-components", "3", "--method", "minibatch_em", "--epochs", "2", "--dtype", "float64",
+                "--device", "cpu", "--output-model", str(out / "model.npz"), "--output-metrics",
+                str(out / "metrics.json")]  # fmt: skip
+
+    assert main(["-q"] + fit_args(tmp_path / "one")) == 0
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                str(_free_port()), "-m", "scalable_xd"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run(torchrun + ["-q"] + fit_args(tmp_path / "two"), env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (XDGMM.load(tmp_path / name / "model.npz") for name in ("one", "two"))
+    np.testing.assert_allclose(two.means_, one.means_, rtol=1e-9)
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["metrics.json", "model.npz"]
