@@ -15,7 +15,7 @@ from scalable_xd.steps import REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-WORKFLOW_FIT_KEYS = {"methods", "variants", "n_components", "seeds", "threads"}  # the grid, not settings
+WORKFLOW_FIT_KEYS = {"methods", "variants", "n_components", "seeds", "threads", "processes"}  # the grid, not settings
 
 
 def _subparser(name):

@@ -109,7 +109,7 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
     table = pd.read_csv(smoke / "tables" / "loglik.csv")
     assert table[["true_test_mean", "gap_closed_mean"]].notna().all().all()
     claims = (smoke / "claims.md").read_text()
-    assert len(re.findall(r"^\d\. .*: \*\*(holds|does not hold|not measured)\*\*", claims, flags=re.M)) == 6
+    assert len(re.findall(r"^\d\. .*: \*\*(holds|does not hold|not measured)\*\*", claims, flags=re.M)) == 7
 
 
 def test_metrics_agree_with_the_saved_model(smoke):
@@ -175,6 +175,20 @@ def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp
     polyak = [c for c in commands if "/fits/minibatch_em_polyak/" in c]
     assert len(polyak) == 3 and all(" --method minibatch_em " in c and "--averaging polyak" in c for c in polyak)
     assert all("--label minibatch_em_polyak" in c for c in polyak)  # reported under the variant's name
+
+
+def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    output = snakemake(tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4",
+                       configfile=str(tmp_path / "config.yaml"))  # fmt: skip
+    commands = [line for line in output.splitlines() if " fit --train " in line]
+    assert len(commands) == len(METHODS) * len(KS) * len(SEEDS)
+    for command in commands:
+        assert "python -m torch.distributed.run --standalone --nproc-per-node 2 -m scalable_xd" in command
+        assert "--threads 2 " in command  # the fit's threads shared among its processes
+    kmeans = [line for line in output.splitlines() if " kmeans --train " in line]
+    assert kmeans and not any("torch.distributed" in line for line in kmeans)
 
 
 def test_an_unknown_method_in_the_grid_is_named(tmp_path):

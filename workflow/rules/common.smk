@@ -37,6 +37,12 @@ if config["report"]["sky_method"] not in METHODS:
 CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 SRC = os.path.join(workflow.basedir, "src")
 CLI = f"PYTHONPATH={SRC}${{PYTHONPATH:+:$PYTHONPATH}} python -m scalable_xd"
+# fit.processes > 1: each fit runs data-parallel, its processes started by torchrun on this machine.
+FIT_PROCESSES = config["fit"]["processes"]
+FIT_CLI = CLI if FIT_PROCESSES == 1 else CLI.replace(
+    "python -m scalable_xd",
+    f"python -m torch.distributed.run --standalone --nproc-per-node {FIT_PROCESSES} -m scalable_xd",
+)
 
 # Fits get every core unless told otherwise, so that concurrent jobs do not share (and distort) timings.
 def _all_cores():
@@ -77,7 +83,7 @@ def reference_metrics(K):
 
 # Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
 # (scalable_xd.settings.FitSettings) and goes to `scalable-xd fit` as an option of the same name.
-WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads")
+WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads", "processes")
 
 
 def _option(key, value):

@@ -14,7 +14,8 @@ rule fit:
         model=f"{fit_dir('{method}', '{K}', '{seed}')}/model.npz",
         metrics=f"{fit_dir('{method}', '{K}', '{seed}')}/metrics.json",
     params:
-        cli=CLI,
+        cli=FIT_CLI,
+        per_process=lambda wildcards, threads: max(1, threads // FIT_PROCESSES),
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
         settings=lambda wildcards: fit_options(method=wildcards.method),
         tag=NAME,
@@ -30,7 +31,7 @@ rule fit:
     shell:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
         "--n-components {wildcards.K} --seed {wildcards.seed} --label {wildcards.method} {params.settings} "
-        "--threads {threads} "
+        "--threads {params.per_process} "
         "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
 
