@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,12 +43,6 @@ if not dist.is_initialized() or dist.get_rank() == 0:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(processes: int, n: int, k: int, method: str, epochs: int) -> float:
     """Seconds per training epoch (evaluation excluded) with ``processes`` processes."""
     threads = max(1, (os.cpu_count() or 1) // processes)
@@ -59,8 +52,8 @@ def run(processes: int, n: int, k: int, method: str, epochs: int) -> float:
         script.write_text(WORKER)
         command = [sys.executable, str(script), *args]
         if processes > 1:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-                       "--master-port", str(_free_port()), str(script), *args]  # fmt: skip
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                       str(processes), str(script), *args]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["seconds_per_epoch"]
 

@@ -96,8 +96,8 @@ def test_torchrun_runs_the_command_line_fit(tmp_path):
                 str(out / "metrics.json")]  # fmt: skip
 
     assert main(["-q"] + fit_args(tmp_path / "one")) == 0
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(_free_port()), "-m", "scalable_xd"]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                "scalable_xd"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     done = subprocess.run(torchrun + ["-q"] + fit_args(tmp_path / "two"), env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
