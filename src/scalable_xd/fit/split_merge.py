@@ -104,6 +104,7 @@ class SplitMergeEM:
         self.previous: float | None = None  # mean log-likelihood of the last epoch's E-step model
         self.incumbent: Mixture | None = None  # the best converged parameters so far, and their score
         self.incumbent_loglik = -float("inf")
+        self.trial_loglik = -float("inf")  # of the trial's last E-step model
         self.incumbent_q: torch.Tensor | None = None
         self.moves: list = []  # candidates ranked at the incumbent
         self.move: tuple | None = None
@@ -118,8 +119,12 @@ class SplitMergeEM:
 
     @property
     def result(self) -> Mixture:
-        """The incumbent while a move is being judged (its score is known), otherwise the current model."""
-        return self.incumbent if self.phase in ("partial", "full") else self.mixture
+        """While a move is being tried: the incumbent, or the trial once its log-likelihood (at its last
+        E-step; EM and partial EM only raise it) beats the incumbent's, so that a fit whose epochs run out
+        mid-trial reports the better of the two. Otherwise the current model."""
+        if self.phase in ("partial", "full") and self.trial_loglik <= self.incumbent_loglik:
+            return self.incumbent
+        return self.mixture
 
     def step_size(self, epoch: int) -> float:
         return 1.0
@@ -135,6 +140,8 @@ class SplitMergeEM:
         if self.phase == "done":
             return
         loglik = float(sums.loglik) / sums.n_points  # of self.mixture, the E-step's model
+        if self.phase in ("partial", "full"):
+            self.trial_loglik = loglik
         if self.phase == "partial":
             self.mixture = em_update(self.mixture, sums, self.w, others_fixed(self.mixture, self.move))
             self.partial_left -= 1
@@ -165,6 +172,7 @@ class SplitMergeEM:
         self.move = self.moves.pop(0)
         self.mixture = apply_move(self.incumbent, self.incumbent_q, self.move)
         self.phase, self.partial_left, self.previous = "partial", PARTIAL_EPOCHS, None
+        self.trial_loglik = -float("inf")
 
     def diagnostics(self) -> dict:
         return {"moves_tried": self.tried, "moves_accepted": self.accepted}
@@ -176,7 +184,7 @@ class SplitMergeEM:
         return {
             "mixture": _mixture_state(self.mixture), "phase": self.phase, "previous": self.previous,
             "incumbent": none if self.incumbent is None else _mixture_state(self.incumbent),
-            "incumbent_loglik": self.incumbent_loglik,
+            "incumbent_loglik": self.incumbent_loglik, "trial_loglik": self.trial_loglik,
             "incumbent_q": torch.zeros(0) if self.incumbent_q is None else self.incumbent_q,
             "moves": [list(m) for m in self.moves], "move": None if self.move is None else list(self.move),
             "partial_left": self.partial_left, "tried": self.tried, "accepted": self.accepted,
@@ -191,6 +199,7 @@ class SplitMergeEM:
         has_incumbent = state["incumbent"]["means"].numel() > 0
         self.incumbent = _mixture_from_state(state["incumbent"], self.mixture) if has_incumbent else None
         self.incumbent_loglik = float(state["incumbent_loglik"])
+        self.trial_loglik = float(state["trial_loglik"])
         self.incumbent_q = state["incumbent_q"].to(self.mixture.means) if has_incumbent else None
         self.moves = [tuple(m) for m in state["moves"]]
         self.move = None if state["move"] is None else tuple(state["move"])
