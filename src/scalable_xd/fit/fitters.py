@@ -240,6 +240,20 @@ class MinibatchEM:
     def diagnostics(self) -> dict:
         return {} if self.truncation is None else {"truncation_restarts": self.restarts}
 
+    # What stochastic split-and-merge needs of a minibatch fitter to run a trial beside it.
+    @property
+    def starting_point(self) -> Mixture:
+        """The parameters a copy of this fit starts from: the running state (its mixture adds w I, which
+        the copy would add again)."""
+        return self.state
+
+    def continue_schedule(self, other: MinibatchEM) -> None:
+        """Take up ``other``'s step-size schedule where it is."""
+        self.n_updates = other.n_updates
+
+    def release_fixed(self) -> None:
+        self.fixed = None
+
     def state_dict(self) -> dict:
         return {"state": _mixture_state(self.state), "initial": _mixture_state(self.initial),
                 "n_updates": self.n_updates, "restarts": self.restarts}  # fmt: skip
@@ -308,6 +322,17 @@ class SGD:
 
     def diagnostics(self) -> dict:
         return {}
+
+    # What stochastic split-and-merge needs of a minibatch fitter to run a trial beside it.
+    @property
+    def starting_point(self) -> Mixture:
+        return self.mixture
+
+    def continue_schedule(self, other: SGD) -> None:
+        """The learning rate follows the epoch (set in ``start_epoch``); nothing to carry over."""
+
+    def release_fixed(self) -> None:
+        self.params.fixed = FixedParameters.none(self.mixture.n_components, self.mixture.means.device)
 
     def state_dict(self) -> dict:
         return {"params": [t.clone() for t in self.params.tensors()], "scale": self.params.scale.clone(),

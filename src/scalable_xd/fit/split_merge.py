@@ -282,7 +282,7 @@ class StochasticSplitMerge:
         self.trial.observe(stats)
         self.partial_left -= 1
         if self.partial_left == 0:
-            _free(self.trial)
+            self.trial.release_fixed()
 
     def end_epoch(self) -> None:
         self.incumbent.end_epoch()
@@ -301,11 +301,9 @@ class StochasticSplitMerge:
                 self._start_trial(moves[0])
 
     def _start_trial(self, move: tuple[int, int, int]) -> None:
-        # minibatch EM's trial starts from the running state (its mixture adds w I, which the trial adds again)
-        start = getattr(self.incumbent, "state", self.incumbent.mixture)
-        moved = apply_move(start, self._q, move)
+        moved = apply_move(self.incumbent.starting_point, self._q, move)
         self.trial = self.make_fitter(moved, others_fixed(moved, move))
-        _continue_schedule(self.trial, self.incumbent)
+        self.trial.continue_schedule(self.incumbent)
         self.trial.start_epoch(self._epoch + 1)
         self.move = move
         self.partial_left = max(1, math.ceil(self.partial_fraction * self._batches))
@@ -332,18 +330,3 @@ class StochasticSplitMerge:
         if state["move"] is not None:
             self._q = state["q"].to(self.incumbent.mixture.means)
             self._start_trial(tuple(state["move"]))
-
-
-def _free(fitter) -> None:
-    """End a trial's partial phase: its components are all free from now on."""
-    none = FixedParameters.none(fitter.mixture.n_components, fitter.mixture.means.device)
-    if hasattr(fitter, "params"):  # SGD keeps the masks with its parameters
-        fitter.params.fixed = none
-    else:
-        fitter.fixed = none
-
-
-def _continue_schedule(trial, incumbent) -> None:
-    """The trial continues the incumbent's step-size schedule (minibatch EM counts its updates)."""
-    if hasattr(incumbent, "n_updates"):
-        trial.n_updates = incumbent.n_updates
