@@ -178,7 +178,7 @@ def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp
 
 
 def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
-    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4}}
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4, "device": "cuda"}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     output = snakemake(tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4",
                        configfile=str(tmp_path / "config.yaml"))  # fmt: skip
@@ -189,6 +189,10 @@ def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
         assert "--threads 2 " in command  # the fit's threads shared among its processes
     kmeans = [line for line in output.splitlines() if " kmeans --train " in line]
     assert kmeans and not any("torch.distributed" in line for line in kmeans)
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
+    fits = [r.split(", ") for rule, r in jobs if rule == "fit"]
+    assert len(fits) == len(commands) and all("gpu=2" in r for r in fits)  # one GPU per process
+    assert all("gpu=1" in r.split(", ") for rule, r in jobs if rule == "kmeans")
 
 
 def test_an_unknown_method_in_the_grid_is_named(tmp_path):

@@ -23,7 +23,7 @@ rule fit:
         references=lambda wildcards, input: f"--reference {' '.join(input.references)}" if input.references else "",
     threads: FIT_THREADS
     resources:
-        gpu=FIT_GPUS,
+        gpu=FIT_GPUS * FIT_PROCESSES,  # one GPU per process of a data-parallel fit
     log:
         f"{RESULTS}/logs/fit/{{method}}/K{{K}}_seed{{seed}}.log",
     conda:
