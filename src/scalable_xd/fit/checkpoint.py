@@ -39,8 +39,8 @@ class CheckpointError(ValueError):
 
 def data_digest(data: Dataset) -> str:
     """A short hash of a data set: its shapes, the float64 column sums of X, ``DIGEST_ROWS`` evenly
-    spaced rows of X, the noise and R, and every sample weight. One streaming pass over X; any change to X's values, to the sampled
-    rows' noise or to the row order of the sample changes it."""
+    spaced rows of X, the noise and R, and every sample weight. One streaming pass over X; any change to
+    X's values, to the sampled rows' noise or to the row order of the sample changes it."""
     n = len(data)
     digest = hashlib.sha256(repr((n, data.obs_dim, data.model_dim)).encode())
     for start in range(0, n, 65_536):

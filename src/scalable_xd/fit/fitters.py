@@ -102,7 +102,23 @@ def _mixture_from_state(state: dict, like: Mixture) -> Mixture:
     return Mixture(*(state[k].to(device=device, dtype=torch.float64) for k in ("weights", "means", "covariances")))
 
 
-class BatchEM:
+class EpochSums:
+    """What the batch methods share: every batch's statistics of an epoch summed in float64 (``_sums``),
+    for the one update each makes at the epoch's end."""
+
+    _sums: Statistics | None = None
+
+    def step_size(self, epoch: int) -> float:
+        return 1.0
+
+    def start_epoch(self, epoch: int) -> None:
+        self._sums = None
+
+    def observe(self, stats: Statistics) -> None:
+        self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
+
+
+class BatchEM(EpochSums):
     """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch.
 
     ``stochastic``: stochastic EM (Celeux & Diebolt's SEM; seed 003): the sums come from one sampled
@@ -118,20 +134,10 @@ class BatchEM:
         self.w = w
         self.fixed = fixed
         self.samples_assignments = stochastic
-        self._sums: Statistics | None = None
 
     @property
     def result(self) -> Mixture:
         return self.mixture
-
-    def step_size(self, epoch: int) -> float:
-        return 1.0
-
-    def start_epoch(self, epoch: int) -> None:
-        self._sums = None
-
-    def observe(self, stats: Statistics) -> None:
-        self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
     def end_epoch(self) -> None:
         self.mixture = em_update(self.mixture, self._sums, self.w, self.fixed)

@@ -22,7 +22,7 @@ from ..errors import FitDivergedError, NotPositiveDefiniteError
 from .checkpoint import Checkpoint
 from .fitters import Fitter
 from ..kernel.dispatch import batch_statistics, log_densities
-from ..kernel.statistics import Statistics
+from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
 from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
 
@@ -74,8 +74,7 @@ def total_loglik(data: Dataset, mixture: Mixture, device, dtype, backend: str, g
     total = 0.0
     rows = group.share(slice(0, len(data)), len(data))
     for start, ll, _ in scored_batches(data, mixture, device, dtype, backend, rows=rows):
-        weights = data.batch_weights(slice(start, start + len(ll)), ll.device, torch.float64)
-        total += float(ll.sum(dtype=torch.float64) if weights is None else (ll.double() * weights).sum())
+        total += float(summed_loglik(ll, data.batch_weights(slice(start, start + len(ll)), ll.device, torch.float64)))
     return reduce_sum(total, group, device)
 
 

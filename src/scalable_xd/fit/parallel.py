@@ -88,8 +88,9 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
     _all_reduce(flat, group)
     sizes = [1, k, k * d, k * d * (d + 1) // 2, k * d * (d + 1) // 2, 1] + ([k * k, k, k] if with_criteria else [])
     n, q, U, UU, P, loglik, *criteria = torch.split(flat, sizes)
-    return Statistics(float(n), q, U.reshape(k, d), _symmetric(UU.reshape(k, -1), d), _symmetric(P.reshape(k, -1), d),
-                      loglik[0], Criteria(criteria[0].reshape(k, k), criteria[1], criteria[2]) if criteria else None)  # fmt: skip
+    criteria = Criteria(criteria[0].reshape(k, k), criteria[1], criteria[2]) if criteria else None
+    return Statistics(float(n), q, U.reshape(k, d), _symmetric(UU.reshape(k, -1), d),
+                      _symmetric(P.reshape(k, -1), d), loglik[0], criteria)  # fmt: skip
 
 
 def reduce_sum(value: float, group: Group, device) -> float:

@@ -26,6 +26,7 @@ import torch
 
 from ..kernel.statistics import Criteria, Statistics
 from ..mixture import Mixture
+from .fitters import EpochSums, _mixture_from_state, _mixture_state
 from .updates import FixedParameters, em_update
 
 # Partial-EM iterations on the three moved components before full EM resumes.
@@ -47,9 +48,8 @@ def ranked_moves(criteria: Criteria, q: torch.Tensor, limit: int) -> list[tuple[
     k = len(q)
     if k < 3:
         return []
-    overlap = criteria.overlap.clone()
     rows, cols = torch.triu_indices(k, k, offset=1)
-    pairs = sorted(zip(overlap[rows, cols].tolist(), rows.tolist(), cols.tolist()), reverse=True)
+    pairs = sorted(zip(criteria.overlap[rows, cols].tolist(), rows.tolist(), cols.tolist()), reverse=True)
     splits = split_scores(criteria, q)
     order = torch.argsort(splits, descending=True).tolist()
     moves = []
@@ -88,7 +88,7 @@ def others_fixed(mixture: Mixture, move: tuple[int, int, int]) -> FixedParameter
     return FixedParameters(fixed, fixed, fixed, mixture.weights)
 
 
-class SplitMergeEM:
+class SplitMergeEM(EpochSums):
     """Batch EM with split-and-merge moves (the module docstring); ``tol`` decides convergence (per star),
     ``tries`` caps the moves tried. ``finished`` tells the loop that no move is left to try."""
 
@@ -111,7 +111,6 @@ class SplitMergeEM:
         self.partial_left = 0
         self.tried = self.accepted = 0
         self.wants_criteria = False  # asked for once EM has converged (see ``end_epoch``)
-        self._sums: Statistics | None = None
 
     @property
     def finished(self) -> bool:
@@ -125,15 +124,6 @@ class SplitMergeEM:
         if self.phase in ("partial", "full") and self.trial_loglik <= self.incumbent_loglik:
             return self.incumbent
         return self.mixture
-
-    def step_size(self, epoch: int) -> float:
-        return 1.0
-
-    def start_epoch(self, epoch: int) -> None:
-        self._sums = None
-
-    def observe(self, stats: Statistics) -> None:
-        self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
     def end_epoch(self) -> None:
         sums, self._sums = self._sums, None
@@ -178,8 +168,6 @@ class SplitMergeEM:
         return {"moves_tried": self.tried, "moves_accepted": self.accepted}
 
     def state_dict(self) -> dict:
-        from .fitters import _mixture_state
-
         none = {"weights": torch.zeros(0), "means": torch.zeros(0), "covariances": torch.zeros(0)}
         return {
             "mixture": _mixture_state(self.mixture), "phase": self.phase, "previous": self.previous,
@@ -192,8 +180,6 @@ class SplitMergeEM:
         }  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        from .fitters import _mixture_from_state
-
         self.mixture = _mixture_from_state(state["mixture"], self.mixture)
         self.phase, self.previous = state["phase"], state["previous"]
         has_incumbent = state["incumbent"]["means"].numel() > 0

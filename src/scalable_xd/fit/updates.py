@@ -145,10 +145,13 @@ def regularised(state: Mixture, w: float, fixed: FixedParameters | None = None) 
         if w == 0:
             return state
         return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
-    covs = state.covariances
-    shift = (w * (~fixed.covariances).to(covs.dtype))[:, None, None] * _eye_like(covs)
     return Mixture(share_weights(state.weights, fixed.weight_values, fixed.weights), state.means,
-                   state.covariances + shift)  # fmt: skip
+                   state.covariances + _ridge(w, fixed, state.covariances))  # fmt: skip
+
+
+def _ridge(w: float, fixed: FixedParameters, covariances: torch.Tensor) -> torch.Tensor:
+    """w I for every component whose covariance is free, zero for the fixed ones (K, D, D)."""
+    return (w * (~fixed.covariances).to(covariances.dtype))[:, None, None] * _eye_like(covariances)
 
 
 def online_em_update(state: Mixture, stats: Statistics, step: float, w: float,
@@ -168,7 +171,7 @@ def online_em_update(state: Mixture, stats: Statistics, step: float, w: float,
     """
     Vr, m = state.covariances, state.means
     fixed = fixed or FixedParameters.none(len(m), m.device)
-    V = Vr + (w * (~fixed.covariances).to(Vr.dtype))[:, None, None] * _eye_like(Vr)
+    V = Vr + _ridge(w, fixed, Vr)
     n = stats.n_points
     q_b = stats.q / n
     q_new = (1.0 - step) * state.weights + step * q_b

@@ -43,7 +43,8 @@ class Statistics:
     def zeros(cls, k: int, d: int, device, with_criteria: bool = False) -> Statistics:
         """The sums of no point (a process whose share of a small batch is empty)."""
         z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
-        return cls(0, z(k), z(k, d), z(k, d, d), z(k, d, d), z(), Criteria(z(k, k), z(k), z(k)) if with_criteria else None)
+        criteria = Criteria(z(k, k), z(k), z(k)) if with_criteria else None
+        return cls(0, z(k), z(k, d), z(k, d, d), z(k, d, d), z(), criteria)
 
     def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
