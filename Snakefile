@@ -23,6 +23,13 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+
+
+if config["data"]["source"] == "bulk":  # only then is the HTTP storage plugin needed
+
+    include: "workflow/rules/bulk.smk"
+
+
 include: "workflow/rules/init.smk"
 include: "workflow/rules/fit.smk"
 include: "workflow/rules/report.smk"

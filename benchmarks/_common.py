@@ -42,3 +42,26 @@ def write_result(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+# Python run at the top of a benchmark's child process: ``status()`` reads RssAnon and VmHWM (bytes) from
+# /proc, and a thread keeps the peak RssAnon in ``peak`` (sampled every 10 ms) until ``done`` is set.
+MEMORY_SAMPLER = r"""
+import threading, time
+
+def status():
+    fields = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+peak = {"RssAnon": 0}
+done = False
+def sample():
+    while not done:
+        peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])
+        time.sleep(0.01)
+threading.Thread(target=sample, daemon=True).start()
+"""

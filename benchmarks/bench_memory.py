@@ -22,27 +22,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import MEMORY_SAMPLER, machine, write_result  # noqa: E402
 
-CHILD = r"""
-import json, sys, threading, time
-import numpy as np
-
-def status():
-    fields = {}
-    for line in open("/proc/self/status"):
-        key, _, value = line.partition(":")
-        if key in ("RssAnon", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-peak = {"RssAnon": 0}
-done = False
-def sample():
-    while not done:
-        peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])
-        time.sleep(0.01)
-threading.Thread(target=sample, daemon=True).start()
+CHILD = MEMORY_SAMPLER + r"""
+import json, sys, time
 
 from scalable_xd import XDGMM, CompactCovariance
 from scalable_xd.gaia.schema import CORRELATION_PAIRS

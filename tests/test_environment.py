@@ -46,7 +46,7 @@ def test_workflow_env_pins_exactly_what_the_rules_import():
     pins = dict(entry.split(" ", 1) for entry in entries)
     assert re.fullmatch(r"=3\.1[0-9]", pins.pop("python"))
     assert all(re.fullmatch(r"==[0-9]+(\.[0-9]+)+", pin) for pin in pins.values()), pins  # exact, no ranges
-    wanted = _pyproject_requirements("data", "plots")
+    wanted = _pyproject_requirements("data", "plots", "catalog")
     assert pins.keys() == wanted.keys() | CONDA_ONLY
     for name, bound in wanted.items():  # each pin satisfies pyproject.toml's lower bound
         assert Version(pins[name].removeprefix("==")) >= Version(bound), name
@@ -69,7 +69,7 @@ def test_pin_script_writes_the_same_packages_and_checks_bounds(monkeypatch):
 
 def test_environment_yml_mirrors_pyproject():
     env = _conda_requirements(REPO / "environment.yml")
-    wanted = _pyproject_requirements("data", "plots", "workflow", "test")
+    wanted = _pyproject_requirements("data", "plots", "workflow", "catalog", "test")
     assert CONDA_ONLY <= env.keys()
     assert {k: v for k, v in env.items() if k != "python" and k not in CONDA_ONLY} == wanted
     python = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
@@ -83,12 +83,12 @@ def test_every_rule_names_an_existing_conda_env_and_a_log():
     assert (REPO / "workflow" / "rules" / env).resolve().exists()
     for path in rules:
         text = path.read_text()
-        n_rules = len(re.findall(r"^rule \w+:", text, flags=re.M))
+        n_rules = len(re.findall(r"^(?:rule|checkpoint) \w+:", text, flags=re.M))
         assert text.count("    conda:\n        ENV") == n_rules, path.name
         assert text.count("    log:\n") == n_rules, path.name
 
 
-@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "smoke"])
+@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "smoke", "gaia_full"])
 def test_configs_validate_against_the_schema(name):
     from snakemake.utils import validate
 

@@ -8,6 +8,7 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
 
 import scalable_xd.estimator
+import scalable_xd.dataset
 import scalable_xd.fit.loop
 from sklearn.exceptions import NotFittedError
 
@@ -145,9 +146,9 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
     _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch=3)
 
     epochs_run = []
-    order = scalable_xd.fit.loop.epoch_order
+    order = scalable_xd.dataset.epoch_order
     monkeypatch.setattr(
-        scalable_xd.fit.loop, "epoch_order", lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1]
+        scalable_xd.dataset, "epoch_order", lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1]
     )
     resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
     assert epochs_run == [4, 5, 6]  # only the epochs after the checkpoint ran again

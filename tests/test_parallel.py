@@ -80,8 +80,10 @@ def test_a_killed_process_makes_the_other_fail_with_a_message(tmp_path):
     assert time.perf_counter() - tick < 100  # well inside the group's 60 s timeout plus start-up
 
 
-def test_torchrun_runs_the_command_line_fit(tmp_path):
-    """`torchrun --nproc-per-node 2 -m scalable_xd fit ...` gives the model of the one-process command."""
+@pytest.mark.parametrize("stream", [[], ["--stream-window", "700"]])
+def test_torchrun_runs_the_command_line_fit(tmp_path, stream):
+    """`torchrun --nproc-per-node 2 -m scalable_xd fit ...` gives the model of the one-process command, with
+    the data in memory or streamed from disk (each process reading every window)."""
     from scalable_xd.cli import main
 
     assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(tmp_path / "raw.parquet")]) == 0
@@ -93,7 +95,7 @@ def test_torchrun_runs_the_command_line_fit(tmp_path):
         return ["fit", "--train", str(tmp_path / "data" / "train.parquet"), "--init", str(tmp_path / "init.npz"),
                 "--n-components", "3", "--method", "minibatch_em", "--epochs", "2", "--dtype", "float64",
                 "--device", "cpu", "--output-model", str(out / "model.npz"), "--output-metrics",
-                str(out / "metrics.json")]  # fmt: skip
+                str(out / "metrics.json"), *stream]  # fmt: skip
 
     assert main(["-q"] + fit_args(tmp_path / "one")) == 0
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",

@@ -178,7 +178,7 @@ def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp
 
 
 def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
-    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4, "device": "cuda"}}
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4, "device": "cuda", "stream_window": 4096}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     output = snakemake(tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4",
                        configfile=str(tmp_path / "config.yaml"))  # fmt: skip
@@ -187,6 +187,7 @@ def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
     for command in commands:
         assert "python -m torch.distributed.run --standalone --nproc-per-node 2 -m scalable_xd" in command
         assert "--threads 2 " in command  # the fit's threads shared among its processes
+        assert "--stream-window 4096 " in command
     kmeans = [line for line in output.splitlines() if " kmeans --train " in line]
     assert kmeans and not any("torch.distributed" in line for line in kmeans)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)

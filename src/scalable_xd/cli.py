@@ -2,6 +2,7 @@
 
     scalable-xd mock      --n-rows N --seed S --output raw.parquet
     scalable-xd query     --n-rows N --out-dir resources/gaia_dr2 [--chunk-rows R] [--tap-url URL]
+    scalable-xd bulk-index / bulk-check / hats-import   (all of DR2 from ESA's bulk files, see ``gaia.bulk``)
     scalable-xd features  --input RAW --out-dir DIR [--mode corrected|paper] [--split-seed S]
     scalable-xd kmeans    --train train.parquet --n-components K --seed S --output init.npz
     scalable-xd reference --train ... --test ... --init init.npz --n-components K --kind oracle|noisy ...
@@ -84,6 +85,19 @@ def _query(args) -> None:
                 retries=args.retries, request_timeout=args.request_timeout, job_timeout=args.job_timeout)  # fmt: skip
 
 
+def _bulk_index(args) -> None:
+    steps.bulk_index(args.url, args.output, args.n_files)
+
+
+def _bulk_check(args) -> None:
+    steps.bulk_check(args.input, args.index, args.output)
+
+
+def _hats_import(args) -> None:
+    steps.hats_catalogue(args.index, args.csv_dir, args.output, pixel_threshold=args.pixel_threshold,
+                         highest_order=args.highest_order, workers=args.workers)  # fmt: skip
+
+
 def _features(args) -> None:
     steps.features(args.input, args.out_dir, args.mode, args.split_seed)
 
@@ -91,7 +105,7 @@ def _features(args) -> None:
 def _kmeans(args) -> None:
     settings = KMeansSettings(epochs=args.epochs, batch_size=args.batch_size)
     steps.kmeans(args.train, args.n_components, args.seed, settings, args.device, args.dtype, args.output,
-                 threads=args.threads)  # fmt: skip
+                 threads=args.threads, max_rows=args.max_rows)  # fmt: skip
 
 
 def _join_process_group(device: str) -> str:
@@ -116,7 +130,8 @@ def _fit(args) -> None:
     steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
               seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2), output_model=args.output_model,
               output_metrics=args.output_metrics, checkpoint=args.checkpoint, references=args.reference or (),
-              tag=args.tag, config_hash=args.config_hash, threads=args.threads, label=args.label)  # fmt: skip
+              tag=args.tag, config_hash=args.config_hash, threads=args.threads, label=args.label,
+              stream_window=args.stream_window)  # fmt: skip
 
 
 def _reference(args) -> None:
@@ -207,9 +222,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", default=None, help="JSON listing the chunk files, written when all are done")
     p.set_defaults(run=_query)
 
+    p = sub.add_parser("bulk-index", help="list ESA's DR2 bulk files and their MD5 sums (MD5SUM.txt)")
+    p.add_argument("--url", required=True, help="the index's URL (.../gaia_source/csv/MD5SUM.txt)")
+    p.add_argument("--n-files", type=NON_NEGATIVE, default=0, help="keep the first N files only (default: 0, all)")
+    p.add_argument("--output", required=True, help="the index to write (same format)")
+    p.set_defaults(run=_bulk_index)
+
+    p = sub.add_parser("bulk-check", help="keep a downloaded bulk file once its MD5 sum matches the index")
+    p.add_argument("--input", required=True, help="the downloaded .csv.gz")
+    p.add_argument("--index", required=True, help="the index (scalable-xd bulk-index)")
+    p.add_argument("--output", required=True, help="where the checked file goes (its name is looked up in the index)")
+    p.set_defaults(run=_bulk_check)
+
+    p = sub.add_parser("hats-import", help="convert checked bulk files into one HATS catalogue (hats-import)")
+    p.add_argument("--index", required=True, help="the index listing the files (scalable-xd bulk-index)")
+    p.add_argument("--csv-dir", required=True, help="the folder of the checked files")
+    p.add_argument("--output", required=True, help="the catalogue's folder (must not exist)")
+    p.add_argument("--pixel-threshold", type=POSITIVE, default=1_000_000,
+                   help="most stars in one HEALPix partition (default: 1000000)")  # fmt: skip
+    p.add_argument("--highest-order", type=NON_NEGATIVE, default=10, help="finest HEALPix order (default: 10)")
+    p.add_argument("--workers", type=POSITIVE, default=1, help="dask worker processes (default: 1)")
+    p.set_defaults(run=_hats_import)
+
     p = sub.add_parser("features", help="features, compact noise covariances and the 80/10/10 split")
     p.add_argument("--input", required=True,
-                   help="raw catalogue: a Parquet file, a directory of chunks, or a query manifest (.json)")  # fmt: skip
+                   help="raw catalogue: a Parquet file, a directory of chunks, a HATS catalogue or a query manifest "
+                        "(.json)")  # fmt: skip
     p.add_argument("--out-dir", required=True, help="folder for train/val/test.parquet and features.json")
     p.add_argument("--mode", choices=["corrected", "paper"], default="corrected",
                    help="corrected units and missing colours, or what the paper's code did (default: corrected)")  # fmt: skip
@@ -223,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(p, KMeansSettings)
     _add_settings(p, FitSettings, skip=set(FitSettings.defaults()) - {"device", "dtype"})
     _threads(p)
+    p.add_argument("--max-rows", type=NON_NEGATIVE, default=0,
+                   help="k-means on this many training stars chosen by the seed (default: 0, all of them)")  # fmt: skip
     p.add_argument("--output", required=True, help="the init file (.npz: weights, means, seconds)")
     p.set_defaults(run=_kmeans)
 
@@ -241,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default=None,
                    help="the name the fit is reported under in tables and figures (a workflow variant; default: "
                         "the method)")  # fmt: skip
+    p.add_argument("--stream-window", type=NON_NEGATIVE, default=0, metavar="ROWS",
+                   help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading them "
+                        "(0: load; --train etc. may then be folders of Parquet files or HATS catalogues)")  # fmt: skip
     p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
     p.add_argument("--config-hash", default=None, help="recorded in the metrics")
     p.add_argument("--reference", nargs="*", default=None,
@@ -304,7 +347,8 @@ def _version() -> str:
 
 
 # Arguments that name files a subcommand reads; each must exist before any work starts.
-INPUT_ARGUMENTS = ("input", "train", "val", "test", "init", "metrics", "model", "data", "reference")
+INPUT_ARGUMENTS = ("input", "train", "val", "test", "init", "metrics", "model", "data", "reference", "index",
+                   "csv_dir")
 
 
 def _missing_inputs(args) -> list[str]:

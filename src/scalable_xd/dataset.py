@@ -1,6 +1,11 @@
-"""Validated training data: the observed points, their noise covariances and optional projections.
+"""Validated training data in memory: the observed points, their noise covariances and optional projections.
 
 Checks run once, up front, and name the first bad row; after that every batch is assumed clean.
+
+What a fit asks of its data (``Dataset`` here, ``stream.ParquetSource`` for data on disk): ``len``,
+``obs_dim``, ``model_dim``, ``total_weight``; ``epoch_batches`` (this process's share of each global batch
+of an epoch), ``scan`` (rows in order, for evaluation passes), ``sample`` (chosen rows, in memory) and
+``digest_bytes`` (what the checkpoint's data digest hashes).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import math
 
 import torch
 
+from .batching import Batch, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad_row
 
 
@@ -87,6 +93,35 @@ class Dataset:
         S = self.noise.batch(index, device, dtype)
         R = None if self.R is None else self.R[index].to(device=device, dtype=dtype, non_blocking=True)
         return x, S, R
+
+    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype):
+        """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``): this process's share of
+        it in a process group, the whole of it otherwise."""
+        for index in epoch_order(len(self), batch_size, epoch, seed, shuffle):
+            size = index.stop - index.start if isinstance(index, slice) else len(index)
+            share = group.share(index, size)
+            yield Batch(size, *self.batch(share, device, dtype), self.batch_weights(share, device, dtype))
+
+    def scan(self, rows: slice, batch_size: int, device, dtype):
+        """Yield (first row, x, S, R, weights) over ``rows`` in order, ``batch_size`` rows at a time."""
+        for start in range(rows.start, rows.stop, batch_size):
+            index = slice(start, min(start + batch_size, rows.stop))
+            yield (start, *self.batch(index, device, dtype), self.batch_weights(index, device, torch.float64))
+
+    def sample(self, rows: torch.Tensor, name: str) -> Dataset:
+        """The rows ``rows`` (sorted indices) as a new data set in memory, in float64."""
+        x, S, R = self.batch(rows, "cpu", torch.float64)
+        weights = None if self.weights is None else self.weights[rows]
+        return Dataset(x, S, R, sample_weight=weights, name=name, validate=False)
+
+    def digest_bytes(self, rows: torch.Tensor):
+        """Yield what identifies these data for a checkpoint: column sums of X a block at a time (one pass),
+        the rows ``rows`` in full (X, noise, R) and every weight."""
+        for start in range(0, len(self), CHECK_CHUNK):
+            yield self.X[start : start + CHECK_CHUNK].to(torch.float64).sum(dim=0).numpy().tobytes()
+        for part in (*self.batch(rows, "cpu", torch.float64), self.weights):
+            if part is not None:
+                yield part.contiguous().numpy().tobytes()
 
 
 def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:

@@ -25,6 +25,7 @@ from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches, total_loglik
 from .mixture import Mixture
 from .model_file import read_model, write_model
 from .posterior import posterior_moments
+from .stream import ParquetSource
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
 
 _FIT, _KMEANS = FitSettings(), KMeansSettings()
@@ -32,16 +33,33 @@ _FIT, _KMEANS = FitSettings(), KMeansSettings()
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
 JUDGE_SAMPLE = 20_000
+# Training stars that k-means sees when the training data are streamed (``ParquetSource``) from disk.
+KMEANS_SAMPLE = 1_000_000
 
 
-def _judge_sample(train: Dataset, seed: int) -> Dataset:
+def _random_rows(n: int, size: int, seed: int) -> torch.Tensor:
+    """``size`` of n row numbers (all when n <= size), chosen by the seed, sorted."""
+    if n <= size:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+
+
+def _judge_sample(train, seed: int) -> Dataset:
     """A fixed random sample of the training data (``JUDGE_SAMPLE`` stars at most), chosen by the seed."""
-    if len(train) <= JUDGE_SAMPLE:
+    if len(train) <= JUDGE_SAMPLE and isinstance(train, Dataset):
         return train
-    rows = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:JUDGE_SAMPLE].sort().values
-    x, S, R = train.batch(rows, "cpu", torch.float64)
-    weights = None if train.weights is None else train.weights[rows]
-    return Dataset(x, S, R, sample_weight=weights, name="the split-and-merge judging sample", validate=False)
+    return train.sample(_random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
+
+
+def _data(X, Xcov, R, sample_weight, name: str):
+    """Arrays as a validated ``Dataset``; a ``ParquetSource`` as it is (it validated itself)."""
+    if not isinstance(X, ParquetSource):
+        return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name)
+    given = [arg for arg, value in (("Xcov", Xcov), ("R", R), ("sample_weight", sample_weight)) if value is not None]
+    if given:
+        raise ValueError(f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
+                         "given with it (projections and weights are not streamed)")  # fmt: skip
+    return X
 
 
 def _judge(data: Dataset, device, dtype, compiled: bool, group: Group):
@@ -229,7 +247,9 @@ class XDGMM(BaseEstimator):
     def fit(self, X, Xcov=None, *, R=None, sample_weight=None, X_val=None, Xcov_val=None, R_val=None,
             checkpoint=None) -> XDGMM:  # fmt: skip
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
-        ``CompactCovariance``, or None for noiseless data. ``R`` (N, d, D) projects the model space onto the
+        ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
+        ``stream.ParquetSource``, data read from disk a window at a time (without Xcov, R or weights; k-means
+        then sees a sample of 1,000,000 stars). ``R`` (N, d, D) projects the model space onto the
         data (identity when None). ``sample_weight`` (N,): non-negative weights, a point of weight 2 counting
         as two copies (Bovy's ``weight``; the k-means initial means ignore them). Validation data, if given,
         is scored after every epoch. ``checkpoint``: a file written atomically after each epoch; if it
@@ -258,8 +278,12 @@ class XDGMM(BaseEstimator):
         elif self.warm_start and hasattr(self, "_mixture"):
             mixture = self._warm_start_mixture(train, device)
         else:
-            mixture = initial_mixture(train, self.n_components, kmeans, seed, device, dtype, weights=self.weights_init,
-                                      means=self.means_init, covariances=self.covariances_init)  # fmt: skip
+            kmeans_data = train
+            if isinstance(train, ParquetSource) and self.means_init is None:  # k-means on a sample, in memory
+                kmeans_data = train.sample(_random_rows(len(train), KMEANS_SAMPLE, seed), "the k-means sample")
+            mixture = initial_mixture(kmeans_data, self.n_components, kmeans, seed, device, dtype,
+                                      weights=self.weights_init, means=self.means_init,
+                                      covariances=self.covariances_init)  # fmt: skip
         batch_method = settings.method in ("em", "stochastic_em")  # sums over all points, one update an epoch
         group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
         judge = None
@@ -314,14 +338,14 @@ class XDGMM(BaseEstimator):
         return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
 
     def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype, sample_weight=None):
-        """The validated training and validation sets."""
-        train = Dataset(X, Xcov, R, sample_weight=sample_weight)
+        """The validated training and validation sets (in memory, or streamed sources)."""
+        train = _data(X, Xcov, R, sample_weight, "X")
         train.check_range(dtype)
         if self.n_components > len(train):
             raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
         val = None
         if X_val is not None:
-            val = Dataset(X_val, Xcov_val, R_val, name="X_val")
+            val = _data(X_val, Xcov_val, R_val, None, "X_val")
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
             val.check_range(dtype, "X_val")
@@ -351,7 +375,7 @@ class XDGMM(BaseEstimator):
     def _data_for_model(self, X, Xcov, R, sample_weight=None) -> Dataset:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
-        data = Dataset(X, Xcov, R, sample_weight=sample_weight)
+        data = _data(X, Xcov, R, sample_weight, "X")
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
         data.check_range(self._dtype)
@@ -364,7 +388,7 @@ class XDGMM(BaseEstimator):
 
     def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
         """log p(x_i) under the convolved model for each point, shape (N,)."""
-        return torch.cat([ll.cpu() for _, ll, _ in self._scored_batches(X, Xcov, R)]).numpy()
+        return torch.cat([ll.cpu() for _, ll, _, _ in self._scored_batches(X, Xcov, R)]).numpy()
 
     def score(self, X, Xcov=None, R=None, sample_weight=None) -> float:
         """Mean log-likelihood per point (weighted by ``sample_weight`` where given)."""
@@ -373,7 +397,7 @@ class XDGMM(BaseEstimator):
 
     def predict_proba(self, X, Xcov=None, R=None) -> np.ndarray:
         """Responsibilities r_ij: the probability that point i came from component j, shape (N, K)."""
-        parts = [torch.exp(dens - ll[:, None]).cpu() for _, ll, dens in self._scored_batches(X, Xcov, R)]
+        parts = [torch.exp(dens - ll[:, None]).cpu() for _, ll, dens, _ in self._scored_batches(X, Xcov, R)]
         return torch.cat(parts).numpy()
 
     def predict(self, X, Xcov=None, R=None) -> np.ndarray:
@@ -385,8 +409,7 @@ class XDGMM(BaseEstimator):
         data = self._data_for_model(X, Xcov, R)
         mixture = self._mixture
         means, covs = [], []
-        for start in range(0, len(data), EVAL_BATCH):
-            x, S, Rb = data.batch(slice(start, start + EVAL_BATCH), self._device, self._dtype)
+        for _, x, S, Rb, _ in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, self._dtype):
             mean, cov = posterior_moments(x, S, mixture, Rb)
             means.append(mean.cpu())
             covs.append(cov.cpu())

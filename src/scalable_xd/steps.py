@@ -77,6 +77,31 @@ def query(n_rows: int, out_dir, manifest=None, **options) -> None:
     log.info("%d chunks complete in %s", len(paths), out_dir)
 
 
+def bulk_index(url: str, output, n_files: int = 0) -> None:
+    from .gaia.bulk import fetch_index
+
+    entries = fetch_index(url, output, n_files)
+    log.info("%d bulk files listed in %s", len(entries), output)
+
+
+def bulk_check(downloaded, index, output) -> None:
+    from .gaia.bulk import checked_copy
+
+    checked_copy(downloaded, index, output)
+
+
+def hats_catalogue(index, csv_dir, output, *, pixel_threshold: int, highest_order: int, workers: int) -> None:
+    """The checked bulk files that ``index`` lists (in ``csv_dir``) as one HATS catalogue."""
+    from .gaia.bulk import import_hats, parse_index
+
+    files = [Path(csv_dir) / name for name, _ in parse_index(Path(index).read_text(), str(index))]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} bulk files listed in {index} are not in {csv_dir}, e.g. {missing[0]}")
+    import_hats(files, output, pixel_threshold=pixel_threshold, highest_order=highest_order, workers=workers)
+    log.info("HATS catalogue of %d bulk files written to %s", len(files), output)
+
+
 def features(raw, out_dir, mode: str, split_seed: int) -> None:
     from .gaia.storage import write_feature_splits
 
@@ -88,17 +113,24 @@ def features(raw, out_dir, mode: str, split_seed: int) -> None:
 
 
 def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device: str, dtype: str, output,
-           threads: int = 0) -> None:  # fmt: skip
-    """The shared initial weights and means of every method's fit at (K, seed)."""
+           threads: int = 0, max_rows: int = 0) -> None:  # fmt: skip
+    """The shared initial weights and means of every method's fit at (K, seed), from all the training stars
+    or, where there are more than ``max_rows`` (> 0), from that many chosen by the seed (read a row group
+    at a time: the full catalogue's training split does not fit in memory)."""
     import torch
 
     from ._torch import resolve_device, resolve_dtype
     from .fit.init import kmeans_init
-    from .gaia.storage import read_features
+    from .gaia.storage import features_source, read_features
 
     _set_threads(threads)
     check_writable(output)
-    X = torch.as_tensor(read_features(train).X)
+    if max_rows:
+        source = features_source(train, validate=False)
+        rows = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))[:max_rows].sort().values
+        X = source.sample(rows, "the k-means sample").X
+    else:
+        X = torch.as_tensor(read_features(train).X)
     tick = time.perf_counter()
     weights, means = kmeans_init(X, n_components, settings, seed, resolve_device(device), resolve_dtype(dtype))
     seconds = time.perf_counter() - tick
@@ -109,9 +141,11 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
 
 def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSettings, output_model,
         output_metrics, checkpoint=None, references=(), tag=None, config_hash=None, threads: int = 0,
-        label: str | None = None) -> None:  # fmt: skip
+        label: str | None = None, stream_window: int = 0) -> None:  # fmt: skip
     """One fit from a k-means init: the model, and its metrics record (``report.metrics``), reported under
-    ``label`` (a workflow variant's name) or the method's name."""
+    ``label`` (a workflow variant's name) or the method's name. ``stream_window`` > 0 streams the splits
+    from disk a window of that many rows at a time (``stream``) instead of loading them; the test split is
+    then loaded only where it holds true values (a mock), for the truth metrics."""
     import torch
 
     import scalable_xd
@@ -119,39 +153,53 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     from .estimator import XDGMM
     from .fit.parallel import Group
     from .gaia.features import loglik_summary
-    from .gaia.storage import read_features
+    from .gaia.storage import features_source, read_features, split_facts
     from .report.metrics import FitMetrics
     from .truth import truth_metrics
+
+    def data(path, name):
+        """A split as the fit's arguments (X, Xcov), streamed or in memory, and its facts for the report."""
+        if stream_window:
+            return (features_source(path, stream_window, name), None), split_facts(path)
+        split = read_features(path)
+        facts = {"n": len(split), "missing_entries": int(split.n_missing.sum()), "mode": split.mode,
+                 "true_values": split.true is not None}  # fmt: skip
+        return (split.X, split.covariance()), facts
 
     _set_threads(threads)
     check_writable(output_model, output_metrics, checkpoint)
     start = read_init(init, n_components)
-    train_split = read_features(train)
-    val_split = None if val is None else read_features(val)
+    (X, Xcov), train_facts = data(train, "X")
+    (X_val, Xcov_val), val_facts = (None, None), None
+    if val is not None:
+        (X_val, Xcov_val), val_facts = data(val, "X_val")
     model = XDGMM(n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"],
                   means_init=start["means"])  # fmt: skip
     tick, cpu_tick = time.perf_counter(), time.process_time()
-    model.fit(train_split.X, train_split.covariance(), X_val=None if val_split is None else val_split.X,
-              Xcov_val=None if val_split is None else val_split.covariance(), checkpoint=checkpoint)  # fmt: skip
+    model.fit(X, Xcov, X_val=X_val, Xcov_val=Xcov_val, checkpoint=checkpoint)
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:
         model.save(output_model)
-    test_split = None if test is None else read_features(test)
+    test_summary, test_split = None, None
+    if test is not None:
+        (X_test, Xcov_test), test_facts = data(test, "X_test")
+        if test_facts["true_values"]:
+            test_split = read_features(test)
+        test_summary = loglik_summary(model.score(X_test, Xcov_test), test_facts["n"], test_facts["missing_entries"])
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
     device = model._device
     metrics = FitMetrics(
         method=label or settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash,
         settings=model.describe(), train_seconds=last["seconds"], kmeans_seconds=float(start["seconds"]),
         wall_seconds=wall, cpu_seconds=cpu, threads=torch.get_num_threads(), n_iter=model.n_iter_, converged=model.converged_, history=model.history_,
-        covariance_mode=train_split.mode,
+        covariance_mode=train_facts["mode"],
         device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
         versions={"scalable_xd": scalable_xd.__version__, "torch": torch.__version__, "numpy": np.__version__,
                   "python": platform.python_version()},
-        train=loglik_summary(last["train_loglik"], train_split),
-        val=None if val_split is None else loglik_summary(last["val_loglik"], val_split),
-        test=None if test_split is None else loglik_summary(model.score(test_split.X, test_split.covariance()),
-                                                            test_split),
+        train=loglik_summary(last["train_loglik"], train_facts["n"], train_facts["missing_entries"]),
+        val=None if val is None else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
+        test=test_summary,
         true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(_read_json, references)}),
     )  # fmt: skip
     if group.writes:

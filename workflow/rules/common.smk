@@ -60,8 +60,16 @@ _device = config["fit"]["device"]
 FIT_GPUS = 1 if _device.startswith("cuda") or (_device == "auto" and shutil.which("nvidia-smi")) else 0
 
 
+# data.source bulk: ESA's bulk files, checked, then one HATS catalogue (workflow/rules/bulk.smk).
+BULK_DIR = "resources/gaia_dr2_bulk"
+HATS_CATALOGUE = "resources/gaia_dr2_hats/gaia_dr2"
+
+
 def raw_catalogue():
-    """The raw DR2-schema catalogue: the archive query's manifest, or a mock Parquet file."""
+    """The raw DR2-schema catalogue: the archive query's manifest, a mock Parquet file, or the HATS
+    catalogue of the bulk files."""
+    if config["data"]["source"] == "bulk":
+        return HATS_CATALOGUE
     n = config["data"]["n_rows"]
     if config["data"]["source"] == "gaia":
         return f"resources/gaia_dr2/random_index_lt_{n}.json"
@@ -83,7 +91,7 @@ def reference_metrics(K):
 
 # Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
 # (scalable_xd.settings.FitSettings) and goes to `scalable-xd fit` as an option of the same name.
-WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads", "processes")
+WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads", "processes", "stream_window")
 
 
 def _option(key, value):

@@ -16,6 +16,7 @@ rule fit:
     params:
         cli=FIT_CLI,
         per_process=lambda wildcards, threads: max(1, threads // FIT_PROCESSES),
+        stream_window=config["fit"]["stream_window"],
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
         settings=lambda wildcards: fit_options(method=wildcards.method),
         tag=NAME,
@@ -31,7 +32,7 @@ rule fit:
     shell:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
         "--n-components {wildcards.K} --seed {wildcards.seed} --label {wildcards.method} {params.settings} "
-        "--threads {params.per_process} "
+        "--threads {params.per_process} --stream-window {params.stream_window} "
         "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
 

@@ -11,6 +11,7 @@ rule kmeans:
         cli=CLI,
         epochs=config["init"]["kmeans_epochs"],
         batch_size=config["init"]["kmeans_batch_size"],
+        max_rows=config["init"]["kmeans_max_rows"],
         device=config["fit"]["device"],
         dtype=config["fit"]["dtype"],
     threads: FIT_THREADS
@@ -23,4 +24,4 @@ rule kmeans:
     shell:
         "{params.cli} kmeans --train {input.train} --n-components {wildcards.K} --seed {wildcards.seed} "
         "--epochs {params.epochs} --batch-size {params.batch_size} --device {params.device} "
-        "--dtype {params.dtype} --threads {threads} --output {output} 2> {log}"
+        "--dtype {params.dtype} --threads {threads} --max-rows {params.max_rows} --output {output} 2> {log}"

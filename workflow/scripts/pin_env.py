@@ -1,5 +1,5 @@
-"""Write workflow/envs/scalable_xd.yaml with exact versions: the packages of pyproject.toml's core, `data`
-and `plots` groups at the versions installed in the current environment (the one the test suite passed in),
+"""Write workflow/envs/scalable_xd.yaml with exact versions: the packages of pyproject.toml's core, `data`,
+`plots` and `catalog` groups at the versions installed in the current environment (the one the test suite passed in),
 so that `--use-conda` builds the same environment every time. environment.yml keeps the lower bounds
 for development. `--check` fails (exit 1) when a pin no longer satisfies pyproject.toml's lower bound.
 
@@ -30,7 +30,7 @@ HEADER = """\
 """
 
 
-def lower_bounds(groups=("data", "plots")) -> dict[str, str]:
+def lower_bounds(groups=("data", "plots", "catalog")) -> dict[str, str]:
     """{pip name: lower bound} of pyproject.toml's core dependencies and the named extras."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     lines = list(project["dependencies"]) + [line for g in groups for line in project["optional-dependencies"][g]]

@@ -37,19 +37,15 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed: unreadable, from another version, or from another fit."""
 
 
-def data_digest(data: Dataset) -> str:
-    """A short hash of a data set: its shapes, the float64 column sums of X, ``DIGEST_ROWS`` evenly
-    spaced rows of X, the noise and R, and every sample weight. One streaming pass over X; any change to
-    X's values, to the sampled rows' noise or to the row order of the sample changes it."""
+def data_digest(data) -> str:
+    """A short hash of a data set (in memory or streamed): its shapes, the float64 column sums of X,
+    ``DIGEST_ROWS`` evenly spaced rows in full and every sample weight (see ``digest_bytes``). One pass over
+    X; any change to X's values, to the sampled rows' noise or to the row order of the sample changes it."""
     n = len(data)
     digest = hashlib.sha256(repr((n, data.obs_dim, data.model_dim)).encode())
-    for start in range(0, n, 65_536):
-        digest.update(data.X[start : start + 65_536].to(torch.float64).sum(dim=0).numpy().tobytes())
     rows = torch.from_numpy(np.unique(np.linspace(0, n - 1, min(n, DIGEST_ROWS)).astype(np.int64)))
-    x, S, R = data.batch(rows, "cpu", torch.float64)
-    for part in (x, S, R, data.weights):  # the weights in full: one number per row
-        if part is not None:
-            digest.update(part.contiguous().numpy().tobytes())
+    for part in data.digest_bytes(rows):
+        digest.update(part)
     return digest.hexdigest()[:16]
 
 

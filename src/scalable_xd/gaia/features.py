@@ -180,10 +180,10 @@ def _not_positive_definite(corr: np.ndarray, chunk: int = 1 << 18) -> np.ndarray
     return bad
 
 
-def loglik_summary(mean_loglik: float, features: Features) -> dict:
+def loglik_summary(mean_loglik: float, n: int, missing_entries: int) -> dict:
     """A split's score as the paper defines it (mean log p(x) per star, missing entries included) and of the
     observed entries alone: each missing entry adds ``MISSING_LOGLIK_CONSTANT``, so the latter is the former
-    less that constant times the mean number of missing entries."""
-    missing = float(features.n_missing.mean())
+    less that constant times the mean number of missing entries (``missing_entries`` over the n stars)."""
+    missing = missing_entries / n
     return {"loglik": mean_loglik, "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
-            "n": len(features), "mean_missing_entries": missing}  # fmt: skip
+            "n": n, "mean_missing_entries": missing}  # fmt: skip

@@ -17,9 +17,12 @@ import pandas as pd
 
 from ..io import atomic_path, write_json
 from .features import REPAIRS, FEATURES, TRUE_COLUMNS, Features, compute_features
-from .schema import CORRELATIONS, QUERY_COLUMNS
+from .schema import CORRELATION_PAIRS, CORRELATIONS, QUERY_COLUMNS
 
 SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
+# Rows per Parquet row group of a features file: small enough that a streamed fit's shuffle window
+# (``stream``) draws from many row groups, large enough that reading one is efficient.
+ROW_GROUP = 65_536
 
 
 def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
@@ -94,8 +97,38 @@ def read_features(path) -> Features:
     )
 
 
+def features_source(path, window_rows: int | None = None, name: str = "X", validate: bool = True):
+    """Features files (one split's Parquet file, a folder of them or a HATS catalogue of features) as a
+    ``stream.ParquetSource``: a fit reads them a window of ``window_rows`` rows at a time."""
+    from ..stream import DEFAULT_WINDOW, ParquetSource
+
+    return ParquetSource(path, [f"x_{n}" for n in FEATURES], [f"sigma_{n}" for n in FEATURES],
+                         [n for n, _, _ in CORRELATIONS], CORRELATION_PAIRS, window_rows=window_rows or DEFAULT_WINDOW,
+                         name=name, validate=validate)  # fmt: skip
+
+
+def split_facts(path) -> dict:
+    """What a fit's report needs of a features split without loading it: rows, missing entries (summed a
+    row group at a time), the covariance mode and whether it holds true values."""
+    import pyarrow.dataset as ds
+
+    from ..stream import parquet_files
+
+    dataset = ds.dataset(parquet_files(path), format="parquet")
+    _require_columns(path, "a features file written by `scalable-xd features`", dataset.schema.names, ("n_missing",),
+                     None)  # fmt: skip
+    rows = missing = 0
+    for batch in dataset.to_batches(columns=["n_missing"]):
+        rows += batch.num_rows
+        missing += int(np.asarray(batch.column(0), dtype=np.int64).sum())
+    meta = json.loads((dataset.schema.metadata or {}).get(b"scalable_xd", b"{}"))
+    return {"n": rows, "missing_entries": missing, "mode": meta.get("mode", "unknown"),
+            "true_values": TRUE_COLUMNS[0] in dataset.schema.names}  # fmt: skip
+
+
 def _raw_dataset(path):
-    """A raw catalogue: one Parquet file, a directory of chunk files, or a query manifest (.json)."""
+    """A raw catalogue: one Parquet file, a directory of chunk files, a HATS catalogue (``bulk``) or a query
+    manifest (.json)."""
     import pyarrow.dataset as ds
 
     path = Path(path)
@@ -105,8 +138,10 @@ def _raw_dataset(path):
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ValueError(f"{path} is not a query manifest (a JSON object listing its chunks)") from None
         dataset = ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
-    else:
-        dataset = ds.dataset(str(path), format="parquet")
+    else:  # one file, a folder of chunks or a HATS catalogue (see ``stream.parquet_files``)
+        from ..stream import parquet_files
+
+        dataset = ds.dataset(parquet_files(path), format="parquet")
     names = dataset.schema.names
     hint = "it looks like a features file, which is already processed" if "x_ra" in names else None
     _require_columns(path, "a raw Gaia catalogue", names, QUERY_COLUMNS, hint)
@@ -151,7 +186,8 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
             splits = split_of(features.random_index, split_seed)
             for name, writer in writers.items():
                 part = features.subset(splits == name)
-                writer.write_table(features_to_arrow(part).replace_schema_metadata(schema_meta))
+                table = features_to_arrow(part).replace_schema_metadata(schema_meta)
+                writer.write_table(table, row_group_size=ROW_GROUP)
                 rows[name] += len(part)
                 missing_entries[name] += int(part.n_missing.sum())
     summary = {

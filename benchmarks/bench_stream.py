@@ -1,0 +1,106 @@
+"""Peak memory of a streamed fit against N: features in Parquet on disk, read a window at a time; writes
+JSON to results/.
+
+    python benchmarks/bench_stream.py                         # N = 2M and 20M, K = 16, one epoch each
+    python benchmarks/bench_stream.py --sizes 200000 2000000 --window 262144
+
+The data set is a synthetic Gaia-like features catalogue (7 features, 7 standard deviations and 10
+correlations a star, the layout ``scalable-xd features`` writes) in files of 1,000,000 rows, row groups
+of 65,536. Each fit runs in a fresh process: minibatch EM, float32, CPU, batch 500, one epoch, with the
+validation pass on opening and the evaluation passes before and after the epoch, all streamed
+(``stream.ParquetSource``). Reported per N: peak resident set (VmHWM), peak anonymous memory (RssAnon,
+sampled every 10 ms), seconds, and the bytes on disk. Flat memory means the data never sit in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import MEMORY_SAMPLER, machine, write_result  # noqa: E402
+
+FILE_ROWS = 1_000_000
+
+CHILD = MEMORY_SAMPLER + r"""
+import json, sys, time
+
+import numpy as np
+from scalable_xd import XDGMM
+from scalable_xd.gaia.storage import features_source
+folder, k, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+baseline = status()
+tick = time.perf_counter()
+source = features_source(folder, window)
+opened = time.perf_counter() - tick
+means = source.sample(np.arange(0, len(source), len(source) // k)[:k], "means").X.numpy()
+model = XDGMM(k, "minibatch_em", epochs=1, device="cpu", dtype="float32", random_state=0, means_init=means)
+model.fit(source)
+seconds = time.perf_counter() - tick
+done = True
+peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])
+print(json.dumps({"N": len(source), "K": k, "window_rows": window, "seconds": seconds, "open_seconds": opened,
+                  "train_loglik": model.history_[-1]["train_loglik"], "baseline_rss_bytes": baseline["VmHWM"],
+                  "baseline_anon_bytes": baseline["RssAnon"], "peak_anon_bytes": peak["RssAnon"],
+                  "peak_rss_bytes": status()["VmHWM"]}))
+"""
+
+
+def write_catalogue(folder: Path, n: int, seed: int = 0) -> int:
+    """A synthetic features catalogue of n rows (a mixture of 16 Gaussians, Gaia-like noise) in files of
+    ``FILE_ROWS`` rows; returns its size on disk in bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scalable_xd.gaia.features import FEATURES
+    from scalable_xd.gaia.schema import CORRELATIONS
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=5.0, size=(16, len(FEATURES)))
+    folder.mkdir(parents=True, exist_ok=True)
+    for number, start in enumerate(range(0, n, FILE_ROWS)):
+        m = min(FILE_ROWS, n - start)
+        sigma = rng.uniform(0.05, 0.5, size=(m, len(FEATURES)))
+        x = centres[rng.integers(0, 16, m)] + rng.normal(size=(m, len(FEATURES))) + sigma * rng.normal(size=sigma.shape)
+        columns = {f"x_{name}": x[:, j] for j, name in enumerate(FEATURES)}
+        columns |= {f"sigma_{name}": sigma[:, j] for j, name in enumerate(FEATURES)}
+        columns |= {name: rng.uniform(-0.3, 0.3, m).astype(np.float32) for name, _, _ in CORRELATIONS}
+        pq.write_table(pa.table(columns), folder / f"part-{number:05d}.parquet", row_group_size=65_536)
+    return sum(p.stat().st_size for p in folder.glob("*.parquet"))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2_000_000, 20_000_000])
+    parser.add_argument("--n-components", type=int, default=16)
+    parser.add_argument("--window", type=int, default=1 << 20, help="rows per shuffle window")
+    parser.add_argument("--scratch", default=None, help="where the catalogues are written (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
+        for n in args.sizes:
+            folder = Path(scratch) / f"n{n}"
+            on_disk = write_catalogue(folder, n)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(args.n_components), str(args.window)],
+                                 capture_output=True, text=True)  # fmt: skip
+            if out.returncode:
+                raise SystemExit(out.stderr[-3000:])
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            row["data_bytes_on_disk"] = on_disk
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    peaks = [row["peak_rss_bytes"] for row in rows]
+    result = {"benchmark": "bench_stream", **machine(), "results": rows,
+              "largest_over_smallest_peak_rss": max(peaks[-1], 1) / max(peaks[0], 1)}  # fmt: skip
+    write_result("bench_stream_cpu", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""How an epoch is cut into batches, and the seeded generators that shuffle it.
+
+Shared by the in-memory ``Dataset`` and the streamed ``ParquetSource``: both cut an epoch of n points into
+the same batch sizes, and draw their permutations from generators that depend only on the seed and the
+position in the fit (epoch, window, batch), never on the device or on how the fit was interrupted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """(start, stop) of each batch of an epoch over n points. A remainder of n mod batch_size joins the
+    last batch, so every batch holds between batch_size and 2 batch_size - 1 points (or all n when
+    n < batch_size). A separate remainder batch of a handful of points would get a full minibatch-EM or
+    Adam step from almost no data, and a fit could end on it."""
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] < batch_size:
+        starts.pop()
+    return [(start, stop) for start, stop in zip(starts, starts[1:] + [n])]
+
+
+def generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded from ``keys`` (seed, epoch, ...) through numpy's SeedSequence."""
+    state = int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(state)
+
+
+def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
+    """Batches of one epoch over n rows held in memory (see ``batch_bounds``): slices in order, or a
+    permutation that depends only on (seed, epoch)."""
+    bounds = batch_bounds(n, batch_size)
+    if not shuffle:
+        return [slice(start, stop) for start, stop in bounds]
+    order = torch.randperm(n, generator=generator(seed, epoch))
+    return [order[start:stop] for start, stop in bounds]
+
+
+@dataclass
+class Batch:
+    """This process's share of one global batch: ``size`` rows in the global batch, of which this process
+    holds x (B, d), S (B, d, d), R (B, d, D) or None and weights (B,) or None, on the fitting device."""
+
+    size: int
+    x: torch.Tensor
+    S: torch.Tensor
+    R: torch.Tensor | None
+    weights: torch.Tensor | None

@@ -1,0 +1,273 @@
+"""Training data streamed from Parquet: a fit whose data never sit in memory whole.
+
+A ``ParquetSource`` reads a Parquet data set (one file, a folder of files, a HATS catalogue) one row group
+at a time. An epoch visits the row groups in an order drawn from (seed, epoch) and reads them into a
+window of at least ``window_rows`` rows; the window is permuted with a generator drawn from (seed, epoch,
+window) and batches are served from its front. Rows left over when a batch needs more stay in the buffer,
+join the next window and are permuted with it. Batch sizes are ``batching.batch_bounds``'s, as in memory.
+
+The order depends only on the seed, the epoch, the layout (the row groups and their sizes) and
+``window_rows``: a fit resumed from its checkpoint (written after each epoch) reads exactly the batches an
+uninterrupted one reads, and ``epoch_rows`` lists them, as row numbers, without reading any data.
+Unshuffled epochs (batch EM) and evaluation passes read the row groups in file order.
+
+Memory holds one window, the carried rows and the row group being read, whatever the size of the data set;
+noise covariances are built per batch on the fitting device from the compact columns (standard deviations
+and correlations, ``noise.CompactCovariance``). Under data-parallel fitting every process reads every
+window and keeps its share of each batch, so the global batches, and the result, do not depend on the
+number of processes; the price is that each process reads the whole data set (P times the reading).
+
+A shuffle is only as good as its window: rows from one row group arrive together, so the window should
+span many row groups (HATS and ``scalable-xd features`` files keep them small; sky-ordered data with
+row groups as large as the window give batches from one patch of sky).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .batching import Batch, batch_bounds, generator
+from .dataset import Dataset
+from .noise import CompactCovariance
+
+# Rows a shuffle window holds by default: about 150 MB of Gaia features.
+DEFAULT_WINDOW = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One row group: where it is, and which rows of the whole data set it holds."""
+
+    fragment: object  # a pyarrow ParquetFileFragment restricted to this row group
+    path: str
+    group: int  # the row group's number within its file
+    start: int
+    rows: int
+
+
+def parquet_files(path) -> list[str]:
+    """The Parquet files of a data set, sorted: one file, a folder searched recursively (skipping names that
+    start with ``_`` or ``.``, such as ``_metadata``), or a HATS catalogue (its ``dataset`` folder)."""
+    path = Path(path)
+    if path.is_file():
+        return [str(path)]
+    if not path.is_dir():
+        raise FileNotFoundError(f"no Parquet data at {path}")
+    if (path / "dataset").is_dir() and any((path / name).exists() for name in ("properties", "hats.properties")):
+        path = path / "dataset"
+    files = sorted(str(p) for p in path.rglob("*.parquet")
+                   if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts))  # fmt: skip
+    if not files:
+        raise FileNotFoundError(f"no Parquet files under {path}")
+    return files
+
+
+class ParquetSource:
+    """Points x from ``x_columns``, their noise from standard deviations ``sigma_columns`` (None: noiseless)
+    and correlations ``corr_columns`` of the dimension ``pairs``, read from Parquet a row group at a time.
+
+    Pass it to ``XDGMM.fit`` (as X, and as X_val) and ``XDGMM.score`` in place of arrays. Values are checked
+    when the source is opened (``validate``: one pass), and a bad value is named by its row in the whole
+    data set and by its file.
+    """
+
+    def __init__(self, path, x_columns, sigma_columns=None, corr_columns=(), pairs=(), *,
+                 window_rows: int = DEFAULT_WINDOW, name: str = "X", validate: bool = True):  # fmt: skip
+        import pyarrow.dataset as ds
+
+        if int(window_rows) < 1:
+            raise ValueError(f"window_rows must be a positive number of rows, got {window_rows}")
+        self.path, self.name, self.window_rows = str(path), name, int(window_rows)
+        self.x_columns = list(x_columns)
+        self.sigma_columns = None if sigma_columns is None else list(sigma_columns)
+        self.corr_columns, self.pairs = list(corr_columns), [tuple(p) for p in pairs]
+        if self.sigma_columns is not None and len(self.sigma_columns) != len(self.x_columns):
+            raise ValueError(f"{len(self.sigma_columns)} sigma columns for {len(self.x_columns)} x columns")
+        if len(self.corr_columns) != len(self.pairs) or (self.corr_columns and self.sigma_columns is None):
+            raise ValueError("corr_columns needs sigma_columns and one dimension pair (i, j) per column")
+        self._columns = self.x_columns + (self.sigma_columns or []) + self.corr_columns
+        dataset = ds.dataset(parquet_files(path), format="parquet")
+        missing = [column for column in self._columns if column not in dataset.schema.names]
+        if missing:
+            raise ValueError(f"{path} lacks the columns {', '.join(missing[:5])}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))  # fmt: skip
+        self._pieces = []
+        start = 0
+        for fragment in dataset.get_fragments():
+            for number, group in enumerate(fragment.split_by_row_group()):
+                rows = group.row_groups[0].num_rows
+                if rows:
+                    self._pieces.append(_Piece(group, fragment.path, number, start, rows))
+                    start += rows
+        self._n = start
+        if self._n == 0:
+            raise ValueError(f"{path} holds no rows")
+        self._starts = np.array([piece.start for piece in self._pieces] + [self._n])
+        self._sums = None
+        if validate:
+            self.validate()
+
+    # ------------------------------------------------------------------ shape
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def obs_dim(self) -> int:
+        return len(self.x_columns)
+
+    @property
+    def model_dim(self) -> int:
+        return self.obs_dim
+
+    @property
+    def total_weight(self) -> float:
+        return float(self._n)
+
+    @property
+    def layout(self) -> list[tuple[str, int, int]]:
+        """(file, row group, rows) of every row group, in file order: what, with ``window_rows``, fixes the
+        order of every epoch."""
+        return [(piece.path, piece.group, piece.rows) for piece in self._pieces]
+
+    # ------------------------------------------------------------------ reading
+
+    def _read(self, piece: _Piece) -> dict:
+        """One row group's columns as float64 arrays, plus the rows' numbers in the whole data set."""
+        table = piece.fragment.to_table(columns=self._columns)
+
+        def block(names):
+            return np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in names], axis=1)
+
+        out = {"row": np.arange(piece.start, piece.start + piece.rows), "x": block(self.x_columns)}
+        if self.sigma_columns is not None:
+            out["sigma"] = block(self.sigma_columns)
+            out["corr"] = block(self.corr_columns) if self.corr_columns else np.empty((piece.rows, 0))
+        return out
+
+    def _dataset(self, block: dict, name: str | None = None, validate: bool = False) -> Dataset:
+        noise = None
+        if self.sigma_columns is not None:
+            noise = CompactCovariance(block["sigma"], block["corr"], self.pairs)
+        return Dataset(block["x"], noise, name=name or self.name, validate=validate)
+
+    def _tensors(self, block: dict, device, dtype):
+        data = self._dataset(block)
+        return data.batch(slice(None), device, dtype)
+
+    # ------------------------------------------------------------------ checks
+
+    def validate(self) -> None:
+        """Check every row (finite values, valid standard deviations and correlations), naming the first
+        bad one by its row in the whole data set and its file; also sums X's columns for ``digest_bytes``."""
+        sums = np.zeros(self.obs_dim)
+        for piece in self._pieces:
+            block = self._read(piece)
+            with _rows_named_from(piece):
+                self._dataset(block, validate=True)
+            sums += block["x"].sum(axis=0)
+        self._sums = sums
+
+    def check_range(self, dtype: torch.dtype, name: str | None = None) -> None:
+        """``Dataset.check_range`` over every row group (see there), naming the row in the whole data set."""
+        for piece in self._pieces:
+            with _rows_named_from(piece):
+                self._dataset(self._read(piece)).check_range(dtype, name or self.name)
+
+    # ------------------------------------------------------------------ what a fit asks of its data
+
+    def _epoch_blocks(self, batch_size: int, epoch: int, seed: int, shuffle: bool, read):
+        """Yield one dict of arrays per global batch of the epoch, ``read(piece)`` giving a row group's."""
+        order = range(len(self._pieces))
+        if shuffle:
+            order = torch.randperm(len(self._pieces), generator=generator(seed, epoch)).tolist()
+        pending = iter(order)
+        buffer: dict | None = None
+        window = 0
+        for start, stop in batch_bounds(self._n, batch_size):
+            size = stop - start
+            while buffer is None or len(buffer["row"]) < size:
+                blocks = [] if buffer is None else [buffer]
+                filled = 0
+                for number in pending:
+                    blocks.append(read(self._pieces[number]))
+                    filled += self._pieces[number].rows
+                    if filled >= self.window_rows:
+                        break
+                buffer = {key: np.concatenate([b[key] for b in blocks]) for key in blocks[0]}
+                if shuffle:
+                    perm = torch.randperm(len(buffer["row"]), generator=generator(seed, epoch, window, 2)).numpy()
+                    buffer = {key: value[perm] for key, value in buffer.items()}
+                window += 1
+            yield {key: value[:size] for key, value in buffer.items()}
+            buffer = {key: value[size:] for key, value in buffer.items()}
+
+    def epoch_rows(self, batch_size: int, epoch: int, seed: int, shuffle: bool = True):
+        """Yield the row numbers (in the whole data set) of each batch of an epoch, reading no data."""
+        def rows_only(piece):
+            return {"row": np.arange(piece.start, piece.start + piece.rows)}
+
+        for block in self._epoch_blocks(batch_size, epoch, seed, shuffle, rows_only):
+            yield block["row"]
+
+    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype):
+        """Yield a ``Batch`` per global batch of an epoch: this process's share of it (see the module)."""
+        for block in self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read):
+            size = len(block["row"])
+            share = group.share(slice(0, size), size)
+            yield Batch(size, *self._tensors({k: v[share] for k, v in block.items()}, device, dtype), None)
+
+    def scan(self, rows: slice, batch_size: int, device, dtype):
+        """Yield (first row, x, S, None, None) over ``rows`` in file order, ``batch_size`` rows at a time
+        (a batch never spans two row groups)."""
+        for piece in self._pieces:
+            low, high = max(rows.start, piece.start), min(rows.stop, piece.start + piece.rows)
+            if low >= high:
+                continue
+            block = self._read(piece)
+            for first in range(low, high, batch_size):
+                part = slice(first - piece.start, min(first + batch_size, high) - piece.start)
+                yield (first, *self._tensors({k: v[part] for k, v in block.items()}, device, dtype), None)
+
+    def sample(self, rows, name: str) -> Dataset:
+        """The rows ``rows`` (sorted row numbers) in memory, in float64, reading only the row groups that
+        hold them."""
+        rows = np.asarray(rows, dtype=np.int64)
+        owners = np.searchsorted(self._starts, rows, side="right") - 1
+        blocks = []
+        for number in np.unique(owners):
+            piece = self._pieces[number]
+            block = self._read(piece)
+            local = rows[owners == number] - piece.start
+            blocks.append({key: value[local] for key, value in block.items()})
+        return self._dataset({key: np.concatenate([b[key] for b in blocks]) for key in blocks[0]}, name)
+
+    def digest_bytes(self, rows):
+        """Yield what identifies these data for a checkpoint: the layout, ``window_rows`` (both fix the
+        epochs' order), X's column sums (from ``validate``) and the rows ``rows`` in full."""
+        if self._sums is None:
+            self.validate()
+        yield repr((self.layout, self.window_rows, self._columns, self.pairs)).encode()
+        yield self._sums.tobytes()
+        x, S, _ = self.sample(rows, self.name).batch(slice(None), "cpu", torch.float64)
+        yield x.numpy().tobytes()
+        yield S.numpy().tobytes()
+
+
+@contextlib.contextmanager
+def _rows_named_from(piece: _Piece):
+    """Turn "row N" in a ValueError raised for one row group into the row of the whole data set and the
+    file it is in."""
+    try:
+        yield
+    except ValueError as error:
+        if "row " not in str(error):
+            raise
+        message = re.sub(r"row (\d+)", lambda m: f"row {piece.start + int(m.group(1))}", str(error), count=1)
+        raise ValueError(f"{message} (in {piece.path}, row group {piece.group})") from None

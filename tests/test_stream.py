@@ -1,0 +1,171 @@
+"""Streamed data (``stream.ParquetSource``): the batches it serves are the rows it names, every epoch is a
+partition of the data set, and a fit streamed from eight shards equals the fit of the same rows held in
+memory on the same global batches; a resumed streamed fit equals an uninterrupted one."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import scalable_xd.dataset
+import scalable_xd.fit.checkpoint
+from scalable_xd import XDGMM, CompactCovariance
+from scalable_xd.batching import batch_bounds
+from scalable_xd.fit.checkpoint import CheckpointError
+from scalable_xd.stream import ParquetSource
+
+PAIRS = [(0, 1), (1, 2)]
+SHARDS = 8
+
+
+def _problem(n=1800, seed=11):
+    """Three noisy clusters in 3-D with per-row standard deviations and two correlations."""
+    rng = np.random.default_rng(seed)
+    means = np.array([[0.0, 0.0, 0.0], [4.0, 0.0, 1.0], [0.0, 5.0, -2.0]])
+    x = rng.normal(size=(n, 3)) + means[rng.integers(0, 3, n)]
+    sigma = rng.uniform(0.1, 0.6, size=(n, 3))
+    corr = rng.uniform(-0.5, 0.5, size=(n, 2))
+    return x, sigma, corr
+
+
+def _write_shards(folder, x, sigma, corr, shards=SHARDS, row_group=90):
+    """The rows in ``shards`` files of unequal length, each in row groups of ``row_group`` rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cuts = np.linspace(0, len(x), shards + 1).astype(int)
+    cuts[1:-1] += np.arange(1, shards) * 7 % 23  # unequal shards
+    for number, (start, stop) in enumerate(zip(cuts[:-1], cuts[1:])):
+        columns = {f"x{k}": x[start:stop, k] for k in range(3)}
+        columns |= {f"s{k}": sigma[start:stop, k] for k in range(3)}
+        columns |= {f"c{p}": corr[start:stop, p] for p in range(2)}
+        pq.write_table(pa.table(columns), folder / f"part-{number}.parquet", row_group_size=row_group)
+    return folder
+
+
+def _source(folder, window_rows=400, **kwargs):
+    return ParquetSource(folder, ["x0", "x1", "x2"], ["s0", "s1", "s2"], ["c0", "c1"], PAIRS,
+                         window_rows=window_rows, **kwargs)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    x, sigma, corr = _problem()
+    return _write_shards(tmp_path_factory.mktemp("shards"), x, sigma, corr), (x, sigma, corr)
+
+
+def test_each_epoch_is_a_partition_in_the_in_memory_batch_sizes(shards):
+    folder, (x, _, _) = shards
+    source = _source(folder)
+    assert len(source) == len(x) and len(source.layout) > SHARDS  # several row groups per shard
+    orders = []
+    for epoch in (1, 2):
+        batches = list(source.epoch_rows(130, epoch, seed=4))
+        assert [len(b) for b in batches] == [stop - start for start, stop in batch_bounds(len(x), 130)]
+        rows = np.concatenate(batches)
+        assert np.array_equal(np.sort(rows), np.arange(len(x)))
+        orders.append(rows)
+    assert not np.array_equal(orders[0], orders[1])
+    assert np.array_equal(np.concatenate(list(source.epoch_rows(130, 2, seed=4))), orders[1])  # reproducible
+    assert np.array_equal(np.concatenate(list(source.epoch_rows(130, 1, seed=4, shuffle=False))), np.arange(len(x)))
+    # a batch mixes row groups from several shards, not one group's rows in file order
+    first = next(iter(source.epoch_rows(130, 1, seed=4)))
+    assert len(np.unique(np.searchsorted(np.cumsum([r for _, _, r in source.layout]), first, side="right"))) > 3
+
+
+def test_served_batches_hold_the_rows_they_name(shards):
+    folder, (x, sigma, corr) = shards
+    source = _source(folder)
+    S_all = CompactCovariance(sigma, corr, PAIRS).dense().numpy()
+    from scalable_xd.fit.parallel import ONE_PROCESS
+
+    served = source.epoch_batches(130, 3, 4, True, ONE_PROCESS, "cpu", torch.float64)
+    for rows, batch in zip(source.epoch_rows(130, 3, seed=4), served, strict=True):
+        np.testing.assert_array_equal(batch.x.numpy(), x[rows])
+        np.testing.assert_allclose(batch.S.numpy(), S_all[rows], rtol=1e-15)
+        assert batch.size == len(rows) and batch.R is None and batch.weights is None
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd", "stochastic_minibatch_em"])
+def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, method, monkeypatch):
+    folder, (x, sigma, corr) = shards
+    source = _source(folder)
+    settings = dict(n_components=3, method=method, epochs=4, batch_size=100, tol=None, dtype="float64",
+                    device="cpu", random_state=2)  # fmt: skip
+    streamed = XDGMM(**settings).fit(source, X_val=_source(folder))
+
+    def the_streams_batches(n, batch_size, epoch, seed, shuffle):
+        return [torch.as_tensor(rows) for rows in source.epoch_rows(batch_size, epoch, seed, shuffle)]
+
+    monkeypatch.setattr(scalable_xd.dataset, "epoch_order", the_streams_batches)
+    noise = CompactCovariance(sigma, corr, PAIRS)
+    in_memory = XDGMM(**settings).fit(x, noise, X_val=x, Xcov_val=noise)
+    for name in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(streamed, name), getattr(in_memory, name), rtol=1e-10, atol=1e-12)
+    for key in ("train_loglik", "val_loglik"):
+        np.testing.assert_allclose([h[key] for h in streamed.history_], [h[key] for h in in_memory.history_],
+                                   rtol=1e-12)  # fmt: skip
+    assert streamed.score(source) == pytest.approx(in_memory.score(x, noise), rel=1e-12)
+
+
+def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, monkeypatch):
+    folder, _ = shards
+    settings = dict(n_components=3, method="minibatch_em", epochs=5, batch_size=100, tol=None, dtype="float64",
+                    device="cpu", random_state=6)  # fmt: skip
+    uninterrupted = XDGMM(**settings).fit(_source(folder))
+    checkpoint = tmp_path / "fit.ckpt"
+    save = scalable_xd.fit.checkpoint.save
+
+    def save_then_crash(path, **state):
+        save(path, **state)
+        if state["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        with pytest.raises(KeyboardInterrupt):
+            XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint)
+    resumed = XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint)
+    for name in ("weights_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(uninterrupted, name))
+    with pytest.raises(CheckpointError, match="other data"):  # another window: another order of batches
+        XDGMM(**settings).fit(_source(folder, window_rows=500), checkpoint=checkpoint)
+
+
+def test_k_means_sees_a_sample_and_the_fit_runs_from_a_hats_layout(tmp_path, monkeypatch):
+    x, sigma, corr = _problem(n=600)
+    root = tmp_path / "catalogue"
+    _write_shards(root / "dataset" / "Norder=0" / "Dir=0", x, sigma, corr, shards=3)
+    (root / "properties").write_text("dataproduct_type=object\n")
+    (root / "dataset" / "_metadata").write_bytes(b"not read")  # HATS's summary files are skipped
+    (root / "partition_info.csv").write_text("Norder,Npix\n0,1\n")
+    monkeypatch.setattr(scalable_xd.estimator, "KMEANS_SAMPLE", 250)
+    seen = []
+    real = scalable_xd.estimator.initial_mixture
+    monkeypatch.setattr(scalable_xd.estimator, "initial_mixture", lambda data, *a, **k: (seen.append(len(data)),
+                                                                                       real(data, *a, **k))[1])
+    model = XDGMM(n_components=3, method="em", epochs=3, dtype="float64", device="cpu", random_state=0)
+    model.fit(_source(root))
+    assert seen == [250]
+    assert np.isfinite(model.history_[-1]["train_loglik"])
+
+
+def test_bad_values_are_named_by_their_row_in_the_whole_data_set_and_their_file(tmp_path):
+    x, sigma, corr = _problem(n=400)
+    x[337, 1] = np.nan
+    folder = _write_shards(tmp_path / "bad", x, sigma, corr, shards=4, row_group=50)
+    with pytest.raises(ValueError, match=r"X row 337 contains NaN or inf \(in .*part-3.parquet, row group \d\)"):
+        _source(folder)
+    x[337, 1] = 0.0
+    corr[12, 0] = 1.5
+    folder = _write_shards(tmp_path / "bad_corr", x, sigma, corr, shards=4, row_group=50)
+    with pytest.raises(ValueError, match=r"corr row 12 has a correlation outside \[-1, 1\] \(in .*part-0.parquet"):
+        _source(folder)
+    with pytest.raises(ValueError, match="lacks the columns sigma_x"):
+        ParquetSource(folder, ["x0"], ["sigma_x"])
+    corr[12, 0] = 0.0
+    good = _source(_write_shards(tmp_path / "good", x, sigma, corr, shards=4, row_group=50))
+    with pytest.raises(ValueError, match="X is a ParquetSource, which carries its own noise: Xcov cannot be given"):
+        XDGMM(n_components=2).fit(good, np.ones((400, 3)))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no Parquet files"):
+        _source(tmp_path / "empty")
