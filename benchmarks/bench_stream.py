@@ -70,7 +70,8 @@ def write_catalogue(folder: Path, n: int, seed: int = 0) -> int:
         x = centres[rng.integers(0, 16, m)] + rng.normal(size=(m, len(FEATURES))) + sigma * rng.normal(size=sigma.shape)
         columns = {f"x_{name}": x[:, j] for j, name in enumerate(FEATURES)}
         columns |= {f"sigma_{name}": sigma[:, j] for j, name in enumerate(FEATURES)}
-        columns |= {name: rng.uniform(-0.3, 0.3, m).astype(np.float32) for name, _, _ in CORRELATIONS}
+        # |rho| <= 0.2: four per row sum below 1, so every correlation matrix is positive definite (Gershgorin)
+        columns |= {name: rng.uniform(-0.2, 0.2, m).astype(np.float32) for name, _, _ in CORRELATIONS}
         pq.write_table(pa.table(columns), folder / f"part-{number:05d}.parquet", row_group_size=65_536)
     return sum(p.stat().st_size for p in folder.glob("*.parquet"))
 

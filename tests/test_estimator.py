@@ -129,6 +129,45 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
 
 
 @pytest.mark.parametrize("method, options", [
+    ("em", {}), ("stochastic_em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_minibatch_em", {}),
+    ("minibatch_em", {"averaging": "polyak", "truncation": True}),
+])  # fmt: skip
+def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, options, tmp_path, monkeypatch):
+    """checkpoint_every: a checkpoint inside epoch 2 (after 3 of its batches; batch EM's chunks of 8,192
+    points carry the partial sums) resumes with the rest of that epoch, computing only what was not done."""
+    rng = np.random.default_rng(41)
+    x = np.concatenate([rng.normal(size=(9000, 2)), rng.normal(size=(9000, 2)) + 4])
+    S = np.tile(np.eye(2) * 0.1, (len(x), 1, 1))
+    batch_size = 8192 if method in ("em", "stochastic_em") else 2000  # 4 batches (batch EM: 2 chunks) an epoch
+    settings = {**dict(n_components=2, method=method, epochs=3, batch_size=batch_size, tol=None, dtype="float64",
+                       device="cpu", random_state=2), **options}  # fmt: skip
+    every = 1 if method in ("em", "stochastic_em") else 3
+    uninterrupted = XDGMM(**settings).fit(x, S)
+    checkpoint, save = tmp_path / "fit.ckpt", scalable_xd.fit.checkpoint.save
+
+    def save_then_crash(path, **state):
+        save(path, **state)
+        if state["epoch"] == 1 and state["batch"] == every:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        with pytest.raises(KeyboardInterrupt):
+            XDGMM(**settings).fit(x, S, checkpoint=checkpoint, checkpoint_every=every)
+    calls, real = [], scalable_xd.fit.loop.batch_statistics
+    monkeypatch.setattr(scalable_xd.fit.loop, "batch_statistics", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint, checkpoint_every=every)
+    per_epoch = 2 if method in ("em", "stochastic_em") else len(x) // batch_size
+    assert len(calls) == 2 * per_epoch - every  # the rest of epoch 2, then epoch 3
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(resumed, attr), getattr(uninterrupted, attr), rtol=1e-12, atol=1e-14)
+    assert [h["train_loglik"] for h in resumed.history_] == [h["train_loglik"] for h in uninterrupted.history_]
+    split_merge = dict(n_components=2, method="minibatch_em", split_merge=True, device="cpu")
+    with pytest.raises(ValueError, match="split_merge fits checkpoint at epochs' ends only"):
+        XDGMM(**split_merge).fit(x, S, checkpoint=tmp_path / "sm.ckpt", checkpoint_every=2)
+
+
+@pytest.mark.parametrize("method, options", [
     ("em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_em", {}), ("stochastic_minibatch_em", {}),
     ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
     ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),

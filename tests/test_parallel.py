@@ -107,3 +107,31 @@ def test_torchrun_runs_the_command_line_fit(tmp_path, stream):
     one, two = (XDGMM.load(tmp_path / name / "model.npz") for name in ("one", "two"))
     np.testing.assert_allclose(two.means_, one.means_, rtol=1e-9)
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["metrics.json", "model.npz"]
+
+
+def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(tmp_path):
+    """Two torchrun agents, as `srun --ntasks-per-node 1` starts one per node of a multi-node fit
+    (fit.nodes), meet at a c10d rendezvous and give the one-process fit."""
+    from scalable_xd.cli import main
+
+    assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(tmp_path / "raw.parquet")]) == 0
+    assert main(["-q", "features", "--input", str(tmp_path / "raw.parquet"), "--out-dir", str(tmp_path / "data")]) == 0
+    assert main(["-q", "kmeans", "--train", str(tmp_path / "data" / "train.parquet"), "--n-components", "3",
+                 "--output", str(tmp_path / "init.npz")]) == 0  # fmt: skip
+
+    def fit_args(out):
+        return ["fit", "--train", str(tmp_path / "data" / "train.parquet"), "--init", str(tmp_path / "init.npz"),
+                "--n-components", "3", "--method", "sgd", "--epochs", "2", "--dtype", "float64",
+                "--device", "cpu", "--output-model", str(out / "model.npz"), "--output-metrics",
+                str(out / "metrics.json")]  # fmt: skip
+
+    assert main(["-q"] + fit_args(tmp_path / "one")) == 0
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "xd",
+             "-m", "scalable_xd", "-q"] + fit_args(tmp_path / "two")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    nodes = [subprocess.Popen(agent, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(node.wait(timeout=300), node.stderr.read()) for node in nodes]
+    assert all(code == 0 for code, _ in results), [err[-2000:] for _, err in results]
+    one, two = (XDGMM.load(tmp_path / name / "model.npz") for name in ("one", "two"))
+    np.testing.assert_allclose(two.means_, one.means_, rtol=1e-9)

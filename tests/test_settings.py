@@ -15,7 +15,8 @@ from scalable_xd.steps import REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-WORKFLOW_FIT_KEYS = {"methods", "variants", "n_components", "seeds", "threads", "processes", "stream_window"}  # the grid, not settings
+WORKFLOW_FIT_KEYS = {"methods", "variants", "n_components", "seeds", "threads", "processes", "nodes", "stream_window",
+                     "checkpoint_every"}  # the grid, not settings
 WORKFLOW_INIT_KEYS = {"kmeans_max_rows"}  # which stars k-means sees, not how it runs
 
 

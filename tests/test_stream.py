@@ -107,7 +107,8 @@ def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, met
     assert streamed.score(source) == pytest.approx(in_memory.score(x, noise), rel=1e-12)
 
 
-def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, monkeypatch):
+@pytest.mark.parametrize("every, crash_at", [(0, (2, 0)), (5, (2, 5))])  # at an epoch's end; inside epoch 3
+def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, monkeypatch, every, crash_at):
     folder, _ = shards
     settings = dict(n_components=3, method="minibatch_em", epochs=5, batch_size=100, tol=None, dtype="float64",
                     device="cpu", random_state=6)  # fmt: skip
@@ -117,14 +118,14 @@ def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, mo
 
     def save_then_crash(path, **state):
         save(path, **state)
-        if state["epoch"] == 2:
+        if (state["epoch"], state["batch"]) == crash_at:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
         patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
-            XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint)
-    resumed = XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint)
+            XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint, checkpoint_every=every)
+    resumed = XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint, checkpoint_every=every)
     for name in ("weights_", "means_", "covariances_"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(uninterrupted, name))
     with pytest.raises(CheckpointError, match="other data"):  # another window: another order of batches

@@ -178,7 +178,8 @@ def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp
 
 
 def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
-    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4, "device": "cuda", "stream_window": 4096}}
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4, "device": "cuda", "stream_window": 4096,
+                                "checkpoint_every": 1000}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     output = snakemake(tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4",
                        configfile=str(tmp_path / "config.yaml"))  # fmt: skip
@@ -187,13 +188,25 @@ def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
     for command in commands:
         assert "python -m torch.distributed.run --standalone --nproc-per-node 2 -m scalable_xd" in command
         assert "--threads 2 " in command  # the fit's threads shared among its processes
-        assert "--stream-window 4096 " in command
+        assert "--stream-window 4096 " in command and "--checkpoint-every 1000 " in command
     kmeans = [line for line in output.splitlines() if " kmeans --train " in line]
     assert kmeans and not any("torch.distributed" in line for line in kmeans)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
     fits = [r.split(", ") for rule, r in jobs if rule == "fit"]
     assert len(fits) == len(commands) and all("gpu=2" in r for r in fits)  # one GPU per process
     assert all("gpu=1" in r.split(", ") for rule, r in jobs if rule == "kmeans")
+
+
+def test_fit_nodes_start_one_torchrun_per_node_under_srun(tmp_path):
+    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 4, "nodes": 2, "device": "cuda"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    output = snakemake(tmp_path / "run", "--dry-run", "--printshellcmds", configfile=str(tmp_path / "config.yaml"))
+    commands = [line for line in output.splitlines() if " fit --train " in line]
+    assert commands and all(
+        "srun --nodes 2 --ntasks-per-node 1 python -m torch.distributed.run --nnodes 2 --nproc-per-node 4 "
+        "--rdzv-backend c10d --rdzv-id $SLURM_JOB_ID" in c for c in commands)  # fmt: skip
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
+    assert all("nodes=2" in r.split(", ") and "gpu=4" in r.split(", ") for rule, r in jobs if rule == "fit")
 
 
 def test_an_unknown_method_in_the_grid_is_named(tmp_path):

@@ -131,7 +131,7 @@ def _fit(args) -> None:
               seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2), output_model=args.output_model,
               output_metrics=args.output_metrics, checkpoint=args.checkpoint, references=args.reference or (),
               tag=args.tag, config_hash=args.config_hash, threads=args.threads, label=args.label,
-              stream_window=args.stream_window)  # fmt: skip
+              stream_window=args.stream_window, checkpoint_every=args.checkpoint_every)  # fmt: skip
 
 
 def _reference(args) -> None:
@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(p, FitSettings, skip={"verbose"})
     _threads(p)
     p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
+    p.add_argument("--checkpoint-every", type=NON_NEGATIVE, default=0, metavar="BATCHES",
+                   help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)")  # fmt: skip
     p.add_argument("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)")
     p.add_argument("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)")
     p.add_argument("--label", default=None,

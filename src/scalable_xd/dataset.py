@@ -94,10 +94,10 @@ class Dataset:
         R = None if self.R is None else self.R[index].to(device=device, dtype=dtype, non_blocking=True)
         return x, S, R
 
-    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype):
-        """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``): this process's share of
-        it in a process group, the whole of it otherwise."""
-        for index in epoch_order(len(self), batch_size, epoch, seed, shuffle):
+    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
+        """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``) after the first ``skip``:
+        this process's share of it in a process group, the whole of it otherwise."""
+        for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
             share = group.share(index, size)
             yield Batch(size, *self.batch(share, device, dtype), self.batch_weights(share, device, dtype))

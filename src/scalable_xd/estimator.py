@@ -245,15 +245,16 @@ class XDGMM(BaseEstimator):
     # ------------------------------------------------------------------ fitting
 
     def fit(self, X, Xcov=None, *, R=None, sample_weight=None, X_val=None, Xcov_val=None, R_val=None,
-            checkpoint=None) -> XDGMM:  # fmt: skip
+            checkpoint=None, checkpoint_every: int = 0) -> XDGMM:  # fmt: skip
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
         ``stream.ParquetSource``, data read from disk a window at a time (without Xcov, R or weights; k-means
         then sees a sample of 1,000,000 stars). ``R`` (N, d, D) projects the model space onto the
         data (identity when None). ``sample_weight`` (N,): non-negative weights, a point of weight 2 counting
         as two copies (Bovy's ``weight``; the k-means initial means ignore them). Validation data, if given,
-        is scored after every epoch. ``checkpoint``: a file written atomically after each epoch; if it
-        exists, the fit resumes from it.
+        is scored after every epoch. ``checkpoint``: a file written atomically after each epoch (and every
+        ``checkpoint_every`` batches inside one, for epochs too long to lose: not with split_merge); if it
+        exists, the fit resumes from it where it was written.
 
         Data-parallel: called on every process of an initialised ``torch.distributed`` group (each with the
         same data and settings), every global batch is split across the processes and their sums are
@@ -261,6 +262,10 @@ class XDGMM(BaseEstimator):
         ``fit.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
         """
         settings, kmeans = self._validated()
+        check_count("checkpoint_every", checkpoint_every, minimum=0)
+        if checkpoint_every and settings.split_merge:
+            raise ValueError("checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial "
+                             "spans an epoch)")  # fmt: skip
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype, sample_weight)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
@@ -297,7 +302,7 @@ class XDGMM(BaseEstimator):
             shuffle=not batch_method, seed=seed, device=device, dtype=dtype,
             backend="compiled" if settings.compile else "auto", w=settings.w,
             tol=settings.tol if settings.method == "em" and not settings.split_merge else None,
-            verbose=settings.verbose, group=group,
+            verbose=settings.verbose, group=group, checkpoint_every=checkpoint_every if store is not None else 0,
         )  # fmt: skip
         history, converged = run(fitter, train, val, loop, store)
         self._set_fitted(fitter.result, history, converged, settings, kmeans)

@@ -141,7 +141,7 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
 
 def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSettings, output_model,
         output_metrics, checkpoint=None, references=(), tag=None, config_hash=None, threads: int = 0,
-        label: str | None = None, stream_window: int = 0) -> None:  # fmt: skip
+        label: str | None = None, stream_window: int = 0, checkpoint_every: int = 0) -> None:  # fmt: skip
     """One fit from a k-means init: the model, and its metrics record (``report.metrics``), reported under
     ``label`` (a workflow variant's name) or the method's name. ``stream_window`` > 0 streams the splits
     from disk a window of that many rows at a time (``stream``) instead of loading them; the test split is
@@ -176,7 +176,7 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     model = XDGMM(n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"],
                   means_init=start["means"])  # fmt: skip
     tick, cpu_tick = time.perf_counter(), time.process_time()
-    model.fit(X, Xcov, X_val=X_val, Xcov_val=Xcov_val, checkpoint=checkpoint)
+    model.fit(X, Xcov, X_val=X_val, Xcov_val=Xcov_val, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:

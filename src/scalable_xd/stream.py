@@ -24,6 +24,7 @@ row groups as large as the window give batches from one patch of sky).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
 from dataclasses import dataclass
@@ -139,16 +140,18 @@ class ParquetSource:
     # ------------------------------------------------------------------ reading
 
     def _read(self, piece: _Piece) -> dict:
-        """One row group's columns as float64 arrays, plus the rows' numbers in the whole data set."""
+        """One row group's columns (x and sigma as float64, correlations in their stored precision, float32
+        for features files), plus the rows' numbers in the whole data set."""
         table = piece.fragment.to_table(columns=self._columns)
 
-        def block(names):
-            return np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in names], axis=1)
+        def block(names, dtype=np.float64):
+            columns = [table.column(c).to_numpy(zero_copy_only=False) for c in names]
+            return np.stack([c.astype(np.result_type(c.dtype, dtype), copy=False) for c in columns], axis=1)
 
         out = {"row": np.arange(piece.start, piece.start + piece.rows), "x": block(self.x_columns)}
         if self.sigma_columns is not None:
             out["sigma"] = block(self.sigma_columns)
-            out["corr"] = block(self.corr_columns) if self.corr_columns else np.empty((piece.rows, 0))
+            out["corr"] = block(self.corr_columns, np.float32) if self.corr_columns else np.empty((piece.rows, 0))
         return out
 
     def _dataset(self, block: dict, name: str | None = None, validate: bool = False) -> Dataset:
@@ -183,30 +186,53 @@ class ParquetSource:
     # ------------------------------------------------------------------ what a fit asks of its data
 
     def _epoch_blocks(self, batch_size: int, epoch: int, seed: int, shuffle: bool, read):
-        """Yield one dict of arrays per global batch of the epoch, ``read(piece)`` giving a row group's."""
+        """Yield one dict of arrays per global batch of the epoch, ``read(piece)`` giving a row group's.
+
+        The window holds the rows carried over from the last one, then whole row groups up to
+        ``window_rows``; it is filled in place (its size is known from the metadata), so memory peaks at one
+        window plus one row group. Batches are taken in the order of a permutation of the window."""
         order = range(len(self._pieces))
         if shuffle:
             order = torch.randperm(len(self._pieces), generator=generator(seed, epoch)).tolist()
-        pending = iter(order)
-        buffer: dict | None = None
-        window = 0
+        pending = collections.deque(order)
+        window, order_in_window, served = None, np.arange(0), 0
+        number = 0
         for start, stop in batch_bounds(self._n, batch_size):
             size = stop - start
-            while buffer is None or len(buffer["row"]) < size:
-                blocks = [] if buffer is None else [buffer]
-                filled = 0
-                for number in pending:
-                    blocks.append(read(self._pieces[number]))
-                    filled += self._pieces[number].rows
-                    if filled >= self.window_rows:
-                        break
-                buffer = {key: np.concatenate([b[key] for b in blocks]) for key in blocks[0]}
+            if len(order_in_window) - served < size:  # refill: what is left, then the next row groups
+                carried = None if window is None else {k: v[order_in_window[served:]] for k, v in window.items()}
+                chosen = []
+                while pending and sum(self._pieces[i].rows for i in chosen) < self.window_rows:
+                    chosen.append(pending.popleft())
+                window = self._fill([self._pieces[i] for i in chosen], carried, read)
+                rows = len(window["row"])
+                order_in_window = np.arange(rows)
                 if shuffle:
-                    perm = torch.randperm(len(buffer["row"]), generator=generator(seed, epoch, window, 2)).numpy()
-                    buffer = {key: value[perm] for key, value in buffer.items()}
-                window += 1
-            yield {key: value[:size] for key, value in buffer.items()}
-            buffer = {key: value[size:] for key, value in buffer.items()}
+                    order_in_window = torch.randperm(rows, generator=generator(seed, epoch, number, 2)).numpy()
+                served, number = 0, number + 1
+            take = order_in_window[served : served + size]
+            served += size
+            yield {key: value[take] for key, value in window.items()}
+
+    @staticmethod
+    def _fill(pieces, carried: dict | None, read) -> dict:
+        """The carried rows followed by the row groups ``pieces``, read into arrays allocated once."""
+
+        def blocks():
+            if carried is not None:
+                yield carried
+            for piece in pieces:
+                yield read(piece)
+
+        total = sum(piece.rows for piece in pieces) + (0 if carried is None else len(carried["row"]))
+        window, at = None, 0
+        for block in blocks():
+            if window is None:
+                window = {k: np.empty((total,) + v.shape[1:], dtype=v.dtype) for k, v in block.items()}
+            for key, value in block.items():
+                window[key][at : at + len(value)] = value
+            at += len(block["row"])
+        return window
 
     def epoch_rows(self, batch_size: int, epoch: int, seed: int, shuffle: bool = True):
         """Yield the row numbers (in the whole data set) of each batch of an epoch, reading no data."""
@@ -216,9 +242,13 @@ class ParquetSource:
         for block in self._epoch_blocks(batch_size, epoch, seed, shuffle, rows_only):
             yield block["row"]
 
-    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype):
-        """Yield a ``Batch`` per global batch of an epoch: this process's share of it (see the module)."""
-        for block in self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read):
+    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
+        """Yield a ``Batch`` per global batch of an epoch after the first ``skip`` (whose windows are still
+        read: the rows they carry over belong to later batches): this process's share of it (see the
+        module)."""
+        for number, block in enumerate(self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read)):
+            if number < skip:
+                continue
             size = len(block["row"])
             share = group.share(slice(0, size), size)
             yield Batch(size, *self._tensors({k: v[share] for k, v in block.items()}, device, dtype), None)

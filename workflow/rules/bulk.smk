@@ -5,6 +5,12 @@
 BULK = config["data"]["bulk"]
 
 
+# Downloads run where snakemake runs (a cluster's login node), not as 61,234 batch jobs.
+localrules:
+    bulk_index,
+    bulk_file,
+
+
 checkpoint bulk_index:
     """The files to fetch and their MD5 sums: ESA's MD5SUM.txt (its first data.bulk.n_files entries, or
     all). A checkpoint: the files are known only once it has run, so a dry run needs no network."""

@@ -38,11 +38,24 @@ CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdig
 SRC = os.path.join(workflow.basedir, "src")
 CLI = f"PYTHONPATH={SRC}${{PYTHONPATH:+:$PYTHONPATH}} python -m scalable_xd"
 # fit.processes > 1: each fit runs data-parallel, its processes started by torchrun on this machine.
+# fit.nodes > 1 (a SLURM allocation of that many nodes): srun starts one torchrun per node, and they meet
+# at the allocation's first node (c10d rendezvous), fit.processes processes on each.
 FIT_PROCESSES = config["fit"]["processes"]
-FIT_CLI = CLI if FIT_PROCESSES == 1 else CLI.replace(
-    "python -m scalable_xd",
-    f"python -m torch.distributed.run --standalone --nproc-per-node {FIT_PROCESSES} -m scalable_xd",
-)
+FIT_NODES = config["fit"]["nodes"]
+if FIT_NODES > 1:
+    FIT_CLI = CLI.replace(
+        "python -m scalable_xd",
+        f"srun --nodes {FIT_NODES} --ntasks-per-node 1 python -m torch.distributed.run --nnodes {FIT_NODES} "
+        f"--nproc-per-node {FIT_PROCESSES} --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID "
+        '--rdzv-endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500" -m scalable_xd',
+    )
+elif FIT_PROCESSES > 1:
+    FIT_CLI = CLI.replace(
+        "python -m scalable_xd",
+        f"python -m torch.distributed.run --standalone --nproc-per-node {FIT_PROCESSES} -m scalable_xd",
+    )
+else:
+    FIT_CLI = CLI
 
 # Fits get every core unless told otherwise, so that concurrent jobs do not share (and distort) timings.
 def _all_cores():
@@ -91,7 +104,8 @@ def reference_metrics(K):
 
 # Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
 # (scalable_xd.settings.FitSettings) and goes to `scalable-xd fit` as an option of the same name.
-WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads", "processes", "stream_window")
+WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads", "processes", "nodes", "stream_window",
+                     "checkpoint_every")
 
 
 def _option(key, value):

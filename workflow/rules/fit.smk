@@ -17,6 +17,7 @@ rule fit:
         cli=FIT_CLI,
         per_process=lambda wildcards, threads: max(1, threads // FIT_PROCESSES),
         stream_window=config["fit"]["stream_window"],
+        checkpoint_every=config["fit"]["checkpoint_every"],
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
         settings=lambda wildcards: fit_options(method=wildcards.method),
         tag=NAME,
@@ -24,7 +25,8 @@ rule fit:
         references=lambda wildcards, input: f"--reference {' '.join(input.references)}" if input.references else "",
     threads: FIT_THREADS
     resources:
-        gpu=FIT_GPUS * FIT_PROCESSES,  # one GPU per process of a data-parallel fit
+        gpu=FIT_GPUS * FIT_PROCESSES,  # one GPU per process of a data-parallel fit (per node)
+        nodes=FIT_NODES,
     log:
         f"{RESULTS}/logs/fit/{{method}}/K{{K}}_seed{{seed}}.log",
     conda:
@@ -33,7 +35,7 @@ rule fit:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
         "--n-components {wildcards.K} --seed {wildcards.seed} --label {wildcards.method} {params.settings} "
         "--threads {params.per_process} --stream-window {params.stream_window} "
-        "--checkpoint {params.checkpoint} --tag {params.tag} --config-hash {params.config_hash} "
+        "--checkpoint {params.checkpoint} --checkpoint-every {params.checkpoint_every} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
 
 

@@ -24,9 +24,10 @@ import torch
 from ..dataset import Dataset
 from ..io import atomic_path
 
-# Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data.
-FORMAT = 3
-KEYS = ("format", "fingerprint", "epoch", "history", "converged", "fitter")
+# Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
+# 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds).
+FORMAT = 4
+KEYS = ("format", "fingerprint", "epoch", "history", "converged", "fitter", "batch", "epoch_seconds")
 # Rows of a data set hashed in full by ``data_digest``, evenly spaced over the set.
 DIGEST_ROWS = 64
 # Fingerprint entries that describe the data rather than the settings.
@@ -58,9 +59,12 @@ def array_digest(*arrays) -> str:
     return digest.hexdigest()[:16]
 
 
-def save(path: Path, *, fingerprint: dict, epoch: int, history: list, converged: bool, fitter_state: dict) -> None:
+def save(path: Path, *, fingerprint: dict, epoch: int, history: list, converged: bool, fitter_state: dict,
+         batch: int = 0, epoch_seconds: float = 0.0) -> None:  # fmt: skip
+    """``epoch``: the last epoch completed; ``batch``: the batches of the next one already done (0 at an
+    epoch's end), which took ``epoch_seconds``."""
     state = {"format": FORMAT, "fingerprint": fingerprint, "epoch": epoch, "history": history,
-             "converged": converged, "fitter": fitter_state}  # fmt: skip
+             "converged": converged, "fitter": fitter_state, "batch": batch, "epoch_seconds": epoch_seconds}  # fmt: skip
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
@@ -132,6 +136,7 @@ class Checkpoint:
         if self.saved is not None:
             check_matches(self.saved, self.fingerprint, self.path)
 
-    def save(self, epoch: int, history: list, converged: bool, fitter_state: dict) -> None:
+    def save(self, epoch: int, history: list, converged: bool, fitter_state: dict, batch: int = 0,
+             epoch_seconds: float = 0.0) -> None:  # fmt: skip
         save(self.path, fingerprint=self.fingerprint, epoch=epoch, history=history, converged=converged,
-             fitter_state=fitter_state)  # fmt: skip
+             fitter_state=fitter_state, batch=batch, epoch_seconds=epoch_seconds)  # fmt: skip

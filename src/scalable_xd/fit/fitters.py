@@ -117,6 +117,21 @@ class EpochSums:
     def observe(self, stats: Statistics) -> None:
         self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
+    def _sums_state(self) -> dict | None:
+        """The epoch's sums so far, for a checkpoint written inside an epoch (without split-and-merge
+        criteria, which such checkpoints never carry)."""
+        if self._sums is None:
+            return None
+        s = self._sums
+        return {"n_points": float(s.n_points), "q": s.q, "U": s.U, "UU": s.UU, "P": s.P, "loglik": s.loglik}
+
+    def _load_sums(self, state: dict | None, device) -> None:
+        if state is None:
+            self._sums = None
+            return
+        tensors = {k: state[k].to(device) for k in ("q", "U", "UU", "P", "loglik")}
+        self._sums = Statistics(state["n_points"], **tensors)
+
 
 class BatchEM(EpochSums):
     """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch.
@@ -147,10 +162,11 @@ class BatchEM(EpochSums):
         return {}
 
     def state_dict(self) -> dict:
-        return {"mixture": _mixture_state(self.mixture)}
+        return {"mixture": _mixture_state(self.mixture), "sums": self._sums_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.mixture = _mixture_from_state(state["mixture"], self.mixture)
+        self._load_sums(state["sums"], self.mixture.means.device)
 
 
 class MinibatchEM:

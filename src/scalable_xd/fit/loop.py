@@ -73,6 +73,7 @@ class LoopConfig:
     tol: float | None
     verbose: int = 0
     group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
+    checkpoint_every: int = 0  # batches between checkpoints inside an epoch (0: at epochs' ends only)
 
 
 def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
@@ -109,7 +110,12 @@ def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with
 
 def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None):
     """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from the checkpoint's
-    saved state when there is one and saving to it after every epoch; returns (history, converged)."""
+    saved state when there is one and saving to it after every epoch (and every ``cfg.checkpoint_every``
+    batches); returns (history, converged).
+
+    A checkpoint written inside an epoch records the batches done; a resumed fit runs the same epoch's
+    batches from there (the data source serves that epoch's batches again, skipping those done: a streamed
+    source reads the windows before them again, computing nothing), so it ends as an uninterrupted fit."""
 
     def evaluate(epoch: int, seconds: float) -> dict:
         return {
@@ -124,9 +130,13 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
             **fitter.diagnostics(),
         }
 
+    saving = checkpoint is not None and cfg.group.writes
+    done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
     if checkpoint is not None and checkpoint.saved is not None:
-        fitter.load_state_dict(checkpoint.saved["fitter"])
-        start, history, converged = (checkpoint.saved[key] for key in ("epoch", "history", "converged"))
+        saved = checkpoint.saved
+        fitter.load_state_dict(saved["fitter"])
+        start, history, converged = saved["epoch"], saved["history"], saved["converged"]
+        done, done_seconds = saved["batch"], saved["epoch_seconds"]
     else:
         start, history, converged = 0, [evaluate(0, 0.0)], False
         _log(cfg, history[0])
@@ -135,10 +145,13 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         synchronize(cfg.device)
         tick = time.perf_counter()
         fitter.start_epoch(epoch - 1)
-        batches = train.epoch_batches(cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype)
+        if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
+            fitter.load_state_dict(checkpoint.saved["fitter"])
+        batches = train.epoch_batches(cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype,
+                                      skip=done)  # fmt: skip
         progress = tqdm(batches, disable=cfg.verbose < 2, leave=False, desc=f"epoch {epoch}", unit="batch",
                         mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
-        for number, batch in enumerate(progress):
+        for number, batch in enumerate(progress, start=done):
             uniforms = None
             if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
                 uniforms = assignment_uniforms(cfg.seed, epoch, number, batch.size, cfg.device, cfg.dtype)
@@ -152,9 +165,14 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
                     epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
                 ) from None
             fitter.observe(stats)
+            if saving and cfg.checkpoint_every and (number + 1) % cfg.checkpoint_every == 0:
+                synchronize(cfg.device)
+                checkpoint.save(epoch - 1, history, converged, fitter.state_dict(), batch=number + 1,
+                                epoch_seconds=done_seconds + time.perf_counter() - tick)  # fmt: skip
         fitter.end_epoch()
         synchronize(cfg.device)
-        seconds = history[-1]["seconds"] + time.perf_counter() - tick
+        seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
+        done, done_seconds = 0, 0.0
         _check_mixture(fitter.mixture, epoch, cfg.w)
         _check_mixture(fitter.result, epoch, cfg.w)
         history.append(evaluate(epoch, seconds))
@@ -162,7 +180,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
             converged = True
         converged = converged or fitter.finished
-        if checkpoint is not None and cfg.group.writes:
+        if saving:
             checkpoint.save(epoch, history, converged, fitter.state_dict())
         epoch += 1
     return history, converged
