@@ -8,17 +8,6 @@ import pytest
 from scalable_xd.cli import main
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """A raw mock catalogue, its feature splits and a k-means init, made through the CLI itself."""
-    root = tmp_path_factory.mktemp("cli")
-    assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(root / "raw.parquet")]) == 0
-    assert main(["-q", "features", "--input", str(root / "raw.parquet"), "--out-dir", str(root / "data")]) == 0
-    assert main(["-q", "kmeans", "--train", str(root / "data" / "train.parquet"), "--n-components", "3",
-                 "--output", str(root / "init.npz")]) == 0  # fmt: skip
-    return root
-
-
 def _fit_args(files, **changes):
     args = {"--train": files / "data" / "train.parquet", "--val": files / "data" / "val.parquet",
             "--init": files / "init.npz", "--n-components": "3", "--method": "em", "--epochs": "1",

@@ -80,58 +80,45 @@ def test_a_killed_process_makes_the_other_fail_with_a_message(tmp_path):
     assert time.perf_counter() - tick < 100  # well inside the group's 60 s timeout plus start-up
 
 
+def _fit_args(files, out, method, *extra):
+    return ["-q", "fit", "--train", str(files / "data" / "train.parquet"), "--init", str(files / "init.npz"),
+            "--n-components", "3", "--method", method, "--epochs", "2", "--dtype", "float64", "--device", "cpu",
+            "--output-model", str(out / "model.npz"), "--output-metrics", str(out / "metrics.json"), *extra]  # fmt: skip
+
+
+def _same_model(one, two):
+    np.testing.assert_allclose(XDGMM.load(two / "model.npz").means_, XDGMM.load(one / "model.npz").means_, rtol=1e-9)
+
+
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+
+
 @pytest.mark.parametrize("stream", [[], ["--stream-window", "700"]])
-def test_torchrun_runs_the_command_line_fit(tmp_path, stream):
+def test_torchrun_runs_the_command_line_fit(files, tmp_path, stream):
     """`torchrun --nproc-per-node 2 -m scalable_xd fit ...` gives the model of the one-process command, with
     the data in memory or streamed from disk (each process reading every window)."""
     from scalable_xd.cli import main
 
-    assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(tmp_path / "raw.parquet")]) == 0
-    assert main(["-q", "features", "--input", str(tmp_path / "raw.parquet"), "--out-dir", str(tmp_path / "data")]) == 0
-    assert main(["-q", "kmeans", "--train", str(tmp_path / "data" / "train.parquet"), "--n-components", "3",
-                 "--output", str(tmp_path / "init.npz")]) == 0  # fmt: skip
-
-    def fit_args(out):
-        return ["fit", "--train", str(tmp_path / "data" / "train.parquet"), "--init", str(tmp_path / "init.npz"),
-                "--n-components", "3", "--method", "minibatch_em", "--epochs", "2", "--dtype", "float64",
-                "--device", "cpu", "--output-model", str(out / "model.npz"), "--output-metrics",
-                str(out / "metrics.json"), *stream]  # fmt: skip
-
-    assert main(["-q"] + fit_args(tmp_path / "one")) == 0
+    assert main(_fit_args(files, tmp_path / "one", "minibatch_em", *stream)) == 0
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
                 "scalable_xd"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    done = subprocess.run(torchrun + ["-q"] + fit_args(tmp_path / "two"), env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(torchrun + _fit_args(files, tmp_path / "two", "minibatch_em", *stream), env=ENV,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    one, two = (XDGMM.load(tmp_path / name / "model.npz") for name in ("one", "two"))
-    np.testing.assert_allclose(two.means_, one.means_, rtol=1e-9)
+    _same_model(tmp_path / "one", tmp_path / "two")
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["metrics.json", "model.npz"]
 
 
-def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(tmp_path):
+def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(files, tmp_path):
     """Two torchrun agents, as `srun --ntasks-per-node 1` starts one per node of a multi-node fit
     (fit.nodes), meet at a c10d rendezvous and give the one-process fit."""
     from scalable_xd.cli import main
 
-    assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(tmp_path / "raw.parquet")]) == 0
-    assert main(["-q", "features", "--input", str(tmp_path / "raw.parquet"), "--out-dir", str(tmp_path / "data")]) == 0
-    assert main(["-q", "kmeans", "--train", str(tmp_path / "data" / "train.parquet"), "--n-components", "3",
-                 "--output", str(tmp_path / "init.npz")]) == 0  # fmt: skip
-
-    def fit_args(out):
-        return ["fit", "--train", str(tmp_path / "data" / "train.parquet"), "--init", str(tmp_path / "init.npz"),
-                "--n-components", "3", "--method", "sgd", "--epochs", "2", "--dtype", "float64",
-                "--device", "cpu", "--output-model", str(out / "model.npz"), "--output-metrics",
-                str(out / "metrics.json")]  # fmt: skip
-
-    assert main(["-q"] + fit_args(tmp_path / "one")) == 0
+    assert main(_fit_args(files, tmp_path / "one", "sgd")) == 0
     agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "xd",
-             "-m", "scalable_xd", "-q"] + fit_args(tmp_path / "two")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    nodes = [subprocess.Popen(agent, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+             "-m", "scalable_xd"] + _fit_args(files, tmp_path / "two", "sgd")  # fmt: skip
+    nodes = [subprocess.Popen(agent, env=ENV, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(node.wait(timeout=300), node.stderr.read()) for node in nodes]
     assert all(code == 0 for code, _ in results), [err[-2000:] for _, err in results]
-    one, two = (XDGMM.load(tmp_path / name / "model.npz") for name in ("one", "two"))
-    np.testing.assert_allclose(two.means_, one.means_, rtol=1e-9)
+    _same_model(tmp_path / "one", tmp_path / "two")
