@@ -88,3 +88,42 @@ def test_minibatch_em_with_unit_step_on_full_batch_is_one_em_iteration():
     online = XDGMM(k, "minibatch_em", step_size=1.0, batch_size=len(x), **common).fit(x, S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(online, attr), getattr(em, attr), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["em", "stochastic_em"])
+def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate(method, monkeypatch):
+    """Entry e of the history scores the parameters after e updates (checked by scipy on refits stopped
+    after e epochs), from the E-step that starts from them: one pass an iteration, one more at the end."""
+    from helpers import xd_loglik
+
+    import scalable_xd.fit.loop as loop
+
+    rng = np.random.default_rng(12)
+    means = rng.normal(scale=3, size=(3, 2))
+    x, S, _, _ = draw_xd_data(rng, 400, np.array([0.5, 0.3, 0.2]), means, random_spd(rng, 3, 2), 0.1, 0.5)
+    init = dict(weights_init=np.full(3, 1 / 3), means_init=means + 0.7, covariances_init=np.stack([np.eye(2)] * 3))
+    settings = dict(n_components=3, method=method, tol=None, dtype="float64", device="cpu", random_state=1, **init)
+    passes = {"E-step": 0, "evaluation": 0}
+    real_stats, real_dens = loop.batch_statistics, loop.log_densities
+    monkeypatch.setattr(loop, "batch_statistics", lambda *a, **k: (passes.update({"E-step": passes["E-step"] + 1}),
+                                                                  real_stats(*a, **k))[1])  # fmt: skip
+    monkeypatch.setattr(loop, "log_densities", lambda *a, **k: (passes.update({"evaluation": passes["evaluation"] + 1}),
+                                                               real_dens(*a, **k))[1])  # fmt: skip
+    model = XDGMM(epochs=4, **settings).fit(x, S)
+    assert passes == {"E-step": 4, "evaluation": 1}  # 400 stars: one chunk a pass
+    curve = [h["train_loglik"] for h in model.history_]
+    assert curve[0] == pytest.approx(xd_loglik(x, S, init["weights_init"], init["means_init"],
+                                               init["covariances_init"]).mean(), rel=1e-11)  # fmt: skip
+    for epochs in range(1, 5):
+        stopped = XDGMM(epochs=epochs, **settings).fit(x, S)
+        independent = xd_loglik(x, S, stopped.weights_, stopped.means_, stopped.covariances_).mean()
+        assert curve[epochs] == pytest.approx(independent, rel=1e-11), epochs
+
+    if method == "em":  # convergence: found by the pass that scores the parameters, which are kept
+        passes.update({"E-step": 0, "evaluation": 0})
+        converged = XDGMM(**{**settings, "epochs": 200, "tol": 1e-4}).fit(x, S)
+        n = converged.n_iter_
+        curve = [h["train_loglik"] for h in converged.history_]
+        assert converged.converged_ and curve[n] - curve[n - 1] < 1e-4 <= curve[n - 1] - curve[n - 2]
+        assert passes == {"E-step": n + 1, "evaluation": 0}
+        np.testing.assert_array_equal(XDGMM(**{**settings, "epochs": n}).fit(x, S).means_, converged.means_)

@@ -16,6 +16,7 @@ choices); ``scalable-xd <step> --help`` lists them. Every bad input ends in one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -70,7 +71,8 @@ def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
 
 
 def _settings_of(args, cls, **fixed):
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **fixed)
+    """The settings ``cls`` from the parsed options, with ``fixed`` values in place of any of them."""
+    return cls(**{**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **fixed})
 
 
 # ------------------------------------------------------------------------------------------- the steps
@@ -108,11 +110,15 @@ def _kmeans(args) -> None:
                  threads=args.threads, max_rows=args.max_rows)  # fmt: skip
 
 
-def _join_process_group(device: str) -> str:
-    """Under torchrun (WORLD_SIZE > 1 in the environment) join the process group: NCCL with one GPU per
-    process where the fit runs on CUDA, gloo on CPU. Returns the device this process fits on."""
+@contextlib.contextmanager
+def _process_group(device: str):
+    """Under torchrun (WORLD_SIZE > 1 in the environment) join the process group for the block: NCCL with
+    one GPU per process where the fit runs on CUDA, gloo on CPU; yields the device this process fits on.
+    The group is destroyed on the way out: a process that exits with it alive can abort in gloo's threads
+    ("terminate called without an active exception") while the others are still writing."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device
+        yield device
+        return
     import torch
     import torch.distributed as dist
 
@@ -120,18 +126,23 @@ def _join_process_group(device: str) -> str:
     if cuda:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
+    joined = not dist.is_initialized()
+    if joined:
         dist.init_process_group("nccl" if cuda else "gloo")
-    return device
+    try:
+        yield device
+    finally:
+        if joined:
+            dist.destroy_process_group()
 
 
 def _fit(args) -> None:
-    args.device = _join_process_group(args.device)
-    steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
-              seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2), output_model=args.output_model,
-              output_metrics=args.output_metrics, checkpoint=args.checkpoint, references=args.reference or (),
-              tag=args.tag, config_hash=args.config_hash, threads=args.threads, label=args.label,
-              stream_window=args.stream_window, checkpoint_every=args.checkpoint_every)  # fmt: skip
+    with _process_group(args.device) as device:
+        steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
+                  seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2, device=device),
+                  output_model=args.output_model, output_metrics=args.output_metrics, checkpoint=args.checkpoint,
+                  references=args.reference or (), tag=args.tag, config_hash=args.config_hash, threads=args.threads,
+                  label=args.label, stream_window=args.stream_window, checkpoint_every=args.checkpoint_every)  # fmt: skip
 
 
 def _reference(args) -> None:

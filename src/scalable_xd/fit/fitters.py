@@ -42,6 +42,7 @@ class Fitter(Protocol):
     wants_criteria: bool  # split-and-merge: the loop asks the kernel for the criteria's sums
     finished: bool  # split-and-merge: no move left to try, so the fit is done
     shadow: Mixture | None  # stochastic split-and-merge: a trial model that gets its own statistics pass
+    scores_its_pass: bool  # batch EM: an epoch's sums hold the training log-likelihood of its starting model
 
     def step_size(self, epoch: int) -> float:
         """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
@@ -117,6 +118,11 @@ class EpochSums:
     def observe(self, stats: Statistics) -> None:
         self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
+    def pass_loglik(self) -> float:
+        """The summed (weighted) log-likelihood of the whole training set under the model the epoch's pass
+        used: what an evaluation pass would compute, had the E-step not already done so."""
+        return float(self._sums.loglik)
+
     def _sums_state(self) -> dict | None:
         """The epoch's sums so far, for a checkpoint written inside an epoch (without split-and-merge
         criteria, which such checkpoints never carry)."""
@@ -143,6 +149,7 @@ class BatchEM(EpochSums):
 
     wants_criteria = finished = False
     shadow = None
+    scores_its_pass = True
 
     def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None, stochastic: bool = False):
         self.mixture = mixture
@@ -192,6 +199,7 @@ class MinibatchEM:
 
     wants_criteria = finished = False
     shadow = None
+    scores_its_pass = False
 
     def __init__(
         self,
@@ -311,6 +319,7 @@ class SGD:
 
     samples_assignments = wants_criteria = finished = False
     shadow = None
+    scores_its_pass = False
 
     def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str,
                  fixed: FixedParameters | None = None):  # fmt: skip
@@ -380,6 +389,7 @@ class PolyakAverage:
 
     wants_criteria = finished = False
     shadow = None
+    scores_its_pass = False
 
     def __init__(self, inner: Fitter):
         self.inner = inner

@@ -3,6 +3,13 @@
 History entry 0 describes the initial parameters; entry e the parameters after epoch e. ``seconds`` is the
 cumulative training wall time (batch transfer, statistics and updates), excluding the evaluation passes
 that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point over the whole set).
+
+Batch EM needs no evaluation pass over the training set: its E-step of epoch e + 1 sums the log-likelihood
+of the parameters after epoch e over every training point, which is entry e's ``train_loglik``. So each
+iteration is one pass; entry e's figure is filled when the next pass is done, and one pass after the last
+update scores the final parameters. Convergence (an improvement below ``tol``) is found by the pass that
+scores the parameters, after which no update is made: the fit stops at the parameters it scored, as when
+a separate evaluation pass found it. Validation data are still scored by their own pass.
 """
 
 from __future__ import annotations
@@ -117,19 +124,19 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
     batches from there (the data source serves that epoch's batches again, skipping those done: a streamed
     source reads the windows before them again, computing nothing), so it ends as an uninterrupted fit."""
 
-    def evaluate(epoch: int, seconds: float) -> dict:
+    def evaluate(epoch: int, seconds: float, score_train: bool) -> dict:
+        """A history entry for the fitter's current result; its training figure left to the next pass
+        (``score_train`` False: batch EM, whose E-step computes it)."""
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": total_loglik(train, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group)
-            / train.total_weight,
-            "val_loglik": None
-            if val is None
-            else total_loglik(val, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group) / val.total_weight,
+            "train_loglik": _mean_loglik(train, fitter.result, cfg) if score_train else None,
+            "val_loglik": None if val is None else _mean_loglik(val, fitter.result, cfg),
             "step_size": fitter.step_size(max(epoch - 1, 0)),
             **fitter.diagnostics(),
         }
 
+    one_pass = fitter.scores_its_pass
     saving = checkpoint is not None and cfg.group.writes
     done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
     if checkpoint is not None and checkpoint.saved is not None:
@@ -138,8 +145,9 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         start, history, converged = saved["epoch"], saved["history"], saved["converged"]
         done, done_seconds = saved["batch"], saved["epoch_seconds"]
     else:
-        start, history, converged = 0, [evaluate(0, 0.0)], False
-        _log(cfg, history[0])
+        start, history, converged = 0, [evaluate(0, 0.0, score_train=not one_pass)], False
+        if not one_pass:
+            _log(cfg, history[0])
     epoch = start + 1
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
@@ -147,40 +155,66 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         fitter.start_epoch(epoch - 1)
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
             fitter.load_state_dict(checkpoint.saved["fitter"])
-        batches = train.epoch_batches(cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype,
-                                      skip=done)  # fmt: skip
-        progress = tqdm(batches, disable=cfg.verbose < 2, leave=False, desc=f"epoch {epoch}", unit="batch",
-                        mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
-        for number, batch in enumerate(progress, start=done):
-            uniforms = None
-            if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
-                uniforms = assignment_uniforms(cfg.seed, epoch, number, batch.size, cfg.device, cfg.dtype)
-                uniforms = uniforms[cfg.group.share(slice(0, batch.size), batch.size)]
-            try:
-                stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria)
-                if fitter.shadow is not None:  # a split-and-merge trial: its own pass over the same batch
-                    fitter.observe_shadow(_global_sums(batch, uniforms, fitter.shadow, cfg, False))
-            except NotPositiveDefiniteError as err:
-                raise FitDivergedError(
-                    epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
-                ) from None
-            fitter.observe(stats)
-            if saving and cfg.checkpoint_every and (number + 1) % cfg.checkpoint_every == 0:
-                synchronize(cfg.device)
-                checkpoint.save(epoch - 1, history, converged, fitter.state_dict(), batch=number + 1,
-                                epoch_seconds=done_seconds + time.perf_counter() - tick)  # fmt: skip
-        fitter.end_epoch()
+        _train_epoch(fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history,
+                     converged)  # fmt: skip
         synchronize(cfg.device)
         seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
         done, done_seconds = 0, 0.0
+        if one_pass:  # the pass scored the parameters it started from: the last entry's figure
+            history[-1]["train_loglik"] = fitter.pass_loglik() / train.total_weight
+            _log(cfg, history[-1])
+            if _improved_less_than(cfg.tol, history):
+                converged = True  # at the parameters just scored: no update from this pass
+                break
+        fitter.end_epoch()
         _check_mixture(fitter.mixture, epoch, cfg.w)
         _check_mixture(fitter.result, epoch, cfg.w)
-        history.append(evaluate(epoch, seconds))
-        _log(cfg, history[-1])
-        if cfg.tol is not None and history[-1]["train_loglik"] - history[-2]["train_loglik"] < cfg.tol:
-            converged = True
+        history.append(evaluate(epoch, seconds, score_train=not one_pass))
+        if not one_pass:
+            _log(cfg, history[-1])
+            converged = _improved_less_than(cfg.tol, history)
         converged = converged or fitter.finished
         if saving:
             checkpoint.save(epoch, history, converged, fitter.state_dict())
         epoch += 1
+    if history[-1]["train_loglik"] is None:  # batch EM stopped by its epoch budget: score the last update
+        history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
+        _log(cfg, history[-1])
     return history, converged
+
+
+def _improved_less_than(tol: float | None, history: list) -> bool:
+    """Whether the last entry's training log-likelihood is less than ``tol`` above the one before."""
+    return tol is not None and len(history) > 1 and history[-1]["train_loglik"] - history[-2]["train_loglik"] < tol
+
+
+def _mean_loglik(data, mixture: Mixture, cfg: LoopConfig) -> float:
+    return total_loglik(data, mixture, cfg.device, cfg.dtype, cfg.backend, cfg.group) / data.total_weight
+
+
+def _train_epoch(fitter: Fitter, train, cfg: LoopConfig, epoch: int, done: int, done_seconds: float, tick: float,
+                 checkpoint: Checkpoint | None, history: list, converged: bool) -> None:  # fmt: skip
+    """One epoch's batches from batch ``done`` on (those before it are in the checkpoint): the kernel's
+    statistics of each, observed by the fitter; a checkpoint every ``cfg.checkpoint_every`` batches."""
+    batches = train.epoch_batches(cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype,
+                                  skip=done)  # fmt: skip
+    progress = tqdm(batches, disable=cfg.verbose < 2, leave=False, desc=f"epoch {epoch}", unit="batch",
+                    mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
+    for number, batch in enumerate(progress, start=done):
+        uniforms = None
+        if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
+            uniforms = assignment_uniforms(cfg.seed, epoch, number, batch.size, cfg.device, cfg.dtype)
+            uniforms = uniforms[cfg.group.share(slice(0, batch.size), batch.size)]
+        try:
+            stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria)
+            if fitter.shadow is not None:  # a split-and-merge trial: its own pass over the same batch
+                fitter.observe_shadow(_global_sums(batch, uniforms, fitter.shadow, cfg, False))
+        except NotPositiveDefiniteError as err:
+            raise FitDivergedError(
+                epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
+            ) from None
+        fitter.observe(stats)
+        if checkpoint is not None and cfg.checkpoint_every and (number + 1) % cfg.checkpoint_every == 0:
+            synchronize(cfg.device)
+            checkpoint.save(epoch - 1, history, converged, fitter.state_dict(), batch=number + 1,
+                            epoch_seconds=done_seconds + time.perf_counter() - tick)  # fmt: skip

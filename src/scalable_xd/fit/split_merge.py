@@ -92,7 +92,7 @@ class SplitMergeEM(EpochSums):
     """Batch EM with split-and-merge moves (the module docstring); ``tol`` decides convergence (per star),
     ``tries`` caps the moves tried. ``finished`` tells the loop that no move is left to try."""
 
-    samples_assignments = False
+    samples_assignments = scores_its_pass = False
     shadow = None
 
     def __init__(self, mixture: Mixture, *, w: float, tol: float, tries: int, fixed: FixedParameters | None = None):
@@ -209,7 +209,7 @@ class StochasticSplitMerge:
       per batch; every other epoch costs the criteria's K x K overlap sums on top of the usual pass.
     """
 
-    samples_assignments = finished = False
+    samples_assignments = finished = scores_its_pass = False
 
     def __init__(self, incumbent, *, make_fitter: Callable, judge: Callable[[Mixture], float], tries: int,
                  partial_fraction: float = 0.1):  # fmt: skip
