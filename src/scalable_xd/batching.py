@@ -43,10 +43,12 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
 @dataclass
 class Batch:
     """This process's share of one global batch: ``size`` rows in the global batch, of which this process
-    holds x (B, d), S (B, d, d), R (B, d, D) or None and weights (B,) or None, on the fitting device."""
+    holds x (B, d), S (B, d, d), R (B, d, D) or None, weights (B,) or None and the observed entries (B, d)
+    or None (all of them), on the fitting device."""
 
     size: int
     x: torch.Tensor
     S: torch.Tensor
     R: torch.Tensor | None
     weights: torch.Tensor | None
+    observed: torch.Tensor | None = None

@@ -17,12 +17,26 @@ import torch
 from .batching import Batch, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad_row
 
+from .settings import MISSING_MODES
+
+# The noise variance that marks an entry as missing (the paper's convention: value 0, variance 1e12).
+MISSING_VARIANCE = 1e12
+
 
 class Dataset:
     """X (N, d), noise covariances (N, d, d) in any container from ``noise``, projections R (N, d, D) or None,
-    and per-point weights (N,) or None (``sample_weight``: a point of weight 2 counts as two copies)."""
+    and per-point weights (N,) or None (``sample_weight``: a point of weight 2 counts as two copies).
 
-    def __init__(self, X, Xcov=None, R=None, *, sample_weight=None, name: str = "X", validate: bool = True):
+    ``missing="marginalise"``: an entry that is NaN in X or has noise variance >= ``MISSING_VARIANCE`` is
+    missing, and the point is scored and updated on its other entries (``observed``, (N, d) bool; None
+    when every entry is observed). ``"variance"``: every entry counts as measured (the paper's
+    convention gives missing ones variance 1e12), and NaN is an error."""
+
+    def __init__(self, X, Xcov=None, R=None, *, sample_weight=None, name: str = "X", validate: bool = True,
+                 missing: str = "variance"):  # fmt: skip
+        if missing not in MISSING_MODES:
+            raise ValueError(f"unknown missing {missing!r}: choose one of {', '.join(MISSING_MODES)}")
+        self.missing = missing
         self.X = as_float_tensor(X, name)
         if self.X.ndim != 2:
             raise ValueError(f"{name} must have shape (N, d), got {tuple(self.X.shape)}")
@@ -38,11 +52,29 @@ class Dataset:
             if self.R.ndim != 3 or self.R.shape[:2] != (n, d):
                 raise ValueError(f"R must have shape (N, d, D) = ({n}, {d}, D), got {tuple(self.R.shape)}")
         self.weights = None if sample_weight is None else _checked_weights(sample_weight, n, name)
+        self.observed = None
+        if missing == "marginalise":
+            if self.R is not None:
+                raise ValueError("missing='marginalise' marginalises through its own projections: R cannot be given")
+            self.observed = self._observed_entries()
         if validate:
             self.validate(name)
 
+    def _observed_entries(self) -> torch.Tensor | None:
+        """(N, d) True where X is not NaN and the noise variance is below ``MISSING_VARIANCE``; None when
+        every entry is."""
+        parts = []
+        for start in range(0, len(self), CHECK_CHUNK):
+            rows = slice(start, start + CHECK_CHUNK)
+            variances = torch.diagonal(self.noise.batch(rows, "cpu", torch.float64), dim1=1, dim2=2)
+            parts.append(~torch.isnan(self.X[rows]) & (variances < MISSING_VARIANCE))
+        observed = torch.cat(parts)
+        return None if bool(observed.all()) else observed
+
     def validate(self, name: str = "X") -> None:
-        check_rows(self.X, lambda v: ~torch.isfinite(v), name + " row {row} contains NaN or inf")
+        marginalise = self.missing == "marginalise"  # NaN marks a missing entry
+        check_rows(self.X, lambda v: torch.isinf(v) if marginalise else ~torch.isfinite(v),
+                   f"{name} row {{row}} contains {'inf' if marginalise else 'NaN or inf'}")  # fmt: skip
         if self.R is not None:
             check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")
         self.noise.validate()
@@ -88,11 +120,18 @@ class Dataset:
         return self.obs_dim if self.R is None else self.R.shape[2]
 
     def batch(self, index, device, dtype):
-        """(x, S, R) of the rows ``index`` (a slice or an index tensor) on ``device`` in ``dtype``."""
+        """(x, S, R) of the rows ``index`` (a slice or an index tensor) on ``device`` in ``dtype``; missing
+        entries of x (``observed``) as 0, which no pass reads."""
         x = self.X[index].to(device=device, dtype=dtype, non_blocking=True)
+        if self.missing == "marginalise":
+            x = torch.nan_to_num(x, nan=0.0)
         S = self.noise.batch(index, device, dtype)
         R = None if self.R is None else self.R[index].to(device=device, dtype=dtype, non_blocking=True)
         return x, S, R
+
+    def batch_observed(self, index, device):
+        """The rows' ``observed`` mask on ``device``, or None when every entry is observed."""
+        return None if self.observed is None else self.observed[index].to(device)
 
     def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
         """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``) after the first ``skip``:
@@ -100,19 +139,28 @@ class Dataset:
         for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
             share = group.share(index, size)
-            yield Batch(size, *self.batch(share, device, dtype), self.batch_weights(share, device, dtype))
+            yield Batch(size, *self.batch(share, device, dtype), self.batch_weights(share, device, dtype),
+                        self.batch_observed(share, device))  # fmt: skip
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
-        """Yield (first row, x, S, R, weights) over ``rows`` in order, ``batch_size`` rows at a time."""
+        """Yield (first row, x, S, R, weights, observed) over ``rows`` in order, ``batch_size`` rows at a time."""
         for start in range(rows.start, rows.stop, batch_size):
             index = slice(start, min(start + batch_size, rows.stop))
-            yield (start, *self.batch(index, device, dtype), self.batch_weights(index, device, torch.float64))
+            yield (start, *self.batch(index, device, dtype), self.batch_weights(index, device, torch.float64),
+                   self.batch_observed(index, device))  # fmt: skip
 
     def sample(self, rows: torch.Tensor, name: str) -> Dataset:
         """The rows ``rows`` (sorted indices) as a new data set in memory, in float64."""
         x, S, R = self.batch(rows, "cpu", torch.float64)
+        if self.observed is not None:
+            x = torch.where(self.observed[rows], x, torch.nan)
         weights = None if self.weights is None else self.weights[rows]
-        return Dataset(x, S, R, sample_weight=weights, name=name, validate=False)
+        return Dataset(x, S, R, sample_weight=weights, name=name, validate=False, missing=self.missing)
+
+    @property
+    def complete_X(self) -> torch.Tensor:
+        """The rows of X with every entry observed (all of X unless ``missing="marginalise"``)."""
+        return self.X if self.observed is None else self.X[self.observed.all(1)]
 
     def digest_bytes(self, rows: torch.Tensor):
         """Yield what identifies these data for a checkpoint: column sums of X a block at a time (one pass),

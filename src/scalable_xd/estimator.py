@@ -51,10 +51,13 @@ def _judge_sample(train, seed: int) -> Dataset:
     return train.sample(_random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
 
 
-def _data(X, Xcov, R, sample_weight, name: str):
+def _data(X, Xcov, R, sample_weight, name: str, missing: str):
     """Arrays as a validated ``Dataset``; a ``ParquetSource`` as it is (it validated itself)."""
     if not isinstance(X, ParquetSource):
-        return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name)
+        return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name, missing=missing)
+    if X.missing != missing:
+        raise ValueError(f"{name} is a ParquetSource opened with missing={X.missing!r}, but the model's missing is "
+                         f"{missing!r}: open it with missing={missing!r}")  # fmt: skip
     given = [arg for arg, value in (("Xcov", Xcov), ("R", R), ("sample_weight", sample_weight)) if value is not None]
     if given:
         raise ValueError(f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
@@ -118,6 +121,12 @@ class XDGMM(BaseEstimator):
         move an epoch from running criteria, trained beside the incumbent for an epoch and kept only if it
         scores higher on the validation data (or a fixed sample of 20,000 training stars).
     covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
+    missing : ``"variance"`` (default, the paper's convention): missing entries are given as value 0 with
+        variance 1e12 and scored like measured ones, adding log N(0 | 0, 1e12 + V_jj) each. ``"marginalise"``:
+        an entry that is NaN in X or has variance >= 1e12 is missing, and each star is scored and updated on
+        its observed entries only (the projection R_i that drops the others), exactly: the 1e12
+        convention's limit, its score less the constant -log(2 pi 1e12) / 2 per missing entry, computed at the
+        star's own smaller dimension and free of the 1e12 rounding (see ``kernel.dispatch``).
     kmeans_epochs, kmeans_batch_size : the minibatch k-means for the initial weights and means
         (covariances start at I).
     device : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
@@ -171,6 +180,7 @@ class XDGMM(BaseEstimator):
         truncation: bool = _FIT.truncation,
         truncation_bound: float = _FIT.truncation_bound,
         covariance_update: str = _FIT.covariance_update,
+        missing: str = _FIT.missing,
         device: str = _FIT.device,
         dtype: str = _FIT.dtype,
         compile: bool = _FIT.compile,
@@ -206,6 +216,7 @@ class XDGMM(BaseEstimator):
         self.truncation = truncation
         self.truncation_bound = truncation_bound
         self.covariance_update = covariance_update
+        self.missing = missing
         self.device = device
         self.dtype = dtype
         self.compile = compile
@@ -267,7 +278,7 @@ class XDGMM(BaseEstimator):
             raise ValueError("checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial "
                              "spans an epoch)")  # fmt: skip
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype, sample_weight)
+        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype, settings.missing, sample_weight)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
         if self.random_state is None and store is not None and store.seed is not None:
             seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
@@ -342,15 +353,15 @@ class XDGMM(BaseEstimator):
         masks = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in self._fixed_masks().items()}
         return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
 
-    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype, sample_weight=None):
+    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype, missing: str, sample_weight=None):
         """The validated training and validation sets (in memory, or streamed sources)."""
-        train = _data(X, Xcov, R, sample_weight, "X")
+        train = _data(X, Xcov, R, sample_weight, "X", missing)
         train.check_range(dtype)
         if self.n_components > len(train):
             raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
         val = None
         if X_val is not None:
-            val = _data(X_val, Xcov_val, R_val, None, "X_val")
+            val = _data(X_val, Xcov_val, R_val, None, "X_val", missing)
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
             val.check_range(dtype, "X_val")
@@ -380,7 +391,7 @@ class XDGMM(BaseEstimator):
     def _data_for_model(self, X, Xcov, R, sample_weight=None) -> Dataset:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
-        data = _data(X, Xcov, R, sample_weight, "X")
+        data = _data(X, Xcov, R, sample_weight, "X", self.settings_.missing)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
         data.check_range(self._dtype)
@@ -414,8 +425,8 @@ class XDGMM(BaseEstimator):
         data = self._data_for_model(X, Xcov, R)
         mixture = self._mixture
         means, covs = [], []
-        for _, x, S, Rb, _ in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, self._dtype):
-            mean, cov = posterior_moments(x, S, mixture, Rb)
+        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, self._dtype):
+            mean, cov = posterior_moments(x, S, mixture, Rb, observed)
             means.append(mean.cpu())
             covs.append(cov.cpu())
         return torch.cat(means).numpy(), torch.cat(covs).numpy()

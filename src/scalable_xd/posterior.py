@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel.dispatch import chunks
+from .kernel.dispatch import chunks, patterns
 from .kernel.linalg import convolved_terms
 from .mixture import Mixture
 
@@ -18,8 +18,17 @@ from .mixture import Mixture
 _MAX_PAIRS = 1 << 14
 
 
-def posterior_moments(x, S, mixture: Mixture, R=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean (B, D) and covariance (B, D, D) of p(v_i | x_i) for a batch."""
+def posterior_moments(x, S, mixture: Mixture, R=None, observed=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean (B, D) and covariance (B, D, D) of p(v_i | x_i) for a batch; with ``observed`` (B, d), given the
+    observed entries only (R_i selecting them, per pattern of observed entries)."""
+    if observed is not None:
+        mean = torch.empty(x.shape[0], mixture.dim, dtype=x.dtype, device=x.device)
+        cov = torch.empty(x.shape[0], mixture.dim, mixture.dim, dtype=x.dtype, device=x.device)
+        eye = torch.eye(mixture.dim, dtype=x.dtype, device=x.device)
+        for rows, dims in patterns(observed):
+            R_rows = eye[dims].expand(len(rows), -1, -1)
+            mean[rows], cov[rows] = posterior_moments(x[rows][:, dims], S[rows][:, dims][:, :, dims], mixture, R_rows)
+        return mean, cov
     mixture = mixture.to(dtype=x.dtype)
     V = mixture.covariances
     means, covs = [], []

@@ -17,6 +17,7 @@ METHODS = ("em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_e
 MINIBATCH_METHODS = ("minibatch_em", "sgd", "stochastic_minibatch_em")
 SCHEDULES = ("step", "cappe_moulines", "power")
 AVERAGING = ("none", "polyak")
+MISSING_MODES = ("variance", "marginalise")
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("none", "spread")
 DTYPES = ("float32", "float64")
@@ -113,6 +114,9 @@ class FitSettings(_Settings):
     split_merge_tries: int = setting(5, "split-and-merge moves tried at most", low=1)
     covariance_update: str = setting("stable", "minibatch EM's covariance update: the centred form or the paper's "
                                      "eq. 7", choices=COVARIANCE_UPDATES)  # fmt: skip
+    missing: str = setting("variance", "missing entries: the paper's convention, value 0 with variance 1e12 scored as "
+                           "measured (variance), or marginalised exactly, NaN or variance >= 1e12 marking them "
+                           "(marginalise)", choices=MISSING_MODES)  # fmt: skip
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)",
                          choices=DTYPES)  # fmt: skip

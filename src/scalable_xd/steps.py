@@ -160,7 +160,7 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     def data(path, name):
         """A split as the fit's arguments (X, Xcov), streamed or in memory, and its facts for the report."""
         if stream_window:
-            return (features_source(path, stream_window, name), None), split_facts(path)
+            return (features_source(path, stream_window, name, missing=settings.missing), None), split_facts(path)
         split = read_features(path)
         facts = {"n": len(split), "missing_entries": int(split.n_missing.sum()), "mode": split.mode,
                  "true_values": split.true is not None}  # fmt: skip

@@ -73,18 +73,20 @@ class ParquetSource:
     """Points x from ``x_columns``, their noise from standard deviations ``sigma_columns`` (None: noiseless)
     and correlations ``corr_columns`` of the dimension ``pairs``, read from Parquet a row group at a time.
 
-    Pass it to ``XDGMM.fit`` (as X, and as X_val) and ``XDGMM.score`` in place of arrays. Values are checked
+    Pass it to ``XDGMM.fit`` (as X, and as X_val) and ``XDGMM.score`` in place of arrays (``missing`` as the
+    model's: see ``Dataset``). Values are checked
     when the source is opened (``validate``: one pass), and a bad value is named by its row in the whole
     data set and by its file.
     """
 
     def __init__(self, path, x_columns, sigma_columns=None, corr_columns=(), pairs=(), *,
-                 window_rows: int = DEFAULT_WINDOW, name: str = "X", validate: bool = True):  # fmt: skip
+                 window_rows: int = DEFAULT_WINDOW, name: str = "X", validate: bool = True,
+                 missing: str = "variance"):  # fmt: skip
         import pyarrow.dataset as ds
 
         if int(window_rows) < 1:
             raise ValueError(f"window_rows must be a positive number of rows, got {window_rows}")
-        self.path, self.name, self.window_rows = str(path), name, int(window_rows)
+        self.path, self.name, self.window_rows, self.missing = str(path), name, int(window_rows), missing
         self.x_columns = list(x_columns)
         self.sigma_columns = None if sigma_columns is None else list(sigma_columns)
         self.corr_columns, self.pairs = list(corr_columns), [tuple(p) for p in pairs]
@@ -158,11 +160,12 @@ class ParquetSource:
         noise = None
         if self.sigma_columns is not None:
             noise = CompactCovariance(block["sigma"], block["corr"], self.pairs)
-        return Dataset(block["x"], noise, name=name or self.name, validate=validate)
+        return Dataset(block["x"], noise, name=name or self.name, validate=validate, missing=self.missing)
 
     def _tensors(self, block: dict, device, dtype):
+        """(x, S, R, observed) of a block of rows (see ``Dataset``)."""
         data = self._dataset(block)
-        return data.batch(slice(None), device, dtype)
+        return (*data.batch(slice(None), device, dtype), data.batch_observed(slice(None), device))
 
     # ------------------------------------------------------------------ checks
 
@@ -251,11 +254,12 @@ class ParquetSource:
                 continue
             size = len(block["row"])
             share = group.share(slice(0, size), size)
-            yield Batch(size, *self._tensors({k: v[share] for k, v in block.items()}, device, dtype), None)
+            x, S, R, observed = self._tensors({k: v[share] for k, v in block.items()}, device, dtype)
+            yield Batch(size, x, S, R, None, observed)
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
-        """Yield (first row, x, S, None, None) over ``rows`` in file order, ``batch_size`` rows at a time
-        (a batch never spans two row groups)."""
+        """Yield (first row, x, S, None, None, observed) over ``rows`` in file order, ``batch_size`` rows at a
+        time (a batch never spans two row groups)."""
         for piece in self._pieces:
             low, high = max(rows.start, piece.start), min(rows.stop, piece.start + piece.rows)
             if low >= high:
@@ -263,7 +267,8 @@ class ParquetSource:
             block = self._read(piece)
             for first in range(low, high, batch_size):
                 part = slice(first - piece.start, min(first + batch_size, high) - piece.start)
-                yield (first, *self._tensors({k: v[part] for k, v in block.items()}, device, dtype), None)
+                x, S, R, observed = self._tensors({k: v[part] for k, v in block.items()}, device, dtype)
+                yield first, x, S, R, None, observed
 
     def sample(self, rows, name: str) -> Dataset:
         """The rows ``rows`` (sorted row numbers) in memory, in float64, reading only the row groups that

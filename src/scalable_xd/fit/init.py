@@ -20,6 +20,13 @@ def kmeans_init(X: torch.Tensor, n_components: int, kmeans: KMeansSettings, seed
     return weights_from_counts(counts), centres.to("cpu", torch.float64)
 
 
+def _kmeans_points(data: Dataset, k: int):
+    """What k-means clusters: the stars with every entry observed where entries are marginalised (and
+    there are at least K of them), all of X otherwise."""
+    complete = data.complete_X
+    return complete if len(complete) >= k else torch.nan_to_num(data.X, nan=0.0)
+
+
 def initial_mixture(data: Dataset, n_components: int, kmeans: KMeansSettings, seed: int, device, dtype, *,
                     weights=None, means=None, covariances=None) -> Mixture:  # fmt: skip
     """The mixture a fit starts from, in float64 on ``device``: the given arrays where there are any,
@@ -31,7 +38,7 @@ def initial_mixture(data: Dataset, n_components: int, kmeans: KMeansSettings, se
     if means is None:
         if data.R is not None and data.obs_dim != dim:
             raise ValueError("means_init is required when the projection R changes the dimension")
-        kmeans_weights, means = kmeans_init(data.X, k, kmeans, seed, device, dtype)
+        kmeans_weights, means = kmeans_init(_kmeans_points(data, k), k, kmeans, seed, device, dtype)
         weights = kmeans_weights if weights is None else weights
     if weights is None:
         weights = torch.ones(k, dtype=f64)

@@ -42,9 +42,9 @@ def scored_batches(data, mixture: Mixture, device, dtype, backend: str, batch_si
                    rows: slice | None = None):  # fmt: skip
     """Yield (first row, log p(x) (B,), log alpha_j N_ij (B, K), weights (B,) or None) over a data set (or
     its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set."""
-    for start, x, S, R, weights in data.scan(rows or slice(0, len(data)), batch_size, device, dtype):
+    for start, x, S, R, weights, observed in data.scan(rows or slice(0, len(data)), batch_size, device, dtype):
         try:
-            loglik, log_dens = log_densities(x, S, mixture, R, backend=backend)
+            loglik, log_dens = log_densities(x, S, mixture, R, backend=backend, observed=observed)
         except NotPositiveDefiniteError as err:
             raise NotPositiveDefiniteError(start + err.row, err.component) from None
         yield start, loglik, log_dens, weights
@@ -111,7 +111,7 @@ def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with
         stats = Statistics.zeros(mixture.n_components, mixture.dim, cfg.device, with_criteria)
     else:
         stats = batch_statistics(batch.x, batch.S, mixture, batch.R, backend=cfg.backend, point_weights=batch.weights,
-                                 uniforms=uniforms, with_criteria=with_criteria)  # fmt: skip
+                                 uniforms=uniforms, with_criteria=with_criteria, observed=batch.observed)  # fmt: skip
     return reduce_statistics(stats, cfg.group, with_criteria)
 
 

@@ -97,14 +97,15 @@ def read_features(path) -> Features:
     )
 
 
-def features_source(path, window_rows: int | None = None, name: str = "X", validate: bool = True):
+def features_source(path, window_rows: int | None = None, name: str = "X", validate: bool = True,
+                    missing: str = "variance"):  # fmt: skip
     """Features files (one split's Parquet file, a folder of them or a HATS catalogue of features) as a
     ``stream.ParquetSource``: a fit reads them a window of ``window_rows`` rows at a time."""
     from ..stream import DEFAULT_WINDOW, ParquetSource
 
     return ParquetSource(path, [f"x_{n}" for n in FEATURES], [f"sigma_{n}" for n in FEATURES],
                          [n for n, _, _ in CORRELATIONS], CORRELATION_PAIRS, window_rows=window_rows or DEFAULT_WINDOW,
-                         name=name, validate=validate)  # fmt: skip
+                         name=name, validate=validate, missing=missing)  # fmt: skip
 
 
 def split_facts(path) -> dict:

@@ -12,6 +12,13 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
 * ``"linalg"`` (``linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
 The mixture may be given in float64 (the fitters keep it so); the pass casts it to the data's dtype.
+
+Missing entries marginalised exactly (``observed``, (B, d) bool): a star is scored and updated on its
+observed dimensions only, R_i being the selection of those rows of the identity. Stars are grouped by
+their pattern of observed dimensions, each group runs the fast kernel at its own smaller dimension on
+the mixture's marginal over those dimensions, and its sums go back to the model's dimensions (R_i^T u
+fills the observed entries of U, R_i^T T^-1 R_i the observed block of P). A star with nothing observed
+has p(x) = 1 and responsibilities alpha_j: it counts towards the weights only.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 from .linalg import linalg_chunk
 from .unrolled import unrolled_chunk, unrolled_terms
 from ..mixture import Mixture
-from .statistics import Statistics
+from .statistics import Statistics, assign, n_points
 
 BACKENDS = ("auto", "unrolled", "compiled", "linalg")
 
@@ -76,20 +83,76 @@ def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs
             yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, **extra)
 
 
-def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None):
-    """Per-point log-likelihood (B,) and log alpha_j N(x_i | R_i m_j, T_ij) (B, K) for one batch."""
+def patterns(observed: torch.Tensor):
+    """Yield (rows, dims) for each pattern of observed dimensions in ``observed`` (B, d): the rows that share
+    it and the dimensions it observes, as index tensors."""
+    codes = (observed.long() << torch.arange(observed.shape[1], device=observed.device)).sum(1)
+    for code in torch.unique(codes):
+        rows = torch.nonzero(codes == code).squeeze(1)
+        yield rows, torch.nonzero(observed[rows[0]]).squeeze(1)
+
+
+def _marginal(x, S, mixture: Mixture, rows, dims):
+    """The rows' observed entries and noise, and the mixture's marginal over those dimensions."""
+    sub = Mixture(mixture.weights, mixture.means[:, dims], mixture.covariances[:, dims][:, :, dims])
+    return x[rows][:, dims], S[rows][:, dims][:, :, dims], sub
+
+
+def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None,
+                  observed=None):  # fmt: skip
+    """Per-point log-likelihood (B,) and log alpha_j N(x_i | R_i m_j, T_ij) (B, K) for one batch (of the
+    ``observed`` entries only, where given)."""
+    if observed is not None:
+        loglik = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        log_dens = mixture.log_weights.to(x.dtype).expand(x.shape[0], -1).clone()  # nothing observed: alpha_j
+        for rows, dims in patterns(observed):
+            if len(dims):
+                loglik[rows], log_dens[rows] = log_densities(*_marginal(x, S, mixture, rows, dims), backend=backend,
+                                                             max_pairs=max_pairs)  # fmt: skip
+        return loglik, log_dens
     parts = list(_passes(x, S, mixture, R, False, backend, max_pairs))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def batch_statistics(
     x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None, point_weights=None,
-    uniforms=None, with_criteria: bool = False,
+    uniforms=None, with_criteria: bool = False, observed=None,
 ) -> Statistics:
     """The per-component sums q, U, UU, P for one batch; ``point_weights`` (B,) weight each point's
     responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``);
-    ``with_criteria`` adds the split-and-merge sums (``statistics.Criteria``)."""
+    ``with_criteria`` adds the split-and-merge sums (``statistics.Criteria``); ``observed`` (B, d)
+    marginalises the other entries (see the module)."""
+    if observed is not None:
+        return _marginalised_statistics(x, S, mixture, backend, max_pairs, point_weights, uniforms, with_criteria,
+                                        observed)  # fmt: skip
     total = None
     for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs, point_weights, uniforms, with_criteria):
         total = stats if total is None else total.combine(stats)
+    return total
+
+
+def _marginalised_statistics(x, S, mixture: Mixture, backend, max_pairs, point_weights, uniforms, with_criteria,
+                             observed) -> Statistics:  # fmt: skip
+    """``batch_statistics`` over groups of stars that share a pattern of observed dimensions, each group's
+    sums put back in the model's dimensions."""
+    k, dim = mixture.n_components, mixture.dim
+    total = Statistics.zeros(k, dim, x.device, with_criteria)
+    for rows, dims in patterns(observed):
+        weights = None if point_weights is None else point_weights[rows]
+        draws = None if uniforms is None else uniforms[rows]
+        if len(dims) == 0:  # p(x) = 1 and r_ij = alpha_j: a share of the weights, nothing else
+            resp = assign(mixture.weights.to(x.dtype).expand(len(rows), -1), weights, draws, dim=1)
+            zero = Statistics.zeros(k, dim, x.device, with_criteria)
+            total = total.combine(Statistics(n_points(x[rows], weights), resp.sum(0).double(), zero.U, zero.UU, zero.P,
+                                             zero.loglik, zero.criteria))  # fmt: skip
+            continue
+        part = batch_statistics(*_marginal(x, S, mixture, rows, dims), backend=backend, max_pairs=max_pairs,
+                                point_weights=weights, uniforms=draws, with_criteria=with_criteria).double()  # fmt: skip
+        U = torch.zeros(k, dim, dtype=torch.float64, device=x.device)
+        UU = torch.zeros(k, dim, dim, dtype=torch.float64, device=x.device)
+        P = torch.zeros_like(UU)
+        U[:, dims] = part.U
+        UU[:, dims[:, None], dims] = part.UU
+        P[:, dims[:, None], dims] = part.P
+        total = total.combine(Statistics(part.n_points, part.q, U, UU, P, part.loglik, part.criteria))
     return total

@@ -1,0 +1,112 @@
+"""Missing entries marginalised exactly (``missing="marginalise"``): equal to an explicit projection R_i
+written out in numpy, and the limit of the paper's variance-1e12 convention (scores less the known
+constant per missing entry, parameters to float tolerance)."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
+
+from scalable_xd import XDGMM
+from scalable_xd.gaia.features import MISSING_LOGLIK_CONSTANT, MISSING_SIGMA
+from scalable_xd.kernel.dispatch import batch_statistics, log_densities
+from scalable_xd.mixture import Mixture
+
+K, D = 3, 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """Noisy points with about a quarter of their entries missing (NaN), a few with none observed."""
+    rng = np.random.default_rng(21)
+    weights, means, covs = np.array([0.5, 0.3, 0.2]), rng.normal(scale=3, size=(K, D)), random_spd(rng, K, D)
+    x, S, _, _ = draw_xd_data(rng, 500, weights, means, covs, 0.1, 0.5)
+    observed = rng.random(x.shape) > 0.25
+    observed[:3] = False  # nothing observed
+    x_nan = np.where(observed, x, np.nan)
+    init = dict(weights_init=np.full(K, 1 / K), means_init=means + 0.5, covariances_init=covs * 1.5)
+    return x_nan, S, observed, init
+
+
+def _selection(observed_row):
+    return np.eye(len(observed_row))[observed_row]
+
+
+def test_the_kernel_equals_an_explicit_projection_per_star(problem):
+    x_nan, S, observed, init = problem
+    mixture = Mixture(*(torch.as_tensor(init[k]) for k in ("weights_init", "means_init", "covariances_init")))
+    x = torch.as_tensor(np.nan_to_num(x_nan))
+    mask = torch.as_tensor(observed)
+    loglik, _ = log_densities(x, torch.as_tensor(S), mixture, observed=mask)
+    for i in range(len(x)):
+        R = _selection(observed[i])
+        if not observed[i].any():
+            assert loglik[i] == 0.0  # p(x) = 1: nothing was measured
+            continue
+        want = xd_loglik(x_nan[i : i + 1, observed[i]], (R @ S[i] @ R.T)[None], init["weights_init"],
+                         init["means_init"], init["covariances_init"], R[None])[0]  # fmt: skip
+        assert float(loglik[i]) == pytest.approx(want, rel=1e-12)
+    stats = batch_statistics(x, torch.as_tensor(S), mixture, observed=mask)
+    assert stats.n_points == len(x) and float(stats.q.sum()) == pytest.approx(len(x), rel=1e-12)
+
+
+def test_one_em_step_equals_the_update_written_out_with_projections(problem):
+    x_nan, S, observed, init = problem
+    r_all, b_all, B_all = [], [], []
+    for i in range(len(x_nan)):  # eq. 4 with R_i dropping the missing entries, one star at a time
+        R = _selection(observed[i])
+        if observed[i].any():
+            r, b, B = xd_pair_posteriors(x_nan[i : i + 1, observed[i]], (R @ S[i] @ R.T)[None], init["weights_init"],
+                                         init["means_init"], init["covariances_init"], R[None])  # fmt: skip
+        else:  # nothing observed: the prior's responsibilities, means and covariances
+            r, b, B = init["weights_init"][None], init["means_init"][None], init["covariances_init"][None]
+        r_all.append(r), b_all.append(b), B_all.append(B)
+    r, b, B = np.concatenate(r_all), np.concatenate(b_all), np.concatenate(B_all)
+    q = r.sum(0)
+    means = np.einsum("nk,nkd->kd", r, b) / q[:, None]
+    centred = b - means[None]
+    covs = (np.einsum("nk,nkd,nke->kde", r, centred, centred) + np.einsum("nk,nkde->kde", r, B)) / q[:, None, None]
+    model = XDGMM(K, "em", epochs=1, w=0.0, tol=None, dtype="float64", device="cpu", missing="marginalise",
+                  **init).fit(x_nan, S)  # fmt: skip
+    np.testing.assert_allclose(model.weights_, q / q.sum(), rtol=1e-11)
+    np.testing.assert_allclose(model.means_, means, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(model.covariances_, covs, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_marginalising_is_the_limit_of_the_variance_convention(problem, method):
+    """The same stars with missing entries as value 0, variance 1e12 (the paper) or marginalised: the same
+    parameters to float tolerance, and scores that differ by the constant per missing entry."""
+    x_nan, S, observed, init = problem
+    x_zero = np.nan_to_num(x_nan)
+    S_big = S.copy()
+    for i, j in zip(*np.nonzero(~observed)):
+        S_big[i, j, :], S_big[i, :, j] = 0.0, 0.0
+        S_big[i, j, j] = MISSING_SIGMA**2
+    settings = dict(n_components=K, method=method, epochs=3, batch_size=100, tol=None, dtype="float64", device="cpu",
+                    random_state=4, **init)  # fmt: skip
+    convention = XDGMM(**settings).fit(x_zero, S_big)
+    marginalised = XDGMM(**settings, missing="marginalise").fit(x_zero, S_big)  # variance 1e12 marks them
+    from_nan = XDGMM(**settings, missing="marginalise").fit(x_nan, S)  # and so does NaN
+    for name in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(marginalised, name), getattr(convention, name), rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(getattr(from_nan, name), getattr(marginalised, name), rtol=1e-12, atol=1e-13)
+    per_star = ~observed
+    expected = convention.score_samples(x_zero, S_big) - MISSING_LOGLIK_CONSTANT * per_star.sum(1)
+    np.testing.assert_allclose(marginalised.score_samples(x_zero, S_big), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_posteriors_of_stars_with_missing_entries_and_the_errors(problem):
+    x_nan, S, observed, init = problem
+    model = XDGMM(K, "em", epochs=5, tol=None, dtype="float64", device="cpu", missing="marginalise", **init)
+    model.fit(x_nan, S)
+    mean, cov = model.posterior(x_nan, S)
+    assert np.isfinite(mean).all() and np.isfinite(cov).all()
+    prior_mean = (model.weights_[:, None] * model.means_).sum(0)
+    np.testing.assert_allclose(mean[0], prior_mean, rtol=1e-10)  # nothing observed: the prior's mean
+    full = observed.all(1)
+    assert (np.diagonal(cov[full], axis1=1, axis2=2) < np.diagonal(cov[0])).all()  # data narrow the posterior
+    with pytest.raises(ValueError, match="X row 0 contains NaN or inf"):
+        XDGMM(K, "em", epochs=1, device="cpu", **init).fit(x_nan, S)
+    with pytest.raises(ValueError, match="unknown missing 'drop'"):
+        XDGMM(K, "em", epochs=1, device="cpu", missing="drop").fit(x_nan, S)
