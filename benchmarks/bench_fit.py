@@ -90,7 +90,7 @@ def flops_per_pair() -> float:
     x, S, mixture = synthetic(256, 16, torch.float64)
     counter = _FlopCounter()
     with counter:
-        unrolled_terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, True)
+        unrolled_terms(x.T.contiguous(), S.permute(1, 2, 0).contiguous(), mixture.log_weights, mixture.means, mixture.covariances, True)
     return counter.flops / (256 * 16)
 
 

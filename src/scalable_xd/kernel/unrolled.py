@@ -28,9 +28,9 @@ from .statistics import (
 
 
 def _cholesky(V: torch.Tensor, S: torch.Tensor):
-    """Lower Cholesky factors of T = V_j + S_i for all pairs: L[i][j] (K, B) for j <= i, and 1 / L[j][j]."""
+    """Lower Cholesky factors of T = V_j + S_i for all pairs: L[i][j] (K, B) for j <= i, and 1 / L[j][j];
+    S is (D, D, B), S[i, j] one entry across the chunk's points."""
     dim = V.shape[-1]
-    S = S.permute(1, 2, 0)  # (D, D, B): S[i, j] is one entry across the chunk's points
     L = [[None] * dim for _ in range(dim)]
     inv_diag = [None] * dim
     for j in range(dim):
@@ -75,18 +75,20 @@ def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, poin
                    with_criteria: bool = False):  # fmt: skip
     """The pass over one chunk as plain tensors, so that ``torch.compile`` can fuse it (see ``kernel``).
 
-    Returns (failed (K, B), log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
+    The points come entry-major, x (D, B) and S (D, D, B) contiguous, so that each entry is contiguous
+    across the chunk's points: the compiled loops over points then load with unit stride and vectorise
+    (with the natural (B, D, D) layout they gather with stride D^2 and stay scalar). Returns (failed (K, B), log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
     (q (K,), U (K, D), UU (K, D, D), lower triangle of P (K, D(D+1)/2) in row-major order), whose
     responsibilities are first replaced by sampled one-hot assignments (``uniforms``) and weighted per
     point (``point_weights``) where given (see ``statistics.assign``); with ``with_criteria`` also the
     split-and-merge sums (``statistics.criteria_sums``).
     """
-    dim = x.shape[1]
+    dim = x.shape[0]
     L, inv_diag = _cholesky(covariances, S)
     diag = torch.stack([L[j][j] for j in range(dim)])  # (D, K, B)
     failed = ~(torch.isfinite(diag) & (diag > 0)).all(0)
 
-    diff = [x[:, i][None] - means[:, i, None] for i in range(dim)]  # d_ij, entry by entry, (K, B)
+    diff = [x[i][None] - means[:, i, None] for i in range(dim)]  # d_ij, entry by entry, (K, B)
     z = _forward_substitute(L, inv_diag, diff)
     maha = torch.stack(z).square().sum(0)
     log_dens = log_weights[:, None] - torch.log(diag).sum(0) - 0.5 * (maha + dim * LOG_2PI)
@@ -126,8 +128,9 @@ def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, te
 
     ``terms`` is ``unrolled_terms`` itself or a compiled version of it.
     """
-    out = terms(x, S, mixture.log_weights, mixture.means, mixture.covariances, with_stats, point_weights, uniforms,
-                with_criteria)  # fmt: skip
+    entry_major = x.T.contiguous(), S.permute(1, 2, 0).contiguous()  # (D, B), (D, D, B): see ``unrolled_terms``
+    out = terms(*entry_major, mixture.log_weights, mixture.means, mixture.covariances, with_stats, point_weights,
+                uniforms, with_criteria)  # fmt: skip
     failed, loglik, log_dens = out[:3]
     raise_for_failed_pairs(failed.T, row_offset)
     if not with_stats:
