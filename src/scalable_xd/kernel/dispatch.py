@@ -7,7 +7,7 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
 * ``"unrolled"`` (``unrolled``): entry-by-entry small-matrix algebra along the pair axis; the fast
   path, used whenever R = I.
 * ``"compiled"``: the same code through ``torch.compile``, which fuses its ~370 small ops per chunk into a
-  few loops (C++ on CPU, Triton on CUDA). 2-3.5x the eager speed on CPU, after a one-off compile of ~40 s
+  few loops (C++ on CPU, Triton on CUDA). 2-4x the eager speed on CPU, after a one-off compile of ~20-40 s
   per dtype (cached on disk by PyTorch); worth it for long fits, opt-in through ``XDGMM(compile=True)``.
 * ``"linalg"`` (``linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
