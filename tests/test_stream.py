@@ -67,6 +67,10 @@ def test_each_epoch_is_a_partition_in_the_in_memory_batch_sizes(shards):
     assert not np.array_equal(orders[0], orders[1])
     assert np.array_equal(np.concatenate(list(source.epoch_rows(130, 2, seed=4))), orders[1])  # reproducible
     assert np.array_equal(np.concatenate(list(source.epoch_rows(130, 1, seed=4, shuffle=False))), np.arange(len(x)))
+    for shuffle in (False, True):  # batches larger than the window (batch EM's chunks) take several windows
+        large = list(source.epoch_rows(700, 1, seed=4, shuffle=shuffle))
+        assert [len(b) for b in large] == [700, 1100]
+        assert np.array_equal(np.sort(np.concatenate(large)), np.arange(len(x)))
     # a batch mixes row groups from several shards, not one group's rows in file order
     first = next(iter(source.epoch_rows(130, 1, seed=4)))
     assert len(np.unique(np.searchsorted(np.cumsum([r for _, _, r in source.layout]), first, side="right"))) > 3
@@ -170,3 +174,21 @@ def test_bad_values_are_named_by_their_row_in_the_whole_data_set_and_their_file(
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no Parquet files"):
         _source(tmp_path / "empty")
+
+
+def test_a_streamed_fit_marginalises_missing_entries_as_in_memory(tmp_path):
+    """Entries with variance 1e12 (the features' convention) marginalised the same way from disk."""
+    x, sigma, corr = _problem(n=900, seed=5)
+    missing = np.random.default_rng(6).random(x.shape) < 0.2
+    x[missing], sigma[missing] = 0.0, 1e6
+    corr[missing[:, 0] | missing[:, 1], 0] = 0.0  # a missing entry has no correlations
+    corr[missing[:, 1] | missing[:, 2], 1] = 0.0
+    folder = _write_shards(tmp_path / "missing", x, sigma, corr, shards=3, row_group=100)
+    settings = dict(n_components=3, method="em", epochs=4, tol=None, dtype="float64", device="cpu", random_state=1,
+                    missing="marginalise")  # fmt: skip
+    streamed = XDGMM(**settings).fit(_source(folder, missing="marginalise"))
+    in_memory = XDGMM(**settings).fit(x, CompactCovariance(sigma, corr, PAIRS))
+    np.testing.assert_allclose(streamed.means_, in_memory.means_, rtol=1e-10, atol=1e-12)
+    assert streamed.history_[-1]["train_loglik"] == pytest.approx(in_memory.history_[-1]["train_loglik"], rel=1e-12)
+    with pytest.raises(ValueError, match="opened with missing='variance', but the model's missing is 'marginalise'"):
+        XDGMM(**settings).fit(_source(folder))

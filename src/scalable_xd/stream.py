@@ -202,7 +202,7 @@ class ParquetSource:
         number = 0
         for start, stop in batch_bounds(self._n, batch_size):
             size = stop - start
-            if len(order_in_window) - served < size:  # refill: what is left, then the next row groups
+            while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
                 carried = None if window is None else {k: v[order_in_window[served:]] for k, v in window.items()}
                 chosen = []
                 while pending and sum(self._pieces[i].rows for i in chosen) < self.window_rows:
