@@ -30,6 +30,14 @@ def generator(*keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(state)
 
 
+def random_rows(n: int, size: int, seed: int) -> torch.Tensor:
+    """``size`` of n row numbers (all when n <= size), chosen by the seed, sorted: a fixed sample of a data
+    set (k-means's, split-and-merge's judge)."""
+    if n <= size:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+
+
 def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
     """Batches of one epoch over n rows held in memory (see ``batch_bounds``): slices in order, or a
     permutation that depends only on (seed, epoch)."""

@@ -14,6 +14,7 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
+from .batching import random_rows
 from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
 from .fit.checkpoint import Checkpoint
@@ -37,18 +38,11 @@ JUDGE_SAMPLE = 20_000
 KMEANS_SAMPLE = 1_000_000
 
 
-def _random_rows(n: int, size: int, seed: int) -> torch.Tensor:
-    """``size`` of n row numbers (all when n <= size), chosen by the seed, sorted."""
-    if n <= size:
-        return torch.arange(n)
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
-
-
 def _judge_sample(train, seed: int) -> Dataset:
     """A fixed random sample of the training data (``JUDGE_SAMPLE`` stars at most), chosen by the seed."""
     if len(train) <= JUDGE_SAMPLE and isinstance(train, Dataset):
         return train
-    return train.sample(_random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
+    return train.sample(random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
 
 
 def _data(X, Xcov, R, sample_weight, name: str, missing: str):
@@ -296,7 +290,7 @@ class XDGMM(BaseEstimator):
         else:
             kmeans_data = train
             if isinstance(train, ParquetSource) and self.means_init is None:  # k-means on a sample, in memory
-                kmeans_data = train.sample(_random_rows(len(train), KMEANS_SAMPLE, seed), "the k-means sample")
+                kmeans_data = train.sample(random_rows(len(train), KMEANS_SAMPLE, seed), "the k-means sample")
             mixture = initial_mixture(kmeans_data, self.n_components, kmeans, seed, device, dtype,
                                       weights=self.weights_init, means=self.means_init,
                                       covariances=self.covariances_init)  # fmt: skip

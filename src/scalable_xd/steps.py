@@ -120,6 +120,7 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
     import torch
 
     from ._torch import resolve_device, resolve_dtype
+    from .batching import random_rows
     from .fit.init import kmeans_init
     from .gaia.storage import features_source, read_features
 
@@ -127,8 +128,7 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
     check_writable(output)
     if max_rows:
         source = features_source(train, validate=False)
-        rows = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))[:max_rows].sort().values
-        X = source.sample(rows, "the k-means sample").X
+        X = source.sample(random_rows(len(source), max_rows, seed), "the k-means sample").X
     else:
         X = torch.as_tensor(read_features(train).X)
     tick = time.perf_counter()
@@ -158,21 +158,23 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     from .truth import truth_metrics
 
     def data(path, name):
-        """A split as the fit's arguments (X, Xcov), streamed or in memory, and its facts for the report."""
+        """A split as the fit's arguments (X, Xcov), streamed or in memory, its facts for the report, and
+        the split itself where it was loaded (None when streamed)."""
         if stream_window:
-            return (features_source(path, stream_window, name, missing=settings.missing), None), split_facts(path)
+            source = features_source(path, stream_window, name, missing=settings.missing)
+            return (source, None), split_facts(path), None
         split = read_features(path)
         facts = {"n": len(split), "missing_entries": int(split.n_missing.sum()), "mode": split.mode,
                  "true_values": split.true is not None}  # fmt: skip
-        return (split.X, split.covariance()), facts
+        return (split.X, split.covariance()), facts, split
 
     _set_threads(threads)
     check_writable(output_model, output_metrics, checkpoint)
     start = read_init(init, n_components)
-    (X, Xcov), train_facts = data(train, "X")
+    (X, Xcov), train_facts, _ = data(train, "X")
     (X_val, Xcov_val), val_facts = (None, None), None
     if val is not None:
-        (X_val, Xcov_val), val_facts = data(val, "X_val")
+        (X_val, Xcov_val), val_facts, _ = data(val, "X_val")
     model = XDGMM(n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"],
                   means_init=start["means"])  # fmt: skip
     tick, cpu_tick = time.perf_counter(), time.process_time()
@@ -183,8 +185,8 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
         model.save(output_model)
     test_summary, test_split = None, None
     if test is not None:
-        (X_test, Xcov_test), test_facts = data(test, "X_test")
-        if test_facts["true_values"]:
+        (X_test, Xcov_test), test_facts, test_split = data(test, "X_test")
+        if test_split is None and test_facts["true_values"]:  # streamed: loaded for the truth metrics (a mock)
             test_split = read_features(test)
         test_summary = loglik_summary(model.score(X_test, Xcov_test), test_facts["n"], test_facts["missing_entries"])
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters

@@ -204,9 +204,10 @@ class ParquetSource:
             size = stop - start
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
                 carried = None if window is None else {k: v[order_in_window[served:]] for k, v in window.items()}
-                chosen = []
-                while pending and sum(self._pieces[i].rows for i in chosen) < self.window_rows:
+                chosen, filled = [], 0
+                while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
+                    filled += self._pieces[chosen[-1]].rows
                 window = self._fill([self._pieces[i] for i in chosen], carried, read)
                 rows = len(window["row"])
                 order_in_window = np.arange(rows)

@@ -23,6 +23,7 @@ has p(x) = 1 and responsibilities alpha_j: it counts towards the weights only.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
 import torch
@@ -142,9 +143,9 @@ def _marginalised_statistics(x, S, mixture: Mixture, backend, max_pairs, point_w
         draws = None if uniforms is None else uniforms[rows]
         if len(dims) == 0:  # p(x) = 1 and r_ij = alpha_j: a share of the weights, nothing else
             resp = assign(mixture.weights.to(x.dtype).expand(len(rows), -1), weights, draws, dim=1)
-            zero = Statistics.zeros(k, dim, x.device, with_criteria)
-            total = total.combine(Statistics(n_points(x[rows], weights), resp.sum(0).double(), zero.U, zero.UU, zero.P,
-                                             zero.loglik, zero.criteria))  # fmt: skip
+            only_weights = dataclasses.replace(Statistics.zeros(k, dim, x.device, with_criteria),
+                                               n_points=n_points(x[rows], weights), q=resp.sum(0).double())  # fmt: skip
+            total = total.combine(only_weights)
             continue
         part = batch_statistics(*_marginal(x, S, mixture, rows, dims), backend=backend, max_pairs=max_pairs,
                                 point_weights=weights, uniforms=draws, with_criteria=with_criteria).double()  # fmt: skip
