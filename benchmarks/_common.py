@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import json
 import os
 import platform
@@ -26,7 +28,17 @@ def machine() -> dict:
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "numba": _version("numba"),
     }
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def device_name(device) -> str:
@@ -65,3 +77,17 @@ def sample():
         time.sleep(0.01)
 threading.Thread(target=sample, daemon=True).start()
 """
+
+
+@contextmanager
+def forced_kernel(backend: str):
+    """Fits inside run the statistics pass on ``backend`` ("fused", "unrolled", "compiled"), whatever the
+    estimator would choose (``kernel.dispatch.fit_backend``)."""
+    import scalable_xd.estimator
+
+    chosen = scalable_xd.estimator.fit_backend
+    scalable_xd.estimator.fit_backend = lambda compile, device: backend
+    try:
+        yield
+    finally:
+        scalable_xd.estimator.fit_backend = chosen

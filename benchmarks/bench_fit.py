@@ -4,14 +4,16 @@
     python benchmarks/bench_fit.py --device cuda --n-components 64 512 --batch-sizes 500 50000
 
 Throughput is (point, component) pairs per second of the per-batch statistics pass (q, U, UU, P and the
-log-likelihood), for each kernel backend: ``unrolled`` (the eager fast path), ``compiled`` (the same code
-through torch.compile; its first call, the compile, is reported apart), ``linalg`` (batched LAPACK calls,
+log-likelihood), for each kernel backend: ``fused`` (numba, CPU only; its first call, the compile or the
+load from numba's cache, is reported apart), ``unrolled`` (the eager torch path), ``compiled`` (the same
+code through torch.compile; its first call, the compile, is reported apart), ``linalg`` (batched LAPACK calls,
 the first implementation) and ``reference``, the straightforward PyTorch formulation the paper's equations
 suggest: form T_ij, b_ij and B_ij for every pair with batched inverses, then sum r b and r (b b^T + B).
 Achieved flop/s count the arithmetic the unrolled pass performs per pair (``flops_per_pair``), set against
 the FP32 peak where it is known (``--peak-tflops``, or the table below for GPUs).
-Epoch times are training seconds per epoch of each method with the eager and the compiled kernel
-(evaluation passes excluded), from given initial parameters (no k-means), at batch 500 as in the paper.
+Epoch times are training seconds per epoch of each method with each kernel (evaluation passes
+excluded), from given initial parameters (no k-means), at batch 500 as in the paper; the kernel is forced
+by replacing the estimator's choice (``kernel.dispatch.fit_backend``).
 Every figure is the best of several runs: the development VMs share their cores, and single timings vary
 by 20-30%.
 """
@@ -36,7 +38,7 @@ from scalable_xd.kernel.unrolled import unrolled_terms
 from scalable_xd.mixture import Mixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import device_name, machine, write_result  # noqa: E402
+from _common import device_name, forced_kernel, machine, write_result  # noqa: E402
 
 D = 7
 # Dense FP32 (non-tensor-core) peaks from the vendors' data sheets, TFLOP/s.
@@ -122,13 +124,14 @@ def pairs_per_second(fn, x, S, mixture, batch: int, device, repeats: int) -> tup
     return batch * mixture.n_components / best, first
 
 
-def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, epochs: int, compile: bool) -> float:
+def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, epochs: int, kernel: str) -> float:
     """Training seconds of the fastest of ``epochs`` epochs (this VM's neighbours make single runs noisy)."""
-    model = XDGMM(
-        mixture.n_components, method, epochs=epochs, tol=None, device=str(device), dtype=dtype_name, compile=compile,
-        random_state=0, weights_init=mixture.weights.double().numpy(), means_init=mixture.means.double().numpy(),
-        covariances_init=mixture.covariances.double().numpy(),
-    ).fit(x, S)  # fmt: skip
+    with forced_kernel(kernel):
+        model = XDGMM(
+            mixture.n_components, method, epochs=epochs, tol=None, device=str(device), dtype=dtype_name,
+            random_state=0, weights_init=mixture.weights.double().numpy(), means_init=mixture.means.double().numpy(),
+            covariances_init=mixture.covariances.double().numpy(),
+        ).fit(x, S)  # fmt: skip
     return float(np.diff([entry["seconds"] for entry in model.history_]).min())
 
 
@@ -150,6 +153,7 @@ def main(argv=None) -> None:
     name = device_name(device)
     peak = args.peak_tflops or next((v for key, v in FP32_PEAK_TFLOPS.items() if key in name), None)
     flops = flops_per_pair()
+    kernels = ("fused", "unrolled", "compiled") if device.type == "cpu" else ("unrolled", "compiled")
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
@@ -157,7 +161,7 @@ def main(argv=None) -> None:
             x, S, mixture = synthetic(args.n, k, dtype)
             for batch in args.batch_sizes:
                 row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": batch, "flops_per_pair": flops}
-                for backend in ("unrolled", "compiled", "linalg"):
+                for backend in kernels + ("linalg",):
                     rate, first = pairs_per_second(
                         partial(batch_statistics, backend=backend), x, S, mixture, batch, device, args.repeats
                     )
@@ -165,8 +169,8 @@ def main(argv=None) -> None:
                     row[f"{backend}_gflop_per_s"] = rate * flops / 1e9
                     if peak is not None:
                         row[f"{backend}_fraction_of_fp32_peak"] = row[f"{backend}_gflop_per_s"] / (peak * 1e3)
-                    if backend == "compiled":
-                        row["compiled_first_call_s"] = first
+                    if backend in ("fused", "compiled"):
+                        row[f"{backend}_first_call_s"] = first
                 ref_batch = min(batch, max(1, (1 << 16) // k))  # the reference holds (B, K, D, D) several times
                 row["reference_pairs_per_s"], _ = pairs_per_second(
                     reference_statistics, x, S, mixture, ref_batch, device, args.repeats
@@ -175,11 +179,10 @@ def main(argv=None) -> None:
                 rows.append(row)
             if not args.skip_epochs:
                 for method in ("em", "minibatch_em", "sgd"):
-                    for compile in (False, True):
-                        seconds = epoch_seconds(method, x, S, mixture, device, dtype_name, args.epochs, compile)
+                    for kernel in kernels:
+                        seconds = epoch_seconds(method, x, S, mixture, device, dtype_name, args.epochs, kernel)
                         row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": 500, "method": method,
-                               "kernel": "compiled" if compile else "unrolled",
-                               "seconds_per_epoch": seconds}  # fmt: skip
+                               "kernel": kernel, "seconds_per_epoch": seconds}  # fmt: skip
                         print(json.dumps(row), flush=True)
                         rows.append(row)
 

@@ -14,7 +14,7 @@ def _mixture(weights, means, covs):
     return Mixture(*(torch.tensor(a) for a in (weights, means, covs)))
 
 
-@pytest.mark.parametrize("backend", ["unrolled", "linalg"])
+@pytest.mark.parametrize("backend", ["fused", "unrolled", "linalg"])
 def test_log_densities_match_scipy(backend):
     rng = np.random.default_rng(1)
     x, S, weights, means, covs = kernel_problem(rng)
@@ -25,7 +25,8 @@ def test_log_densities_match_scipy(backend):
 
 
 @pytest.mark.parametrize(
-    "projected, backend", [(False, "unrolled"), (False, "compiled"), (False, "linalg"), (True, "linalg")]
+    "projected, backend",
+    [(False, "fused"), (False, "unrolled"), (False, "compiled"), (False, "linalg"), (True, "linalg")],
 )
 def test_statistics_reproduce_eq5_sums(projected, backend):
     """sum r b = q m + V U and sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V, per component."""
@@ -48,7 +49,7 @@ def test_statistics_reproduce_eq5_sums(projected, backend):
     np.testing.assert_allclose(from_stats, scatter, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["unrolled", "compiled", "linalg"])
+@pytest.mark.parametrize("backend", ["fused", "unrolled", "compiled", "linalg"])
 def test_failed_factorisation_names_row_and_component(backend):
     rng = np.random.default_rng(3)
     x, S, weights, means, covs = kernel_problem(rng, n=10, k=3, d=2)
@@ -63,7 +64,7 @@ def test_failed_factorisation_names_row_and_component(backend):
     assert (err.value.row, err.value.component) == (0, 2)
 
 
-@pytest.mark.parametrize("backend", ["unrolled", "compiled"])
+@pytest.mark.parametrize("backend", ["fused", "unrolled", "compiled"])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
 def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol):
     x, S, weights, means, covs = hard_kernel_problem(np.random.default_rng(4))
@@ -80,7 +81,7 @@ def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol):
     np.testing.assert_allclose(loglik_fast.double().numpy(), loglik_ref.double().numpy(), rtol=rtol)
 
 
-@pytest.mark.parametrize("backend", ["auto", "unrolled", "compiled"])
+@pytest.mark.parametrize("backend", ["auto", "fused", "unrolled", "compiled"])
 def test_projected_batches_take_the_lapack_path_whatever_is_requested(backend, monkeypatch):
     """The unrolled kernels handle R = I only; the dispatcher, the one place the choice is made, sends
     projected batches to the LAPACK path (the compiled kernel is never built for them)."""
@@ -94,3 +95,60 @@ def test_projected_batches_take_the_lapack_path_whatever_is_requested(backend, m
     got, want = batch_statistics(*args, backend=backend), batch_statistics(*args, backend="linalg")
     for name in ("q", "U", "UU", "P"):
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("d, k", [(1, 3), (2, 17), (7, 40)])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
+def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(d, k, dtype, rtol):
+    """K not a multiple of the kernel's tile (padded components must contribute nothing), D = 1 (one pivot),
+    per-point weights, sampled one-hot assignments and the split-and-merge sums, against the LAPACK path."""
+    rng = np.random.default_rng(6)
+    x, S, weights, means, covs = kernel_problem(rng, n=300, k=k, d=d)
+    weights[1] = 0.0  # frozen
+    args = [torch.tensor(a, dtype=dtype) for a in (x, S)] + [_mixture(weights, means, covs).to(dtype=dtype)]
+    extra = {"point_weights": torch.tensor(rng.uniform(0.5, 2.0, 300), dtype=dtype), "with_criteria": True}
+    for draws in (None, torch.tensor(rng.uniform(size=300), dtype=dtype)):
+        fused = batch_statistics(*args, backend="fused", uniforms=draws, **extra)
+        reference = batch_statistics(*args, backend="linalg", uniforms=draws, **extra)
+        for name in ("q", "U", "UU", "P"):
+            got, want = (getattr(stats, name).double().numpy() for stats in (fused, reference))
+            assert max_row_relative_error(got, want) < rtol, (name, draws is None)
+        for name in ("overlap", "r_log_r", "r_log_n"):
+            got, want = (getattr(stats.criteria, name).double().numpy() for stats in (fused, reference))
+            assert max_row_relative_error(got, want) < 10 * rtol, name
+        assert fused.n_points == pytest.approx(reference.n_points)
+        assert float(fused.loglik) == pytest.approx(float(reference.loglik), rel=rtol)
+
+
+def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
+    """A second process finds the compiled kernel in the cache folder instead of compiling it again."""
+    import subprocess
+    import sys
+
+    script = ("import time, torch; from scalable_xd.kernel.dispatch import log_densities; "
+              "from scalable_xd.mixture import Mixture; m = Mixture(torch.ones(2) / 2, torch.zeros(2, 2), "
+              "torch.eye(2).expand(2, 2, 2)); x = torch.zeros(3, 2); S = torch.eye(2).expand(3, 2, 2); "
+              "t = time.perf_counter(); log_densities(x, S, m, backend='fused'); print(time.perf_counter() - t)")  # fmt: skip
+    env = {**__import__("os").environ, "SCALABLE_XD_CACHE": str(tmp_path)}
+    seconds = [float(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                    check=True).stdout) for _ in range(2)]  # fmt: skip
+    assert len(list((tmp_path / "kernels").glob("fused_d2_float32_densities_*.py"))) == 1
+    assert list((tmp_path / "kernels" / "__pycache__").glob("*.nbi"))
+    assert seconds[1] < seconds[0] / 3, seconds
+
+
+def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkeypatch):
+    import scalable_xd.kernel.dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "_have_numba", lambda: False)
+    dispatch._numba_or_say_why.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="numba is not installed"):
+            assert dispatch.choose_backend("auto", None, torch.device("cpu")) == "unrolled"
+        with pytest.raises(ImportError, match="pip install numba"):
+            dispatch.choose_backend("fused", None)
+    finally:
+        monkeypatch.undo()
+        dispatch._numba_or_say_why.cache_clear()
+    assert dispatch.choose_backend("auto", None, torch.device("cpu")) == "fused"
+    assert dispatch.choose_backend("auto", None, torch.device("meta")) == "unrolled"

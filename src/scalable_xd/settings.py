@@ -120,7 +120,8 @@ class FitSettings(_Settings):
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)",
                          choices=DTYPES)  # fmt: skip
-    compile: bool = setting(False, "run the statistics pass through torch.compile (R = I only)")
+    compile: bool = setting(False, "run the statistics pass through torch.compile on CUDA (on CPU the numba "
+                                   "kernel runs either way, and torch.compile only where numba is missing)")
     verbose: int = setting(0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per "
                            "epoch", low=0, high=2)  # fmt: skip
 
