@@ -20,7 +20,8 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parents[2]
 ENV = REPO / "workflow" / "envs" / "scalable_xd.yaml"
 CONDA_NAMES = {"torch": "pytorch", "matplotlib": "matplotlib-base"}
-# Not a Python package: conda-forge's C++ toolchain, which torch.compile's CPU backend builds with.
+# Not a Python package: conda-forge's C++ toolchain, which torch.compile builds with (Triton's launchers on a
+# GPU; its C++ backend on a CPU without numba).
 CXX_COMPILER = "cxx-compiler ==1.9.0"
 HEADER = """\
 # Dependencies of every rule (the rules run this checkout's src/ on PYTHONPATH; see rules/common.smk).

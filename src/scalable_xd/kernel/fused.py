@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
 import os
 import sys
 from functools import cache
@@ -234,19 +233,20 @@ def compiled_kernel(dim: int, with_stats: bool, dtype: str):
         return namespace["kernel"]
 
 
-def pack_parameters(mixture: Mixture, dtype: torch.dtype) -> np.ndarray:
+def pack_parameters(mixture: Mixture, dtype: np.dtype) -> np.ndarray:
     """The mixture as the kernel reads it: per tile of TILE components, the rows of ``layout``, flat.
-    Components that pad K to whole tiles have V = I, m = 0 and log alpha = -inf, so responsibility 0."""
+    Components that pad K to whole tiles have V = I, m = 0 and log alpha = -inf, so responsibility 0.
+    (numpy throughout: this runs once a batch, and a dozen torch calls on tiny tensors cost ~0.1 ms.)"""
     k, dim = mixture.n_components, mixture.dim
-    n_tiles = -(-k // TILE)
-    rows, cols = torch.tril_indices(dim, dim)
-    par = torch.zeros(layout(dim)["n_params"], n_tiles * TILE, dtype=torch.float64)
-    par[: len(rows)] = torch.eye(dim, dtype=torch.float64)[rows, cols, None]
-    par[: len(rows), :k] = mixture.covariances.double()[:, rows, cols].T
-    par[len(rows) : len(rows) + dim, :k] = mixture.means.double().T
-    par[-1] = -math.inf
-    par[-1, :k] = mixture.log_weights.double()
-    return par.to(dtype).reshape(-1, n_tiles, TILE).transpose(0, 1).contiguous().reshape(-1).numpy()
+    n_tiles, at = -(-k // TILE), layout(dim)
+    rows, cols = np.tril_indices(dim)
+    par = np.zeros((at["n_params"], n_tiles * TILE))
+    par[at["V"] : at["means"]] = (rows == cols)[:, None]
+    par[at["V"] : at["means"], :k] = mixture.covariances.detach().cpu().double().numpy()[:, rows, cols].T
+    par[at["means"] : at["log_weights"], :k] = mixture.means.detach().cpu().double().numpy().T
+    par[at["log_weights"]] = -np.inf
+    par[at["log_weights"], :k] = mixture.log_weights.detach().cpu().double().numpy()
+    return np.ascontiguousarray(par.astype(dtype).reshape(-1, n_tiles, TILE).transpose(1, 0, 2)).reshape(-1)
 
 
 def fused_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, point_weights=None, uniforms=None,
@@ -265,7 +265,7 @@ def fused_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, point
     loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.zeros(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)
-    compiled_kernel(dim, with_stats, str(x_np.dtype))(x_np, S_np, pack_parameters(mixture, x.dtype),
+    compiled_kernel(dim, with_stats, str(x_np.dtype))(x_np, S_np, pack_parameters(mixture, x_np.dtype),
                                                       as_array(point_weights), as_array(uniforms), loglik, log_dens,
                                                       failed, acc, n_blocks)  # fmt: skip
     bad = np.flatnonzero(failed >= 0)
