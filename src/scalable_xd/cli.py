@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from . import steps
+from .gpu_slots import job_device
 from .settings import FitSettings, KMeansSettings
 
 log = logging.getLogger("scalable_xd")
@@ -386,6 +387,8 @@ def main(argv=None) -> int:
         log.error("input file%s missing: %s", "s" if len(missing) > 1 else "", ", ".join(missing))
         return 1
     try:
+        if getattr(args, "device", None) is not None:
+            args.device = job_device(args.device)  # a GPU of its own among several: see gpu_slots
         args.run(args)
     except (ValueError, RuntimeError, OSError) as err:
         log.error("%s", err)
