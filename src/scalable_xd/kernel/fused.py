@@ -41,6 +41,7 @@ def _tri(i: int, j: int) -> int:
     return i * (i + 1) // 2 + j
 
 
+@cache
 def layout(dim: int) -> dict[str, int]:
     """Rows, per tile of components, of the parameters (V's lower triangle, the means, log alpha), of the
     scratch (|z|^2, pivot bounds, products of pairs of pivots, u, T^-1's lower triangle) and of the sums
@@ -233,13 +234,18 @@ def compiled_kernel(dim: int, with_stats: bool, dtype: str):
         return namespace["kernel"]
 
 
+@cache
+def _lower_triangle(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.tril_indices(dim)
+
+
 def pack_parameters(mixture: Mixture, dtype: np.dtype) -> np.ndarray:
     """The mixture as the kernel reads it: per tile of TILE components, the rows of ``layout``, flat.
     Components that pad K to whole tiles have V = I, m = 0 and log alpha = -inf, so responsibility 0.
     (numpy throughout: this runs once a batch, and a dozen torch calls on tiny tensors cost ~0.1 ms.)"""
     k, dim = mixture.n_components, mixture.dim
     n_tiles, at = -(-k // TILE), layout(dim)
-    rows, cols = np.tril_indices(dim)
+    rows, cols = _lower_triangle(dim)
     par = np.zeros((at["n_params"], n_tiles * TILE))
     par[at["V"] : at["means"]] = (rows == cols)[:, None]
     par[at["V"] : at["means"], :k] = mixture.covariances.detach().cpu().double().numpy()[:, rows, cols].T
@@ -247,6 +253,20 @@ def pack_parameters(mixture: Mixture, dtype: np.dtype) -> np.ndarray:
     par[at["log_weights"]] = -np.inf
     par[at["log_weights"], :k] = mixture.log_weights.detach().cpu().double().numpy()
     return np.ascontiguousarray(par.astype(dtype).reshape(-1, n_tiles, TILE).transpose(1, 0, 2)).reshape(-1)
+
+
+def _unpack_sums(acc: np.ndarray, n_blocks: int, dim: int, k: int, dtype) -> tuple[np.ndarray, ...]:
+    """(q (K,), U (K, D), UU (K, D, D), P (K, D, D)) from the threads' tiled float64 sums, in ``dtype`` as
+    the other backends return them."""
+    at, n_tri = layout(dim), dim * (dim + 1) // 2
+    sums = acc.reshape(n_blocks, -1, at["n_sums"], TILE).sum(0).transpose(1, 0, 2).reshape(at["n_sums"], -1)
+    sums = sums[:, :k].astype(dtype)
+    rows, cols = _lower_triangle(dim)
+    full = np.empty((2, k, dim, dim), dtype)  # UU and P
+    lower = sums[at["UU"] : at["UU"] + 2 * n_tri].reshape(2, n_tri, k).transpose(0, 2, 1)
+    full[:, :, rows, cols] = lower
+    full[:, :, cols, rows] = lower
+    return sums[at["q"]].copy(), np.ascontiguousarray(sums[at["U"] : at["U"] + dim].T), full[0], full[1]
 
 
 def fused_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, point_weights=None, uniforms=None,
@@ -274,17 +294,9 @@ def fused_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, point
     loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens)
     if not with_stats:
         return loglik, log_dens, None
-    # summed in float64, returned in the data's dtype as the other backends return them
-    sums = torch.from_numpy(acc).reshape(n_blocks, n_tiles, at["n_sums"], TILE).sum(0)
-    sums = sums.transpose(0, 1).reshape(at["n_sums"], -1)[:, :k].to(x.dtype)  # (rows, K)
-    rows, cols = torch.tril_indices(dim, dim)
-    UU, P = (torch.zeros(k, dim, dim, dtype=x.dtype) for _ in range(2))
-    for full, first in ((UU, at["UU"]), (P, at["P"])):
-        full[:, rows, cols] = sums[first : first + len(rows)].T
-        full[:, cols, rows] = sums[first : first + len(rows)].T
+    q, U, UU, P = (torch.from_numpy(a) for a in _unpack_sums(acc, n_blocks, dim, k, x_np.dtype))
     criteria = None
     if with_criteria:
         criteria = Criteria(*criteria_sums(log_dens, loglik, mixture.log_weights.to(x.dtype), point_weights, dim=1))
-    stats = Statistics(n_points(x, point_weights), sums[at["q"]].clone(), sums[at["U"] : at["U"] + dim].T.clone(),
-                       UU, P, summed_loglik(loglik, point_weights), criteria)  # fmt: skip
+    stats = Statistics(n_points(x, point_weights), q, U, UU, P, summed_loglik(loglik, point_weights), criteria)
     return loglik, log_dens, stats
