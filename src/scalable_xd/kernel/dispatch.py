@@ -5,14 +5,15 @@ per-point log-likelihoods and per-pair log alpha_j N_ij. Both run over the batch
 number of (point, component) pairs, so memory stays bounded whatever the batch size, and pick a backend:
 
 * ``"fused"`` (``fused``): one numba-compiled loop per (point, component) pair, vectorised across
-  components; the CPU's fast path (~40 M pairs/s in float32 on two cores at D = 7, K = 64), compiled in a
+  components; the CPU's fast path (~50 M pairs/s in float32 on two cores at D = 7, K = 64), compiled in a
   few seconds on first use and cached on disk. "auto" takes it on the CPU whenever R = I and numba is
   installed, and says once that it fell back to ``"unrolled"`` where numba is missing.
 * ``"unrolled"`` (``unrolled``): entry-by-entry small-matrix algebra along the pair axis, as torch ops;
   the fast path on GPUs.
-* ``"compiled"``: the same code through ``torch.compile``, which fuses its ~370 small ops per chunk into a
-  few loops (C++ on CPU, Triton on CUDA). 2-4x the eager speed on CPU, after a one-off compile of ~20-40 s
-  per dtype (cached on disk by PyTorch); worth it for long fits, opt-in through ``XDGMM(compile=True)``.
+* ``"compiled"``: the unrolled code through ``torch.compile``, which fuses its ~370 small ops per chunk
+  into a few Triton kernels on CUDA (C++ loops on CPU, about half the fused kernel's speed), after a
+  one-off compile of ~20-40 s per dtype (cached on disk by PyTorch); opt-in through
+  ``XDGMM(compile=True)`` (see ``fit_backend``).
 * ``"linalg"`` (``linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
 The mixture may be given in float64 (the fitters keep it so); the pass casts it to the data's dtype.
@@ -42,11 +43,13 @@ from .statistics import Statistics, assign, n_points
 
 BACKENDS = ("auto", "fused", "unrolled", "compiled", "linalg")
 
-# Pairs per chunk. The unrolled pass is fastest on CPU between ~2^16 and ~2^18 pairs (its ~100 (K, B)
-# temporaries then stay in cache); on a GPU far larger chunks amortise kernel launches. The LAPACK path
-# holds several (pairs, d, d) stacks, ~25 MB each in float64 at 2^16 pairs.
-_MAX_PAIRS = {("fused", "cpu"): 1 << 20, ("unrolled", "cpu"): 1 << 17, ("unrolled", "cuda"): 1 << 22, ("compiled", "cpu"): 1 << 17,
-              ("compiled", "cuda"): 1 << 22, ("linalg", "cpu"): 1 << 16, ("linalg", "cuda"): 1 << 20}  # fmt: skip
+# Pairs per chunk. The fused kernel writes only the log-densities per pair (4-8 MB at 2^20 pairs). The
+# unrolled pass is fastest on CPU between ~2^16 and ~2^18 pairs (its ~100 (K, B) temporaries then stay
+# in cache); on a GPU far larger chunks amortise kernel launches. The LAPACK path holds several
+# (pairs, d, d) stacks, ~25 MB each in float64 at 2^16 pairs.
+_MAX_PAIRS = {("fused", "cpu"): 1 << 20, ("unrolled", "cpu"): 1 << 17, ("unrolled", "cuda"): 1 << 22,
+              ("compiled", "cpu"): 1 << 17, ("compiled", "cuda"): 1 << 22, ("linalg", "cpu"): 1 << 16,
+              ("linalg", "cuda"): 1 << 20}  # fmt: skip
 
 
 def choose_backend(name: str, R, device: torch.device | None = None) -> str:
