@@ -1,11 +1,14 @@
 """The statistics pass against scipy densities and the paper's eq. 4-5 written out pair by pair."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
 from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error, xd_log_densities, xd_pair_posteriors
 
 from scalable_xd.errors import NotPositiveDefiniteError
+from scalable_xd.kernel import dispatch
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
 
@@ -152,3 +155,31 @@ def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkey
         dispatch._numba_or_say_why.cache_clear()
     assert dispatch.choose_backend("auto", None, torch.device("cpu")) == "fused"
     assert dispatch.choose_backend("auto", None, torch.device("meta")) == "unrolled"
+
+
+@pytest.mark.parametrize("backend", ["fused", "unrolled", "linalg"])
+def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, caplog):
+    """A component with condition number 1e11 and stars with tiny noise in its thin directions: float32's
+    Cholesky of V_j + S_i fails where float64's does not. The pass then equals the float64 pass (rounded
+    to float32) instead of stopping the fit; a covariance that is indefinite still raises."""
+    rng = np.random.default_rng(7)
+    x, S, weights, means, covs = kernel_problem(rng, n=200, k=4, d=7)
+    q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
+    covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
+    S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(200, 1, 1))
+    mixture = _mixture(weights, means, covs)
+    x32, S32 = torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32)
+    dispatch._say_float64_once.cache_clear()  # the warning is said once a process
+    T32 = torch.tensor(covs[2], dtype=torch.float32) + S32  # the premise: float32 alone cannot factorise them
+    assert (torch.linalg.cholesky_ex(T32).info > 0).any()
+    exact = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
+    with caplog.at_level(logging.WARNING, logger="scalable_xd"):
+        got = batch_statistics(x32, S32, mixture, backend=backend, max_pairs=200)
+        loglik, _ = log_densities(x32, S32, mixture, backend=backend)
+    assert got.q.dtype == torch.float32 and loglik.dtype == torch.float32
+    for name in ("q", "U", "UU", "P"):
+        assert max_row_relative_error(getattr(got, name).numpy(), getattr(exact, name).numpy()) < 1e-5, name
+    assert "computed in float64" in caplog.text
+    covs[2] = np.diag([1.0, -1.0, 1, 1, 1, 1, 1])
+    with pytest.raises(NotPositiveDefiniteError):
+        batch_statistics(x32, S32, _mixture(weights, means, covs), backend=backend)

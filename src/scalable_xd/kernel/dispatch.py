@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import warnings
 from functools import cache
 
@@ -39,9 +40,11 @@ from .fused import fused_chunk
 from .linalg import linalg_chunk
 from .unrolled import unrolled_chunk, unrolled_terms
 from ..mixture import Mixture
-from .statistics import Statistics, assign, n_points
+from ..errors import NotPositiveDefiniteError
+from .statistics import Criteria, Statistics, assign, n_points
 
 BACKENDS = ("auto", "fused", "unrolled", "compiled", "linalg")
+log = logging.getLogger(__name__)
 
 # Pairs per chunk. The fused kernel writes only the log-densities per pair (4-8 MB at 2^20 pairs). The
 # unrolled pass is fastest on CPU between ~2^16 and ~2^18 pairs (its ~100 (K, B) temporaries then stay
@@ -106,24 +109,66 @@ def chunks(n_points: int, n_components: int, max_pairs: int):
         yield slice(start, min(start + step, n_points))
 
 
+def _chunk(backend: str, x, S, mixture: Mixture, R, with_stats: bool, start: int, extra: dict):
+    """One chunk's (log p, log alpha N, Statistics or None) on ``backend``."""
+    if backend == "linalg":
+        return linalg_chunk(x, S, mixture, R, with_stats, start, **extra)
+    if backend == "fused":
+        return fused_chunk(x, S, mixture, with_stats, start, **extra)
+    terms = _compiled_terms() if backend == "compiled" else unrolled_terms
+    return unrolled_chunk(x, S, mixture, with_stats, start, terms=terms, **extra)
+
+
 def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None, point_weights=None,
             uniforms=None, with_criteria: bool = False):  # fmt: skip
-    """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk."""
+    """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk.
+
+    A float32 chunk in which some V_j + S_i cannot be factorised is computed again in float64 (from the
+    mixture as given, before its cast) and returned in float32: a component whose covariance has a
+    condition number beyond float32's ~1e7 can defeat the Cholesky factorisation in float32 alone. Only a
+    pair that fails in float64 too is an error."""
     backend = choose_backend(backend, R, x.device)
-    mixture = mixture.to(dtype=x.dtype)
+    given, mixture = mixture, mixture.to(dtype=x.dtype)
     max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
         extra = {"point_weights": None if point_weights is None else point_weights[part],
                  "uniforms": None if uniforms is None else uniforms[part], "with_criteria": with_criteria}  # fmt: skip
-        if backend == "linalg":
-            yield linalg_chunk(x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start,
-                               **extra)  # fmt: skip
-        elif backend == "fused":
-            yield fused_chunk(x[part], S[part], mixture, with_stats, part.start, **extra)
-        elif backend == "compiled":
-            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, terms=_compiled_terms(), **extra)
-        else:
-            yield unrolled_chunk(x[part], S[part], mixture, with_stats, part.start, **extra)
+        args = (x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start)
+        try:
+            out = _chunk(backend, *args, extra)
+        except NotPositiveDefiniteError as err:
+            if x.dtype != torch.float32:
+                raise
+            _say_float64(err)
+            wide = {key: value.double() if torch.is_tensor(value) else value for key, value in extra.items()}
+            out = _narrowed(_chunk(backend, args[0].double(), args[1].double(), given.to(dtype=torch.float64),
+                                   None if R is None else args[3].double(), with_stats, part.start, wide), x.dtype)  # fmt: skip
+        yield out
+
+
+def _narrowed(out: tuple, dtype: torch.dtype) -> tuple:
+    """A chunk's float64 results in ``dtype``, as the float32 pass would have returned them (the summed
+    log-likelihood stays float64, as it always is)."""
+    loglik, log_dens, stats = out
+    if stats is not None:
+        criteria = stats.criteria
+        if criteria is not None:
+            criteria = Criteria(*(t.to(dtype) for t in (criteria.overlap, criteria.r_log_r, criteria.r_log_n)))
+        stats = dataclasses.replace(stats, q=stats.q.to(dtype), U=stats.U.to(dtype), UU=stats.UU.to(dtype),
+                                    P=stats.P.to(dtype), criteria=criteria)  # fmt: skip
+    return loglik.to(dtype), log_dens.to(dtype), stats
+
+
+def _say_float64(err: NotPositiveDefiniteError) -> None:
+    log.debug("float32 could not factorise V_j + S_i of chunk row %d, component %d: the chunk runs in float64",
+              err.row, err.component)  # fmt: skip
+    _say_float64_once()
+
+
+@cache
+def _say_float64_once() -> None:
+    log.warning("float32 could not factorise some V_j + S_i: a covariance is too ill-conditioned for float32 "
+                "(condition number beyond ~1e7), so the chunks holding such pairs are computed in float64")  # fmt: skip
 
 
 def patterns(observed: torch.Tensor):
