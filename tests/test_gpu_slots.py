@@ -3,8 +3,8 @@
 No GPU is needed: the jobs are real processes that claim real lock files, with torch told that CUDA has
 ``n_gpus`` devices; each reports the device it was told to use."""
 
-import subprocess
 import os
+import subprocess
 import sys
 
 import pytest

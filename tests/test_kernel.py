@@ -1,6 +1,9 @@
 """The statistics pass against scipy densities and the paper's eq. 4-5 written out pair by pair."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -125,14 +128,11 @@ def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(d,
 
 def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
     """A second process finds the compiled kernel in the cache folder instead of compiling it again."""
-    import subprocess
-    import sys
-
     script = ("import time, torch; from scalable_xd.kernel.dispatch import log_densities; "
               "from scalable_xd.mixture import Mixture; m = Mixture(torch.ones(2) / 2, torch.zeros(2, 2), "
               "torch.eye(2).expand(2, 2, 2)); x = torch.zeros(3, 2); S = torch.eye(2).expand(3, 2, 2); "
               "t = time.perf_counter(); log_densities(x, S, m, backend='fused'); print(time.perf_counter() - t)")  # fmt: skip
-    env = {**__import__("os").environ, "SCALABLE_XD_CACHE": str(tmp_path)}
+    env = {**os.environ, "SCALABLE_XD_CACHE": str(tmp_path)}
     seconds = [float(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                                     check=True).stdout) for _ in range(2)]  # fmt: skip
     assert len(list((tmp_path / "kernels").glob("fused_d2_float32_densities_*.py"))) == 1

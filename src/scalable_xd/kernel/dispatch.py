@@ -41,7 +41,7 @@ from .linalg import linalg_chunk
 from .unrolled import unrolled_chunk, unrolled_terms
 from ..mixture import Mixture
 from ..errors import NotPositiveDefiniteError
-from .statistics import Criteria, Statistics, assign, n_points
+from .statistics import Statistics, assign, n_points
 
 BACKENDS = ("auto", "fused", "unrolled", "compiled", "linalg")
 log = logging.getLogger(__name__)
@@ -133,30 +133,18 @@ def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
         extra = {"point_weights": None if point_weights is None else point_weights[part],
                  "uniforms": None if uniforms is None else uniforms[part], "with_criteria": with_criteria}  # fmt: skip
-        args = (x[part], S[part], mixture, None if R is None else R[part], with_stats, part.start)
+        xs, Ss, Rs = x[part], S[part], None if R is None else R[part]
         try:
-            out = _chunk(backend, *args, extra)
+            out = _chunk(backend, xs, Ss, mixture, Rs, with_stats, part.start, extra)
         except NotPositiveDefiniteError as err:
             if x.dtype != torch.float32:
                 raise
             _say_float64(err)
             wide = {key: value.double() if torch.is_tensor(value) else value for key, value in extra.items()}
-            out = _narrowed(_chunk(backend, args[0].double(), args[1].double(), given.to(dtype=torch.float64),
-                                   None if R is None else args[3].double(), with_stats, part.start, wide), x.dtype)  # fmt: skip
+            loglik, log_dens, stats = _chunk(backend, xs.double(), Ss.double(), given.to(dtype=torch.float64),
+                                             None if Rs is None else Rs.double(), with_stats, part.start, wide)  # fmt: skip
+            out = (loglik.to(x.dtype), log_dens.to(x.dtype), None if stats is None else stats.to(x.dtype))
         yield out
-
-
-def _narrowed(out: tuple, dtype: torch.dtype) -> tuple:
-    """A chunk's float64 results in ``dtype``, as the float32 pass would have returned them (the summed
-    log-likelihood stays float64, as it always is)."""
-    loglik, log_dens, stats = out
-    if stats is not None:
-        criteria = stats.criteria
-        if criteria is not None:
-            criteria = Criteria(*(t.to(dtype) for t in (criteria.overlap, criteria.r_log_r, criteria.r_log_n)))
-        stats = dataclasses.replace(stats, q=stats.q.to(dtype), U=stats.U.to(dtype), UU=stats.UU.to(dtype),
-                                    P=stats.P.to(dtype), criteria=criteria)  # fmt: skip
-    return loglik.to(dtype), log_dens.to(dtype), stats
 
 
 def _say_float64(err: NotPositiveDefiniteError) -> None:

@@ -188,7 +188,7 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "    for blk in prange(n_blocks):",
         f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, x.dtype)",
         "        dens = np.empty(n_tiles * TILE, x.dtype)",
-        "        resp = np.empty(n_tiles * TILE, np.float64)",
+        *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
         "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
     ]
     return "\n".join(head + indent(point, 3)) + "\n"

@@ -46,11 +46,15 @@ class Statistics:
         criteria = Criteria(z(k, k), z(k), z(k)) if with_criteria else None
         return cls(0, z(k), z(k, d), z(k, d, d), z(k, d, d), z(), criteria)
 
+    def to(self, dtype: torch.dtype) -> Statistics:
+        """The sums in ``dtype``; the summed log-likelihood is float64 whatever the sums' dtype."""
+        return Statistics(self.n_points, self.q.to(dtype), self.U.to(dtype), self.UU.to(dtype), self.P.to(dtype),
+                          None if self.loglik is None else self.loglik.double(),
+                          None if self.criteria is None else self.criteria.to(dtype))  # fmt: skip
+
     def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
-        return Statistics(self.n_points, self.q.double(), self.U.double(), self.UU.double(), self.P.double(),
-                          None if self.loglik is None else self.loglik.double(),
-                          None if self.criteria is None else self.criteria.double())  # fmt: skip
+        return self.to(torch.float64)
 
     def combine(self, other: Statistics) -> Statistics:
         loglik = None if self.loglik is None or other.loglik is None else self.loglik + other.loglik
@@ -75,8 +79,8 @@ class Criteria:
     r_log_r: torch.Tensor
     r_log_n: torch.Tensor
 
-    def double(self) -> Criteria:
-        return Criteria(self.overlap.double(), self.r_log_r.double(), self.r_log_n.double())
+    def to(self, dtype: torch.dtype) -> Criteria:
+        return Criteria(self.overlap.to(dtype), self.r_log_r.to(dtype), self.r_log_n.to(dtype))
 
     def combine(self, other: Criteria) -> Criteria:
         return Criteria(self.overlap + other.overlap, self.r_log_r + other.r_log_r, self.r_log_n + other.r_log_n)
