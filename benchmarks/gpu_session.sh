@@ -1,34 +1,54 @@
 #!/usr/bin/env bash
-# What a session with a lent GPU runs first (issue 16), in two commands of under 10 minutes each, every
-# result written as JSON into one folder (default: $OUT, the device tool's return folder):
+# What a session with a lent GPU runs: named steps, each under its own time limit, every log and JSON
+# written into one folder (GPU_SESSION_OUT, default /tmp/gpu_session) and, where the device tool's $OUT is
+# set, packed into $OUT/gpu_session.tgz (the tool returns at most 8 files).
 #
-#   bash benchmarks/gpu_session.sh measure [FOLDER]   # CUDA tests, the pass at K = 64..512, batch profiles
-#   bash benchmarks/gpu_session.sh paper   [FOLDER]   # the 1.6-million-star K = 512 fit end to end
+#   bash benchmarks/gpu_session.sh tests pass step profile     # CUDA tests, the pass at K = 64..512, the
+#                                                              # step's overhead, per-update profiles
+#   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #
-# Both install the project first when it is not importable (the GPU machine starts bare).
-set -euo pipefail
+# The GPU machine has torch, triton, numba, numpy, pandas, pyarrow and scikit-learn but no network: the
+# project is used from src/ when it is not installed, and nothing else is needed by these steps.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-step="${1:?say measure or paper}"
-out="${2:-${OUT:?give a folder or set OUT}}"
+out="${GPU_SESSION_OUT:-/tmp/gpu_session}"
 mkdir -p "$out"
-python -c "import scalable_xd" 2>/dev/null || pip install -q -e ".[test]"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/nvidia_smi.csv"
-python -c "import torch, json; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,
-  'triton': __import__('triton').__version__ if __import__('importlib').util.find_spec('triton') else None}))" \
-  > "$out/versions.json"
-case "$step" in
-  measure)
-    python -m pytest -q -m cuda tests/test_cuda.py > "$out/pytest_cuda.txt" 2>&1 || true
-    python benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 --batch-sizes 500 50000 \
-      --label gpu > "$out/bench_fit.log" 2>&1
-    for k in 64 512; do
-      python benchmarks/profile_batch.py --device cuda --n-components "$k" --batch-size 500 --backend compiled \
-        > "$out/profile_K$k.log" 2>&1
-    done
-    ;;
-  paper)
-    python benchmarks/bench_paper_fit.py --device cuda > "$out/bench_paper_fit.log" 2>&1
-    ;;
-  *) echo "unknown step $step: say measure or paper" >&2; exit 2 ;;
-esac
-cp benchmarks/results/*.json "$out/"
+python3 -c "import scalable_xd" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/nvidia_smi.csv"
+python3 -c "
+import importlib, json, torch
+v = lambda name: getattr(importlib.import_module(name), '__version__', None) if importlib.util.find_spec(name) else None
+print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': v('triton'), 'numba': v('numba'),
+                  'device': torch.cuda.get_device_name(0)}))" > "$out/versions.json"
+
+# step NAME LIMIT_S COMMAND...: run one step, its output in NAME.log, its exit status and seconds in steps.tsv.
+step() {
+  local name=$1 limit=$2; shift 2
+  local tick=$SECONDS
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - tick))" | tee -a "$out/steps.tsv"
+}
+
+for name in "$@"; do
+  case "$name" in
+    tests) step tests 170 python3 -m pytest -q -m cuda tests/test_cuda.py ;;
+    pass) step pass 170 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
+            --batch-sizes 500 50000 --repeats 10 --skip-epochs --label gpu ;;
+    step) step step 110 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 --backend unrolled \
+            --label gpu ;;
+    profile) for k in 64 512; do
+               step "profile_K$k" 50 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
+                 --batch-size 500 --backend unrolled
+             done ;;
+    paper) for method in minibatch_em sgd; do
+             step "paper_$method" 280 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
+               --label "gpu_$method"
+           done ;;
+    *) echo "unknown step $name: say tests, pass, step, profile or paper" >&2; exit 2 ;;
+  esac
+done
+cp benchmarks/results/*gpu*.json benchmarks/results/*cuda*.json "$out/" 2>/dev/null
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_session.tgz" -C "$out" .; fi
+column -t "$out/steps.tsv"

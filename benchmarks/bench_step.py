@@ -1,0 +1,107 @@
+"""What one minibatch step costs beyond its statistics pass; writes JSON to benchmarks/results/.
+
+    python benchmarks/bench_step.py                                   # CPU, K = 64, batch 500
+    python benchmarks/bench_step.py --device cuda --n-components 64 512
+
+For minibatch EM and SGD, three times per step, each the best of ``--rounds`` runs of ``--steps`` steps
+back to back (one device synchronisation per run, so a GPU's queue stays full as in a fit):
+
+* ``pass_s``: the statistics pass alone (``batch_statistics`` on a batch already on the device);
+* ``step_s``: the pass and the fitter's float64 update (``fitter.observe``);
+* ``loop_step_s``: a whole fit's training seconds per batch (``XDGMM.fit``, evaluation excluded): batch
+  gathering, the pass, the update and the loop's Python.
+
+``overhead_s`` = ``step_s`` - ``pass_s`` and ``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a
+faster kernel cannot remove.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from scalable_xd import XDGMM
+from scalable_xd._torch import resolve_device, synchronize
+from scalable_xd.fit.fitters import make_fitter
+from scalable_xd.kernel.dispatch import batch_statistics
+from scalable_xd.settings import FitSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import device_name, forced_kernel, machine, write_result  # noqa: E402
+from bench_fit import synthetic  # noqa: E402
+
+METHODS = ("minibatch_em", "sgd")
+
+
+def best_per_step(run_steps, steps: int, rounds: int, device) -> float:
+    """Seconds per step: the best of ``rounds`` runs of ``steps`` back-to-back steps, after one warm-up run."""
+    run_steps(steps)
+    synchronize(device)
+    best = float("inf")
+    for _ in range(rounds):
+        tick = time.perf_counter()
+        run_steps(steps)
+        synchronize(device)
+        best = min(best, time.perf_counter() - tick)
+    return best / steps
+
+
+def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps: int, rounds: int) -> dict:
+    x, S, mixture = synthetic(batch * steps, k, dtype)
+    x, S = x.to(device), S.to(device)
+    start = mixture.to(device, torch.float64)
+    fitter = make_fitter(FitSettings(method=method), start)
+    fitter.start_epoch(0)
+    rows = [slice(i * batch, (i + 1) * batch) for i in range(steps)]
+
+    def passes(n):
+        for i in range(n):
+            batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend)
+
+    def updates(n):
+        for i in range(n):
+            fitter.observe(batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend))
+
+    pass_s = best_per_step(passes, steps, rounds, device)
+    step_s = best_per_step(updates, steps, rounds, device)
+    with forced_kernel(backend):
+        model = XDGMM(k, method, batch_size=batch, epochs=rounds + 1, tol=None, device=str(device),
+                      dtype=str(dtype).removeprefix("torch."), random_state=0,
+                      weights_init=start.weights.cpu().numpy(), means_init=start.means.cpu().numpy(),
+                      covariances_init=start.covariances.cpu().numpy()).fit(x.cpu(), S.cpu())  # fmt: skip
+    epoch_s = min(b["seconds"] - a["seconds"] for a, b in zip(model.history_, model.history_[1:]))
+    loop_step_s = epoch_s / steps
+    return {"method": method, "K": k, "D": x.shape[1], "batch": batch, "dtype": str(dtype).removeprefix("torch."),
+            "backend": backend, "pass_s": pass_s, "step_s": step_s, "overhead_s": step_s - pass_s,
+            "loop_step_s": loop_step_s, "loop_overhead_s": loop_step_s - pass_s}  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--n-components", type=int, nargs="+", default=[64])
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--steps", type=int, default=100, help="steps per timed run (and batches per epoch)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed runs; the best is reported")
+    parser.add_argument("--label", default=None, help="suffix of the output file name")
+    args = parser.parse_args(argv)
+    device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
+    rows = []
+    for k in args.n_components:
+        for method in METHODS:
+            row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    info = {"benchmark": "bench_step", **machine(), "device": device_name(device)}
+    write_result(f"bench_step_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": rows})
+
+
+if __name__ == "__main__":
+    main()
