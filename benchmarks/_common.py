@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import json
 import os
 import platform
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 

@@ -24,8 +24,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from scalable_xd.gaia.features import compute_features
-    from scalable_xd.gaia.storage import write_feature_splits
     from scalable_xd.gaia.mock import make_mock
+    from scalable_xd.gaia.storage import write_feature_splits
 
     tick = time.perf_counter()
     frame = make_mock(args.n_rows, seed=0)
@@ -38,9 +38,13 @@ def main(argv=None) -> None:
         tick = time.perf_counter()
         write_feature_splits(f"{folder}/raw.parquet", f"{folder}/features", progress=False)
         split_seconds = time.perf_counter() - tick
-    row = {"n_rows": args.n_rows, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-           "mock_seconds": mock_seconds, "features_seconds": feature_seconds,
-           "feature_files_seconds": split_seconds}  # fmt: skip
+    row = {
+        "n_rows": args.n_rows,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "mock_seconds": mock_seconds,
+        "features_seconds": feature_seconds,
+        "feature_files_seconds": split_seconds,
+    }
     print(row)
     write_result("bench_data_cpu", {"benchmark": "bench_data", **machine(), "results": [row]})
 

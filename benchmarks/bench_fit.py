@@ -65,8 +65,18 @@ class _FlopCounter(TorchDispatchMode):
     """Arithmetic of every op a function dispatches: elementwise ops count one per output element (addcmul
     two; sign flips and comparisons none), reductions one per input element (logsumexp three), bmm 2mnk."""
 
-    ELEMENTWISE = {"add": 1, "sub": 1, "mul": 1, "div": 1, "addcmul": 2, "sqrt": 1, "reciprocal": 1, "exp": 1,
-                   "log": 1, "pow": 1}  # fmt: skip
+    ELEMENTWISE = {
+        "add": 1,
+        "sub": 1,
+        "mul": 1,
+        "div": 1,
+        "addcmul": 2,
+        "sqrt": 1,
+        "reciprocal": 1,
+        "exp": 1,
+        "log": 1,
+        "pow": 1,
+    }
     REDUCTIONS = {"sum": 1, "logsumexp": 3}
 
     def __init__(self):
@@ -92,7 +102,14 @@ def flops_per_pair() -> float:
     x, S, mixture = synthetic(256, 16, torch.float64)
     counter = _FlopCounter()
     with counter:
-        unrolled_terms(x.T.contiguous(), S.permute(1, 2, 0).contiguous(), mixture.log_weights, mixture.means, mixture.covariances, True)
+        unrolled_terms(
+            x.T.contiguous(),
+            S.permute(1, 2, 0).contiguous(),
+            mixture.log_weights,
+            mixture.means,
+            mixture.covariances,
+            True,
+        )
     return counter.flops / (256 * 16)
 
 
@@ -104,7 +121,9 @@ def synthetic(n: int, k: int, dtype, seed: int = 0):
     S = a @ a.mT + 0.05 * torch.eye(D, dtype=torch.float64)
     b = torch.randn(k, D, D, generator=gen, dtype=torch.float64)
     V = b @ b.mT / D + torch.eye(D, dtype=torch.float64)
-    mixture = Mixture(torch.full((k,), 1.0 / k, dtype=torch.float64), torch.randn(k, D, generator=gen, dtype=torch.float64) * 3, V)
+    mixture = Mixture(
+        torch.full((k,), 1.0 / k, dtype=torch.float64), torch.randn(k, D, generator=gen, dtype=torch.float64) * 3, V
+    )
     return x.to(dtype), S.to(dtype), mixture.to(dtype=dtype)
 
 
@@ -128,10 +147,17 @@ def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, 
     """Training seconds of the fastest of ``epochs`` epochs (this VM's neighbours make single runs noisy)."""
     with forced_kernel(kernel):
         model = XDGMM(
-            mixture.n_components, method, epochs=epochs, tol=None, device=str(device), dtype=dtype_name,
-            random_state=0, weights_init=mixture.weights.double().numpy(), means_init=mixture.means.double().numpy(),
+            mixture.n_components,
+            method,
+            epochs=epochs,
+            tol=None,
+            device=str(device),
+            dtype=dtype_name,
+            random_state=0,
+            weights_init=mixture.weights.double().numpy(),
+            means_init=mixture.means.double().numpy(),
             covariances_init=mixture.covariances.double().numpy(),
-        ).fit(x, S)  # fmt: skip
+        ).fit(x, S)
     return float(np.diff([entry["seconds"] for entry in model.history_]).min())
 
 
@@ -181,8 +207,16 @@ def main(argv=None) -> None:
                 for method in ("em", "minibatch_em", "sgd"):
                     for kernel in kernels:
                         seconds = epoch_seconds(method, x, S, mixture, device, dtype_name, args.epochs, kernel)
-                        row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": 500, "method": method,
-                               "kernel": kernel, "seconds_per_epoch": seconds}  # fmt: skip
+                        row = {
+                            "dtype": dtype_name,
+                            "K": k,
+                            "D": D,
+                            "N": args.n,
+                            "batch": 500,
+                            "method": method,
+                            "kernel": kernel,
+                            "seconds_per_epoch": seconds,
+                        }
                         print(json.dumps(row), flush=True)
                         rows.append(row)
 

@@ -24,7 +24,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MEMORY_SAMPLER, machine, write_result  # noqa: E402
 
-CHILD = MEMORY_SAMPLER + r"""
+CHILD = (
+    MEMORY_SAMPLER
+    + r"""
 import json, sys, time
 
 from scalable_xd import XDGMM, CompactCovariance
@@ -43,6 +45,7 @@ peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])
 print(json.dumps({"N": n, "K": k, "seconds": seconds, "baseline_anon_bytes": baseline,
                   "peak_anon_bytes": peak["RssAnon"], "peak_rss_bytes": status()["VmHWM"]}))
 """
+)
 
 
 def main(argv=None) -> None:
@@ -61,8 +64,12 @@ def main(argv=None) -> None:
             np.save(f"{folder}/{name}.npy", getattr(features, name))
         del features
         for n in args.sizes:
-            out = subprocess.run([sys.executable, "-c", CHILD, folder, str(n), str(args.n_components)],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, folder, str(n), str(args.n_components)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["data_bytes_on_disk"] = n * 8 * (7 + 7 + 10)
             row["working_anon_bytes"] = row["peak_anon_bytes"] - row["baseline_anon_bytes"]

@@ -8,8 +8,9 @@ The catalogue is the DR2-like mock turned into the pipeline's feature files (wri
 ``benchmarks/scratch/`` and reused; its time is reported as ``prepare_seconds``, outside the fit). The timed
 part is what a user's fit costs: reading the train and validation splits from Parquet, the minibatch k-means
 init, and the fit with its per-epoch validation passes, with the kernel a fit with ``compile=True`` (every
-shipped config) gets on the device, or the one ``--kernel`` names. Reported: the phases, the fit's training seconds per epoch (evaluation excluded, as in the
-paper's timings), pairs/s over the training passes, and the final log-likelihoods.
+shipped config) gets on the device, or the one ``--kernel`` names. Reported: the phases, the fit's training
+seconds per epoch (evaluation excluded, as in the paper's timings), pairs/s over the training passes, and
+the final log-likelihoods.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
-from scalable_xd.gaia.storage import read_features, write_feature_splits
+from scalable_xd.fit.init import kmeans_init
 from scalable_xd.gaia.mock import make_mock
+from scalable_xd.gaia.storage import read_features, write_feature_splits
 from scalable_xd.io import atomic_path
 from scalable_xd.kernel.dispatch import choose_backend, fit_backend
-from scalable_xd.fit.init import kmeans_init
 from scalable_xd.settings import KMeansSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,8 +60,12 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--kmeans-epochs", type=int, default=10)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--kernel", default="auto", choices=["auto", "fused", "unrolled", "compiled"],
-                        help="the statistics pass (auto: what a fit with compile=True gets on the device)")
+    parser.add_argument(
+        "--kernel",
+        default="auto",
+        choices=["auto", "fused", "unrolled", "compiled"],
+        help="the statistics pass (auto: what a fit with compile=True gets on the device)",
+    )
     parser.add_argument("--label", default=None, help="suffix of the output file name")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
@@ -72,9 +77,14 @@ def main(argv=None) -> None:
     load_seconds = time.perf_counter() - start
 
     tick = time.perf_counter()
-    weights, means = kmeans_init(torch.as_tensor(train.X), args.n_components,
-                                 KMeansSettings(epochs=args.kmeans_epochs, batch_size=args.batch_size), 0, device,
-                                 torch.float32)  # fmt: skip
+    weights, means = kmeans_init(
+        torch.as_tensor(train.X),
+        args.n_components,
+        KMeansSettings(epochs=args.kmeans_epochs, batch_size=args.batch_size),
+        0,
+        device,
+        torch.float32,
+    )
     synchronize(device)
     kmeans_seconds = time.perf_counter() - tick
 
@@ -82,28 +92,50 @@ def main(argv=None) -> None:
     tick = time.perf_counter()
     with forced_kernel(kernel):
         model = XDGMM(
-            args.n_components, args.method, batch_size=args.batch_size, epochs=args.epochs, tol=None,
-            device=str(device), dtype="float32", random_state=0, verbose=1,
-            weights_init=weights.numpy(), means_init=means.numpy(),
-        ).fit(train.X, train.covariance(), X_val=val.X, Xcov_val=val.covariance())  # fmt: skip
+            args.n_components,
+            args.method,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            tol=None,
+            device=str(device),
+            dtype="float32",
+            random_state=0,
+            verbose=1,
+            weights_init=weights.numpy(),
+            means_init=means.numpy(),
+        ).fit(train.X, train.covariance(), X_val=val.X, Xcov_val=val.covariance())
     fit_seconds = time.perf_counter() - tick
     total_seconds = time.perf_counter() - start
 
     train_seconds = model.history_[-1]["seconds"]
     row = {
-        "n_rows": args.n_rows, "n_train": len(train.X), "n_val": len(val.X), "K": args.n_components, "D": 7,
-        "method": args.method, "epochs": args.epochs, "batch": args.batch_size, "dtype": "float32",
+        "n_rows": args.n_rows,
+        "n_train": len(train.X),
+        "n_val": len(val.X),
+        "K": args.n_components,
+        "D": 7,
+        "method": args.method,
+        "epochs": args.epochs,
+        "batch": args.batch_size,
+        "dtype": "float32",
         "kernel": kernel,
-        "prepare_seconds": prepare_seconds, "load_seconds": load_seconds, "kmeans_seconds": kmeans_seconds,
-        "fit_seconds": fit_seconds, "total_seconds": total_seconds,
-        "train_seconds": train_seconds, "seconds_per_epoch": train_seconds / args.epochs,
+        "prepare_seconds": prepare_seconds,
+        "load_seconds": load_seconds,
+        "kmeans_seconds": kmeans_seconds,
+        "fit_seconds": fit_seconds,
+        "total_seconds": total_seconds,
+        "train_seconds": train_seconds,
+        "seconds_per_epoch": train_seconds / args.epochs,
         "evaluation_seconds": fit_seconds - train_seconds,
         "train_pairs_per_s": len(train.X) * args.n_components * args.epochs / train_seconds,
-        "final_train_loglik": model.history_[-1]["train_loglik"], "final_val_loglik": model.history_[-1]["val_loglik"],
-    }  # fmt: skip
+        "final_train_loglik": model.history_[-1]["train_loglik"],
+        "final_val_loglik": model.history_[-1]["val_loglik"],
+    }
     print(json.dumps(row), flush=True)
     info = {"benchmark": "bench_paper_fit", **machine(), "device": device_name(device)}
-    write_result(f"bench_paper_fit_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": [row]})
+    write_result(
+        f"bench_paper_fit_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": [row]}
+    )
 
 
 if __name__ == "__main__":

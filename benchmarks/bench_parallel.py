@@ -52,8 +52,16 @@ def run(processes: int, n: int, k: int, method: str, epochs: int) -> float:
         script.write_text(WORKER)
         command = [sys.executable, str(script), *args]
         if processes > 1:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                       str(processes), str(script), *args]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(processes),
+                str(script),
+                *args,
+            ]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["seconds_per_epoch"]
 
@@ -71,9 +79,17 @@ def main(argv=None) -> None:
             tick = time.perf_counter()
             one, two = run(1, args.n, k, method, args.epochs), run(2, args.n, k, method, args.epochs)
             numbers = k * (1 + 7 + 7 * 8) + 2
-            rows.append({"K": k, "method": method, "P1_seconds_per_epoch": one, "P2_seconds_per_epoch": two,
-                         "numbers_per_step": numbers, "bytes_per_step": 8 * numbers,
-                         "wall_seconds": time.perf_counter() - tick})  # fmt: skip
+            rows.append(
+                {
+                    "K": k,
+                    "method": method,
+                    "P1_seconds_per_epoch": one,
+                    "P2_seconds_per_epoch": two,
+                    "numbers_per_step": numbers,
+                    "bytes_per_step": 8 * numbers,
+                    "wall_seconds": time.perf_counter() - tick,
+                }
+            )
             print(rows[-1], flush=True)
     write_result("bench_parallel_cpu", {"machine": machine(), "n": args.n, "epochs": args.epochs, "results": rows})
 

@@ -45,24 +45,39 @@ W = 1e-3  # Bovy's w: the same regularisation in both
 
 def _problem(n: int, k: int):
     x, S, mixture = synthetic(n, k, torch.float64)
-    init = {"weights_init": mixture.weights.numpy(), "means_init": mixture.means.numpy(),
-            "covariances_init": mixture.covariances.numpy()}  # fmt: skip
+    init = {
+        "weights_init": mixture.weights.numpy(),
+        "means_init": mixture.means.numpy(),
+        "covariances_init": mixture.covariances.numpy(),
+    }
     return x.numpy(), S.numpy(), init
 
 
 def ours(x, S, init, method: str, epochs: int, dtype: str, kernel: str) -> dict:
     """Wall seconds per epoch (iteration) with every iterate scored, the training seconds per epoch, and
     the last mean log-likelihood. A one-epoch fit first pays the compile (cached for the timed fit)."""
-    settings = dict(n_components=len(init["weights_init"]), method=method, tol=None, w=W, dtype=dtype,
-                    device="cpu", random_state=0, batch_size=500, **init)  # fmt: skip
+    settings = dict(
+        n_components=len(init["weights_init"]),
+        method=method,
+        tol=None,
+        w=W,
+        dtype=dtype,
+        device="cpu",
+        random_state=0,
+        batch_size=500,
+        **init,
+    )
     with forced_kernel(kernel):
         XDGMM(**{**settings, "epochs": 1}).fit(x[:5000], S[:5000])
         tick = time.perf_counter()
         model = XDGMM(**{**settings, "epochs": epochs}).fit(x, S)
         wall = time.perf_counter() - tick
     seconds = np.diff([h["seconds"] for h in model.history_])
-    return {"wall_seconds_per_epoch": wall / epochs, "train_seconds_per_epoch": float(seconds.mean()),
-            "loglik_by_epoch": [h["train_loglik"] for h in model.history_]}  # fmt: skip
+    return {
+        "wall_seconds_per_epoch": wall / epochs,
+        "train_seconds_per_epoch": float(seconds.mean()),
+        "loglik_by_epoch": [h["train_loglik"] for h in model.history_],
+    }
 
 
 def bovy(x, S, init, iterations: int) -> dict | None:
@@ -77,8 +92,12 @@ def bovy(x, S, init, iterations: int) -> dict | None:
     loglik = extreme_deconvolution(x, S, amp, mean, covar, tol=1e-300, maxiter=iterations, w=W)
     wall = time.perf_counter() - tick
     # Bovy's average log-likelihood is of the parameters its last E-step started from
-    return {"wall_seconds_per_epoch": wall / iterations, "loglik_of_iteration": iterations - 1, "loglik": float(loglik),
-            "omp_threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count()))}  # fmt: skip
+    return {
+        "wall_seconds_per_epoch": wall / iterations,
+        "loglik_of_iteration": iterations - 1,
+        "loglik": float(loglik),
+        "omp_threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())),
+    }
 
 
 def paper(x, S, k: int) -> dict | None:
@@ -111,13 +130,23 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     x, S, init = _problem(args.n, args.n_components)
-    result = {"benchmark": "bench_peers", **machine(), "N": args.n, "K": args.n_components, "D": x.shape[1],
-              "batch": 500, "w": W, "ours": {}}  # fmt: skip
+    result = {
+        "benchmark": "bench_peers",
+        **machine(),
+        "N": args.n,
+        "K": args.n_components,
+        "D": x.shape[1],
+        "batch": 500,
+        "w": W,
+        "ours": {},
+    }
     for dtype in ("float32", "float64"):
         for kernel in ("fused", "compiled"):
             name = f"{dtype}_{kernel}"
-            result["ours"][name] = {method: ours(x, S, init, method, args.iterations if method == "em" else 2, dtype,
-                                                 kernel) for method in ("em", "minibatch_em", "sgd")}  # fmt: skip
+            result["ours"][name] = {
+                method: ours(x, S, init, method, args.iterations if method == "em" else 2, dtype, kernel)
+                for method in ("em", "minibatch_em", "sgd")
+            }
             print(name, result["ours"][name], flush=True)
     result["bovy"] = None if args.ours_only else bovy(x, S, init, args.iterations)
     print("bovy", result["bovy"], flush=True)
@@ -126,7 +155,9 @@ def main(argv=None) -> None:
     ratios = {}
     for name, timings in result["ours"].items():
         if result["bovy"]:
-            ratios[f"bovy_em_over_{name}_em"] = result["bovy"]["wall_seconds_per_epoch"] / timings["em"]["wall_seconds_per_epoch"]
+            ratios[f"bovy_em_over_{name}_em"] = (
+                result["bovy"]["wall_seconds_per_epoch"] / timings["em"]["wall_seconds_per_epoch"]
+            )
         for method in ("minibatch_em", "sgd"):
             if result["paper"]:
                 peer = result["paper"][method]["wall_seconds_per_epoch"]

@@ -97,8 +97,11 @@ def squared_error(model: XDGMM) -> float:
     best = np.inf
     for order in itertools.permutations(range(3)):
         o = list(order)
-        se = (np.sum((model.weights_[o] - WEIGHTS) ** 2) + np.sum((model.means_[o] - MEANS) ** 2)
-              + np.sum((model.covariances_[o] - COVARIANCES) ** 2))  # fmt: skip
+        se = (
+            np.sum((model.weights_[o] - WEIGHTS) ** 2)
+            + np.sum((model.means_[o] - MEANS) ** 2)
+            + np.sum((model.covariances_[o] - COVARIANCES) ** 2)
+        )
         best = min(best, float(se))
     return best
 
@@ -118,16 +121,25 @@ def run(n: int, reps: int, noisy: bool, seed: int, trapped: bool = False) -> dic
             except ValueError as err:  # a divergence is a result of the study, not a crash of it
                 rows.append({"rep": rep, "algorithm": name, "error": str(err)})
                 continue
-            rows.append({
-                "rep": rep, "algorithm": name, "seconds": time.perf_counter() - tick,
-                "train_seconds": model.history_[-1]["seconds"],
-                "loglik": model.score(x, S), "true_loglik": model.score(true, None),
-                "squared_error": squared_error(model), "ari": adjusted_rand_score(labels, model.predict(x, S)),
-                "truncation_restarts": model.history_[-1].get("truncation_restarts"),
-                "moves_accepted": model.history_[-1].get("moves_accepted"),
-            })  # fmt: skip
-            print(f"rep {rep} {name:14s} loglik {rows[-1]['loglik']:.6f} SE {rows[-1]['squared_error']:.2e} "
-                  f"ARI {rows[-1]['ari']:.4f}", flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "rep": rep,
+                    "algorithm": name,
+                    "seconds": time.perf_counter() - tick,
+                    "train_seconds": model.history_[-1]["seconds"],
+                    "loglik": model.score(x, S),
+                    "true_loglik": model.score(true, None),
+                    "squared_error": squared_error(model),
+                    "ari": adjusted_rand_score(labels, model.predict(x, S)),
+                    "truncation_restarts": model.history_[-1].get("truncation_restarts"),
+                    "moves_accepted": model.history_[-1].get("moves_accepted"),
+                }
+            )
+            print(
+                f"rep {rep} {name:14s} loglik {rows[-1]['loglik']:.6f} SE {rows[-1]['squared_error']:.2e} "
+                f"ARI {rows[-1]['ari']:.4f}",
+                flush=True,
+            )
     return {"rows": rows, "summary": summarise(rows)}
 
 
@@ -152,13 +164,19 @@ def markdown_table(scenarios) -> str:
     lines = []
     for scenario in scenarios:
         result = json.loads((RESULTS / f"seed004_{scenario}.json").read_text())
-        lines += [f"{scenario} (n = {result['n']:,}, {result['reps']} replications):", "",
-                  "| algorithm | log-likelihood | true-value log-likelihood | SE | ARI | train s |",
-                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            f"{scenario} (n = {result['n']:,}, {result['reps']} replications):",
+            "",
+            "| algorithm | log-likelihood | true-value log-likelihood | SE | ARI | train s |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for name, summary in result["summary"].items():
             cells = [f"{summary[m]['mean']:.4f} ({summary[m]['sd']:.4f})" for m in ("loglik", "true_loglik")]
-            cells += [f"{summary['squared_error']['mean']:.2e}", f"{summary['ari']['mean']:.3f}",
-                      f"{summary['train_seconds']['mean']:.1f}"]  # fmt: skip
+            cells += [
+                f"{summary['squared_error']['mean']:.2e}",
+                f"{summary['ari']['mean']:.3f}",
+                f"{summary['train_seconds']['mean']:.1f}",
+            ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -169,8 +187,9 @@ def main(argv=None) -> None:
     parser.add_argument("--table", action="store_true", help="print the README's table from written results")
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--scenarios", nargs="+", default=["elki", "elki_noisy", "trap"],
-                        choices=["elki", "elki_noisy", "trap"])  # fmt: skip
+    parser.add_argument(
+        "--scenarios", nargs="+", default=["elki", "elki_noisy", "trap"], choices=["elki", "elki_noisy", "trap"]
+    )
     parser.add_argument("--seed", type=int, default=2019)
     args = parser.parse_args(argv)
     if args.table:
@@ -178,8 +197,10 @@ def main(argv=None) -> None:
         return
     for scenario in args.scenarios:
         result = run(args.n, args.reps, scenario != "elki", args.seed, trapped=scenario == "trap")
-        write_result(f"seed004_{scenario}", {"machine": machine(), "scenario": scenario, "n": args.n,
-                                             "reps": args.reps, "seed": args.seed, **result})  # fmt: skip
+        write_result(
+            f"seed004_{scenario}",
+            {"machine": machine(), "scenario": scenario, "n": args.n, "reps": args.reps, "seed": args.seed, **result},
+        )
 
 
 if __name__ == "__main__":

@@ -70,15 +70,34 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
     pass_s = best_per_step(passes, steps, rounds, device)
     step_s = best_per_step(updates, steps, rounds, device)
     with forced_kernel(backend):
-        model = XDGMM(k, method, batch_size=batch, epochs=rounds + 1, tol=None, device=str(device),
-                      dtype=str(dtype).removeprefix("torch."), random_state=0,
-                      weights_init=start.weights.cpu().numpy(), means_init=start.means.cpu().numpy(),
-                      covariances_init=start.covariances.cpu().numpy()).fit(x.cpu(), S.cpu())  # fmt: skip
+        model = XDGMM(
+            k,
+            method,
+            batch_size=batch,
+            epochs=rounds + 1,
+            tol=None,
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            random_state=0,
+            weights_init=start.weights.cpu().numpy(),
+            means_init=start.means.cpu().numpy(),
+            covariances_init=start.covariances.cpu().numpy(),
+        ).fit(x.cpu(), S.cpu())
     epoch_s = min(b["seconds"] - a["seconds"] for a, b in zip(model.history_, model.history_[1:]))
     loop_step_s = epoch_s / steps
-    return {"method": method, "K": k, "D": x.shape[1], "batch": batch, "dtype": str(dtype).removeprefix("torch."),
-            "backend": backend, "pass_s": pass_s, "step_s": step_s, "overhead_s": step_s - pass_s,
-            "loop_step_s": loop_step_s, "loop_overhead_s": loop_step_s - pass_s}  # fmt: skip
+    return {
+        "method": method,
+        "K": k,
+        "D": x.shape[1],
+        "batch": batch,
+        "dtype": str(dtype).removeprefix("torch."),
+        "backend": backend,
+        "pass_s": pass_s,
+        "step_s": step_s,
+        "overhead_s": step_s - pass_s,
+        "loop_step_s": loop_step_s,
+        "loop_overhead_s": loop_step_s - pass_s,
+    }
 
 
 def main(argv=None) -> None:

@@ -28,7 +28,9 @@ from _common import MEMORY_SAMPLER, machine, write_result  # noqa: E402
 
 FILE_ROWS = 1_000_000
 
-CHILD = MEMORY_SAMPLER + r"""
+CHILD = (
+    MEMORY_SAMPLER
+    + r"""
 import json, sys, time
 
 import numpy as np
@@ -50,6 +52,7 @@ print(json.dumps({"N": len(source), "K": k, "window_rows": window, "seconds": se
                   "baseline_anon_bytes": baseline["RssAnon"], "peak_anon_bytes": peak["RssAnon"],
                   "peak_rss_bytes": status()["VmHWM"]}))
 """
+)
 
 
 def write_catalogue(folder: Path, n: int, seed: int = 0) -> int:
@@ -89,8 +92,11 @@ def main(argv=None) -> None:
         for n in args.sizes:
             folder = Path(scratch) / f"n{n}"
             on_disk = write_catalogue(folder, n)
-            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(args.n_components), str(args.window)],
-                                 capture_output=True, text=True)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, str(folder), str(args.n_components), str(args.window)],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode:
                 raise SystemExit(out.stderr[-3000:])
             row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -98,8 +104,12 @@ def main(argv=None) -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     peaks = [row["peak_rss_bytes"] for row in rows]
-    result = {"benchmark": "bench_stream", **machine(), "results": rows,
-              "largest_over_smallest_peak_rss": max(peaks[-1], 1) / max(peaks[0], 1)}  # fmt: skip
+    result = {
+        "benchmark": "bench_stream",
+        **machine(),
+        "results": rows,
+        "largest_over_smallest_peak_rss": max(peaks[-1], 1) / max(peaks[0], 1),
+    }
     write_result("bench_stream_cpu", result)
 
 

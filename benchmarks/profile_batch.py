@@ -27,7 +27,13 @@ from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
 from scalable_xd.fit.fitters import MinibatchEM  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 
-SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::item", "aten::is_nonzero", "aten::_local_scalar_dense")
+SYNCS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::_local_scalar_dense",
+)
 
 
 def main(argv=None) -> None:
@@ -42,8 +48,16 @@ def main(argv=None) -> None:
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     x, S, mixture = synthetic(args.batch_size * (args.updates + 1), args.n_components, dtype)
     x, S = x.to(device), S.to(device)
-    fitter = MinibatchEM(mixture.to(device, torch.float64), w=1e-3, step_size=0.01, schedule="step",
-                         step_decay=0.5, decay_epoch=10, kappa=0.6, covariance_update="stable")  # fmt: skip
+    fitter = MinibatchEM(
+        mixture.to(device, torch.float64),
+        w=1e-3,
+        step_size=0.01,
+        schedule="step",
+        step_decay=0.5,
+        decay_epoch=10,
+        kappa=0.6,
+        covariance_update="stable",
+    )
 
     def update(i: int) -> None:
         rows = slice(i * args.batch_size, (i + 1) * args.batch_size)
@@ -64,15 +78,26 @@ def main(argv=None) -> None:
     syncs = {e.key: e.count / args.updates for e in events if e.key in SYNCS}
     top = sorted(events, key=lambda e: e.self_cpu_time_total + getattr(e, "self_device_time_total", 0), reverse=True)
     result = {
-        "machine": machine(), "device": device_name(device), "K": args.n_components, "batch": args.batch_size,
-        "dtype": args.dtype, "backend": args.backend, "seconds_per_update": seconds,
+        "machine": machine(),
+        "device": device_name(device),
+        "K": args.n_components,
+        "batch": args.batch_size,
+        "dtype": args.dtype,
+        "backend": args.backend,
+        "seconds_per_update": seconds,
         "kernels_per_update": None if kernels is None else kernels / args.updates,
-        "operators_per_update": operators / args.updates, "syncs_per_update": syncs,
-        "top_operators": [{"name": e.key, "count_per_update": e.count / args.updates,
-                           "self_cpu_ms": e.self_cpu_time_total / 1e3 / args.updates,
-                           "self_device_ms": getattr(e, "self_device_time_total", 0) / 1e3 / args.updates}
-                          for e in top[:15]],
-    }  # fmt: skip
+        "operators_per_update": operators / args.updates,
+        "syncs_per_update": syncs,
+        "top_operators": [
+            {
+                "name": e.key,
+                "count_per_update": e.count / args.updates,
+                "self_cpu_ms": e.self_cpu_time_total / 1e3 / args.updates,
+                "self_device_ms": getattr(e, "self_device_time_total", 0) / 1e3 / args.updates,
+            }
+            for e in top[:15]
+        ],
+    }
     print({k: v for k, v in result.items() if k not in ("machine", "top_operators")})
     write_result(f"profile_batch_{device.type}_K{args.n_components}_b{args.batch_size}", result)
 

@@ -17,8 +17,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, write_result  # noqa: E402
 
-COLUMNS = ("val_observed", "test_observed", "true_test", "gap_closed", "moves_accepted", "train_seconds",
-           "wall_seconds")  # fmt: skip
+COLUMNS = (
+    "val_observed",
+    "test_observed",
+    "true_test",
+    "gap_closed",
+    "moves_accepted",
+    "train_seconds",
+    "wall_seconds",
+)
 
 
 def summarise(run: Path) -> dict:
@@ -27,8 +34,13 @@ def summarise(run: Path) -> dict:
     frame = metrics_frame(sorted(run.glob("fits/*/*/metrics.json")))
     rows = []
     for (method, k), group in frame.groupby(["method", "K"], sort=False):
-        row = {"method": method, "K": int(k), "fitted_with": group.fitted_with.iloc[0],
-               "split_merge": bool(group.split_merge.iloc[0]), "seeds": sorted(int(s) for s in group.seed)}  # fmt: skip
+        row = {
+            "method": method,
+            "K": int(k),
+            "fitted_with": group.fitted_with.iloc[0],
+            "split_merge": bool(group.split_merge.iloc[0]),
+            "seeds": sorted(int(s) for s in group.seed),
+        }
         for column in COLUMNS:
             row[column] = {"mean": float(group[column].mean()), "sd": float(group[column].std(ddof=0))}
         rows.append(row)

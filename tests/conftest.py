@@ -11,6 +11,19 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     assert main(["-q", "mock", "--n-rows", "3000", "--seed", "1", "--output", str(root / "raw.parquet")]) == 0
     assert main(["-q", "features", "--input", str(root / "raw.parquet"), "--out-dir", str(root / "data")]) == 0
-    assert main(["-q", "kmeans", "--train", str(root / "data" / "train.parquet"), "--n-components", "3",
-                 "--output", str(root / "init.npz")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "-q",
+                "kmeans",
+                "--train",
+                str(root / "data" / "train.parquet"),
+                "--n-components",
+                "3",
+                "--output",
+                str(root / "init.npz"),
+            ]
+        )
+        == 0
+    )
     return root

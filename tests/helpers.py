@@ -122,8 +122,11 @@ def damage_file(path, kind: str) -> bool:
     """Damage a file as a crash, a full disk or a wrong path would: ``empty``, ``truncated`` (half of it) or
     ``garbage`` (random bytes). Returns False for any other kind, left to the caller."""
     payload = path.read_bytes()
-    damaged = {"empty": b"", "truncated": payload[: len(payload) // 2],
-               "garbage": np.random.default_rng(0).bytes(4096)}.get(kind)  # fmt: skip
+    damaged = {
+        "empty": b"",
+        "truncated": payload[: len(payload) // 2],
+        "garbage": np.random.default_rng(0).bytes(4096),
+    }.get(kind)
     if damaged is None:
         return False
     path.write_bytes(damaged)

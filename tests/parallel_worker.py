@@ -41,8 +41,13 @@ def main(output, settings, checkpoint=None, die_after=None):
     x, S = problem()
     model = XDGMM(**json.loads(settings)).fit(x, S, checkpoint=checkpoint or None)
     if dist.get_rank() == 0:
-        np.savez(output, weights=model.weights_, means=model.means_, covariances=model.covariances_,
-                 history=json.dumps(model.history_))
+        np.savez(
+            output,
+            weights=model.weights_,
+            means=model.means_,
+            covariances=model.covariances_,
+            history=json.dumps(model.history_),
+        )
     dist.destroy_process_group()
 
 

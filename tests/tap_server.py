@@ -68,8 +68,14 @@ def votable_bytes(frame, query: str) -> bytes:
 
 
 class MockTapServer:
-    def __init__(self, catalogue, slow_seconds: float = 3.0, drip_seconds: float = 0.5, retry_after: float = 1.0,
-                 credentials: tuple[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        catalogue,
+        slow_seconds: float = 3.0,
+        drip_seconds: float = 0.5,
+        retry_after: float = 1.0,
+        credentials: tuple[str, str] | None = None,
+    ):
         self.catalogue = catalogue
         self.slow_seconds = slow_seconds
         self.drip_seconds = drip_seconds
@@ -177,13 +183,20 @@ class MockTapServer:
                     if server._should_fail(f"http{status}", lo):
                         return self._reply(status, f"HTTP {status} (injected)".encode())
                 if server._should_fail("http429", lo):
-                    return self._reply(429, b"Too Many Requests (injected)",
-                                       headers=[("Retry-After", f"{server.retry_after:g}")])  # fmt: skip
+                    return self._reply(
+                        429, b"Too Many Requests (injected)", headers=[("Retry-After", f"{server.retry_after:g}")]
+                    )
                 jobid = f"{time.time_ns()}O"
-                server.jobs[jobid] = dict(lo=lo, hi=hi, query=form["QUERY"], format=form.get("FORMAT", "votable"),
-                                          polls=0, error=server._should_fail("error", lo),
-                                          aborted=server._should_fail("aborted", lo),
-                                          stuck=server._should_fail("stuck", lo))  # fmt: skip
+                server.jobs[jobid] = dict(
+                    lo=lo,
+                    hi=hi,
+                    query=form["QUERY"],
+                    format=form.get("FORMAT", "votable"),
+                    polls=0,
+                    error=server._should_fail("error", lo),
+                    aborted=server._should_fail("aborted", lo),
+                    stuck=server._should_fail("stuck", lo),
+                )
                 location = f"http://127.0.0.1:{server._httpd.server_address[1]}{PREFIX}/async/{jobid}"
                 return self._reply(303, b"", headers=[("Location", location)])
 

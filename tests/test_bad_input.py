@@ -41,13 +41,16 @@ def test_scoring_out_of_range_data_is_refused_not_minus_infinity(fitted):
         fitted.score(X, np.where(np.arange(200)[:, None] == 3, 1e40, 0.1) * np.ones((200, 2)))
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: np.zeros((10, 0)), r"X has no columns \(shape \(10, 0\)\)"),
-    (lambda: np.array([["a", "b"]] * 10), "X must be a numeric array, got dtype <U1"),
-    (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "X must hold numbers only"),
-    (lambda: pd.DataFrame({"a": pd.array([1, None] * 10, dtype="Int64"), "b": 1.0}), "X row 1 contains NaN or inf"),
-    (lambda: np.array([[1 + 1j, 0]] * 10), "X must be a numeric array, got dtype complex128"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: np.zeros((10, 0)), r"X has no columns \(shape \(10, 0\)\)"),
+        (lambda: np.array([["a", "b"]] * 10), "X must be a numeric array, got dtype <U1"),
+        (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "X must hold numbers only"),
+        (lambda: pd.DataFrame({"a": pd.array([1, None] * 10, dtype="Int64"), "b": 1.0}), "X row 1 contains NaN or inf"),
+        (lambda: np.array([[1 + 1j, 0]] * 10), "X must be a numeric array, got dtype complex128"),
+    ],
+)
 def test_unusable_arrays_are_named(make, message):
     with pytest.raises(ValueError, match=message):
         XDGMM(2, device="cpu").fit(make())
@@ -74,10 +77,18 @@ def test_sample_counts(fitted):
             fitted.sample(bad)
 
 
-@pytest.mark.parametrize("name, value", [
-    ("random_state", "abc"), ("random_state", 2**70), ("random_state", -1), ("random_state", 1.5),
-    ("verbose", "x"), ("verbose", 3), ("verbose", -1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("random_state", "abc"),
+        ("random_state", 2**70),
+        ("random_state", -1),
+        ("random_state", 1.5),
+        ("verbose", "x"),
+        ("verbose", 3),
+        ("verbose", -1),
+    ],
+)
 def test_settings_of_the_wrong_kind_are_named(name, value):
     with pytest.raises(ValueError, match=f"{name} must be .*, got {value!r}"):
         XDGMM(2, **{name: value}).fit(X)

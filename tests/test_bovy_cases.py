@@ -14,8 +14,18 @@ AMP = 0.3  # the narrow component's weight in the two-component cases
 
 
 def _fit(y, ycovar, amp, mean, covar, **fix):
-    model = XDGMM(len(amp), "em", epochs=5000, w=0.0, dtype="float64", device="cpu", weights_init=amp,
-                  means_init=mean, covariances_init=covar, **fix)  # fmt: skip
+    model = XDGMM(
+        len(amp),
+        "em",
+        epochs=5000,
+        w=0.0,
+        dtype="float64",
+        device="cpu",
+        weights_init=amp,
+        means_init=mean,
+        covariances_init=covar,
+        **fix,
+    )
     return model.fit(y, ycovar)
 
 
@@ -31,7 +41,9 @@ def _check_dual(model, fixed_amp=False, fixed_mean=(False, False), fixed_covar=(
     for j, (amp, mean, var, slack) in enumerate(((AMP, -2.0, 1.0, 1.0), (1 - AMP, 1.0, 4.0, 2.0))):
         assert abs(model.weights_[j] - amp) < (1e-10 if fixed_amp else TOL)
         assert abs(model.means_[j, 0] - mean) < (1e-10 if fixed_mean[j] else slack * TOL)
-        assert abs(model.covariances_[j, 0, 0] - var) < (1e-10 if fixed_covar[j] else (slack + (j and fixed_covar[0])) * TOL)
+        assert abs(model.covariances_[j, 0, 0] - var) < (
+            1e-10 if fixed_covar[j] else (slack + (j and fixed_covar[0])) * TOL
+        )
 
 
 def test_fixmean_single_gaussian():
@@ -77,8 +89,17 @@ def test_weights_undo_an_oversampled_half():
     weight = np.where(y[:, 0] > 0, 0.5, 1.0)
     ycovar = rng.uniform(size=(N, 1))
     y += rng.normal(size=(N, 1)) * np.sqrt(ycovar)
-    model = XDGMM(1, "em", epochs=5000, w=0.0, dtype="float64", device="cpu", weights_init=np.ones(1),
-                  means_init=np.array([[y.mean() + y.std()]]), covariances_init=np.array([[[3 * y.var()]]]))  # fmt: skip
+    model = XDGMM(
+        1,
+        "em",
+        epochs=5000,
+        w=0.0,
+        dtype="float64",
+        device="cpu",
+        weights_init=np.ones(1),
+        means_init=np.array([[y.mean() + y.std()]]),
+        covariances_init=np.array([[[3 * y.var()]]]),
+    )
     model.fit(y, ycovar, sample_weight=weight)
     assert abs(model.means_[0, 0]) < TOL and abs(model.covariances_[0, 0, 0] - 1.0) < TOL
     unweighted = XDGMM(**model.get_params()).fit(y, ycovar)

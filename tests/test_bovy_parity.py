@@ -30,7 +30,9 @@ def _fit(x, S, init, **settings):
 def test_fixed_parameters_stay_exactly_fixed(problem, method):
     x, S, init = problem
     mask = np.array([True, False, True])
-    model = _fit(x, S, init, method=method, fix_weights=mask, fix_means=mask, fix_covariances=np.array([False, True, False]))
+    model = _fit(
+        x, S, init, method=method, fix_weights=mask, fix_means=mask, fix_covariances=np.array([False, True, False])
+    )
     np.testing.assert_array_equal(model.weights_[mask], init["weights_init"][mask])
     np.testing.assert_array_equal(model.means_[mask], init["means_init"][mask])
     np.testing.assert_array_equal(model.covariances_[1], init["covariances_init"][1])
@@ -77,30 +79,37 @@ def test_a_weighted_fit_equals_the_fit_of_repeated_rows(problem, method):
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(weighted, attr), getattr(plain, attr), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(weighted.history_[-1]["train_loglik"], plain.history_[-1]["train_loglik"], rtol=1e-12)
-    np.testing.assert_allclose(weighted.score(x, S, sample_weight=counts), plain.score(x[repeated], S[repeated]),
-                               rtol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        weighted.score(x, S, sample_weight=counts), plain.score(x[repeated], S[repeated]), rtol=1e-12
+    )
 
 
-@pytest.mark.parametrize("weights, message", [
-    (np.r_[np.ones(599), -1.0], "sample_weight row 599 is negative"),
-    (np.r_[np.ones(10), np.nan, np.ones(589)], "sample_weight row 10 is NaN or inf"),
-    (np.ones(5), r"sample_weight must have shape \(600,\)"),
-    (np.zeros(600), "zero for every row"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        (np.r_[np.ones(599), -1.0], "sample_weight row 599 is negative"),
+        (np.r_[np.ones(10), np.nan, np.ones(589)], "sample_weight row 10 is NaN or inf"),
+        (np.ones(5), r"sample_weight must have shape \(600,\)"),
+        (np.zeros(600), "zero for every row"),
+    ],
+)
 def test_bad_sample_weights_are_named(problem, weights, message):
     x, S, init = problem
     with pytest.raises(ValueError, match=message):
         XDGMM(K, device="cpu", **init).fit(x, S, sample_weight=weights)
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(fix_means=np.array([True, False])), "fix_means must be True, False or a boolean array of length"),
-    (dict(fix_covariances="yes"), "fix_covariances must be True, False or a boolean array"),
-    (dict(method="minibatch_em", covariance_update="naive", fix_means=True), "covariance_update='stable'"),
-    (dict(method="em", averaging="polyak"), "averaging='polyak' averages minibatch updates"),
-    (dict(method="sgd", truncation=True), "truncation applies to minibatch_em"),
-    (dict(method="minibatch_em", truncation_bound=0.5), r"truncation_bound must be in \(1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(fix_means=np.array([True, False])), "fix_means must be True, False or a boolean array of length"),
+        (dict(fix_covariances="yes"), "fix_covariances must be True, False or a boolean array"),
+        (dict(method="minibatch_em", covariance_update="naive", fix_means=True), "covariance_update='stable'"),
+        (dict(method="em", averaging="polyak"), "averaging='polyak' averages minibatch updates"),
+        (dict(method="sgd", truncation=True), "truncation applies to minibatch_em"),
+        (dict(method="minibatch_em", truncation_bound=0.5), r"truncation_bound must be in \(1"),
+    ],
+)
 def test_bad_settings_are_named(problem, settings, message):
     x, S, init = problem
     with pytest.raises(ValueError, match=message):
@@ -126,8 +135,9 @@ def test_conditioning_matches_the_gaussian_formulas(n_components, noise):
     rng = np.random.default_rng(n_components)
     weights = rng.dirichlet(np.ones(n_components))
     means, covs = rng.normal(scale=2, size=(n_components, 4)), random_spd(rng, n_components, 4)
-    model = XDGMM(n_components, device="cpu", weights_init=weights, means_init=means, covariances_init=covs,
-                  epochs=1, tol=None)  # fmt: skip
+    model = XDGMM(
+        n_components, device="cpu", weights_init=weights, means_init=means, covariances_init=covs, epochs=1, tol=None
+    )
     model._set_fitted(_mixture(weights, means, covs), [], True, *model._validated())
     given = np.array([np.nan, 0.7, np.nan, -1.2])
     S_b = {"none": None, "variances": np.array([0.3, 0.1]), "matrix": np.array([[0.3, 0.05], [0.05, 0.1]])}[noise]
@@ -152,18 +162,23 @@ def test_exact_conditioning_is_the_joint_over_the_marginal():
     joint = model.score_samples(np.c_[v_a, np.full(5, v_b)], None)
     marginal = np.log(sum(w * multivariate_normal(m[2], V[2, 2]).pdf(v_b) for w, m, V in zip(weights, means, covs)))
     np.testing.assert_allclose(conditioned.score_samples(v_a, None), joint - marginal, rtol=1e-5)
-    noisy = xd_log_densities(v_a, np.zeros((5, 2, 2)), conditioned.weights_, conditioned.means_, conditioned.covariances_)
+    noisy = xd_log_densities(
+        v_a, np.zeros((5, 2, 2)), conditioned.weights_, conditioned.means_, conditioned.covariances_
+    )
     np.testing.assert_allclose(np.logaddexp.reduce(noisy, axis=1), joint - marginal, rtol=1e-5)
 
 
-@pytest.mark.parametrize("given, noise, message", [
-    ([0.1, 0.2, 0.3], None, "at least one feature NaN"),
-    ([np.nan] * 3, None, "at least one feature NaN"),
-    ([np.nan, 0.2], None, r"X_given must have shape \(3,\)"),
-    ([np.nan, np.inf, 0.3], None, "feature 1 is infinite"),
-    ([np.nan, 0.2, 0.3], np.ones(3), r"Xcov_given must be variances \(2,\)"),
-    ([np.nan, 0.2, 0.3], -np.ones(2), "positive semi-definite"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "given, noise, message",
+    [
+        ([0.1, 0.2, 0.3], None, "at least one feature NaN"),
+        ([np.nan] * 3, None, "at least one feature NaN"),
+        ([np.nan, 0.2], None, r"X_given must have shape \(3,\)"),
+        ([np.nan, np.inf, 0.3], None, "feature 1 is infinite"),
+        ([np.nan, 0.2, 0.3], np.ones(3), r"Xcov_given must be variances \(2,\)"),
+        ([np.nan, 0.2, 0.3], -np.ones(2), "positive semi-definite"),
+    ],
+)
 def test_bad_conditioning_input_is_named(given, noise, message):
     model = XDGMM(1, device="cpu")
     model._set_fitted(_mixture(np.ones(1), np.zeros((1, 3)), np.eye(3)[None]), [], True, *model._validated())

@@ -4,10 +4,10 @@ into a HATS catalogue by hats-import, and from there the same features as the TA
 stars; then the whole workflow on them with the real snakemake and its HTTP storage plugin."""
 
 import contextlib
-import json
 import functools
 import gzip
 import hashlib
+import json
 import threading
 import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from tap_server import MockTapServer
+from test_workflow import SMOKE, planned_jobs, snakemake
 
 from scalable_xd import steps
 from scalable_xd.gaia.bulk import checked_copy, parse_index
@@ -25,7 +26,6 @@ from scalable_xd.gaia.query import query_gaia
 from scalable_xd.gaia.schema import QUERY_COLUMNS
 from scalable_xd.gaia.storage import read_features
 from scalable_xd.report.metrics import FitMetrics
-from test_workflow import SMOKE, planned_jobs, snakemake
 
 pytest.importorskip("hats_import", reason="the bulk path needs hats-import (pip install -e '.[catalog]')")
 pytestmark = pytest.mark.slow
@@ -56,6 +56,7 @@ def write_bulk_files(catalogue, folder: Path, n_files: int) -> list[str]:
 @contextlib.contextmanager
 def file_server(folder: Path):
     """A static HTTP server on 127.0.0.1 for ``folder``; yields its URL (ending in /)."""
+
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -95,7 +96,9 @@ def test_a_corrupt_or_unlisted_download_is_refused(bulk, tmp_path):
     folder, names = bulk
     truncated = tmp_path / "download"
     truncated.write_bytes((folder / names[0]).read_bytes()[:-100])
-    with pytest.raises(ValueError, match=f"corrupt or incomplete: MD5 [0-9a-f]{{32}}, the index says .* for {names[0]}"):
+    with pytest.raises(
+        ValueError, match=f"corrupt or incomplete: MD5 [0-9a-f]{{32}}, the index says .* for {names[0]}"
+    ):
         checked_copy(truncated, folder / "MD5SUM.txt", tmp_path / "csv" / names[0])
     assert not (tmp_path / "csv" / names[0]).exists()
     with pytest.raises(ValueError, match="does not list GaiaSource_9_9.csv.gz"):
@@ -112,8 +115,14 @@ def test_the_bulk_path_gives_the_features_of_the_archive_query(catalogue, bulk, 
             with urllib.request.urlopen(url + name) as reply:
                 (tmp_path / "download").write_bytes(reply.read())
             steps.bulk_check(tmp_path / "download", tmp_path / "MD5SUM.txt", tmp_path / "csv" / name)
-    steps.hats_catalogue(tmp_path / "MD5SUM.txt", tmp_path / "csv", tmp_path / "hats" / "gaia_dr2",
-                         pixel_threshold=1500, highest_order=4, workers=1)  # fmt: skip
+    steps.hats_catalogue(
+        tmp_path / "MD5SUM.txt",
+        tmp_path / "csv",
+        tmp_path / "hats" / "gaia_dr2",
+        pixel_threshold=1500,
+        highest_order=4,
+        workers=1,
+    )
     assert (tmp_path / "hats" / "gaia_dr2" / "properties").exists()
     assert len(list((tmp_path / "hats" / "gaia_dr2" / "dataset").rglob("Npix=*.parquet"))) > 1  # partitioned
     steps.features(tmp_path / "hats" / "gaia_dr2", tmp_path / "from_bulk", "corrected", 0)
@@ -123,7 +132,9 @@ def test_the_bulk_path_gives_the_features_of_the_archive_query(catalogue, bulk, 
     steps.features(tmp_path / "chunks", tmp_path / "from_query", "corrected", 0)
 
     for split in ("train", "val", "test"):
-        bulk_split, query_split = (read_features(tmp_path / run / f"{split}.parquet") for run in ("from_bulk", "from_query"))
+        bulk_split, query_split = (
+            read_features(tmp_path / run / f"{split}.parquet") for run in ("from_bulk", "from_query")
+        )
         assert len(bulk_split) == len(query_split) > 0
         a, b = np.argsort(bulk_split.source_id), np.argsort(query_split.source_id)
         np.testing.assert_array_equal(bulk_split.source_id[a], query_split.source_id[b])
@@ -136,15 +147,23 @@ def test_the_workflow_runs_from_bulk_files_served_over_http(bulk, tmp_path):
     features, k-means on a sample, fits streamed from disk, the report."""
     folder, names = bulk
     with file_server(folder) as url:
-        config = {**SMOKE, "name": "bulk",
-                  "data": {"source": "bulk", "covariance_mode": "corrected", "split_seed": 0,
-                           "bulk": {"url": url, "n_files": 2, "pixel_threshold": 1500, "highest_order": 4,
-                                    "workers": 1}},
-                  "init": {**SMOKE["init"], "kmeans_max_rows": 1000},
-                  "fit": {**SMOKE["fit"], "n_components": [4], "seeds": [0], "stream_window": 700},
-                  "report": {**SMOKE["report"], "figure_K": 4}}  # fmt: skip
+        config = {
+            **SMOKE,
+            "name": "bulk",
+            "data": {
+                "source": "bulk",
+                "covariance_mode": "corrected",
+                "split_seed": 0,
+                "bulk": {"url": url, "n_files": 2, "pixel_threshold": 1500, "highest_order": 4, "workers": 1},
+            },
+            "init": {**SMOKE["init"], "kmeans_max_rows": 1000},
+            "fit": {**SMOKE["fit"], "n_components": [4], "seeds": [0], "stream_window": 700},
+            "report": {**SMOKE["report"], "figure_K": 4},
+        }
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-        output = snakemake(tmp_path / "run", "--cores", "2", "--printshellcmds", configfile=str(tmp_path / "config.yaml"))
+        output = snakemake(
+            tmp_path / "run", "--cores", "2", "--printshellcmds", configfile=str(tmp_path / "config.yaml")
+        )
     run = tmp_path / "run"
     checked = sorted(p.name for p in (run / "resources" / "gaia_dr2_bulk" / "csv").iterdir())
     assert checked == sorted(names[:2])  # data.bulk.n_files of the index's three

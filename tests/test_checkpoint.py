@@ -70,7 +70,9 @@ def test_a_checkpoint_of_other_data_of_the_same_shape_is_refused(finished):
 def test_fixed_parameters_and_weights_are_part_of_the_fingerprint(tmp_path):
     path, weights = tmp_path / "fit.ckpt", np.linspace(0.5, 2.0, 600)
     XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(*_data(0), sample_weight=weights, checkpoint=path)
-    resumed = XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(*_data(0), sample_weight=weights, checkpoint=path)
+    resumed = XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(
+        *_data(0), sample_weight=weights, checkpoint=path
+    )
     assert resumed.n_iter_ == 2
     with pytest.raises(CheckpointError, match=r"other settings: fix_means \[True, False\] in the checkpoint"):
         XDGMM(**SETTINGS).fit(*_data(0), sample_weight=weights, checkpoint=path)
@@ -96,8 +98,10 @@ def test_damaged_or_foreign_checkpoints_name_the_file(finished, damage):
         state = torch.load(finished, weights_only=True)
         state["format"] = 2
         torch.save(state, finished)
-    expected = {"format 2": "has format 2, this version of scalable-xd reads format 4",
-                "a tensor": "is not a scalable-xd checkpoint"}.get(damage, "is empty, truncated or not a checkpoint")  # fmt: skip
+    expected = {
+        "format 2": "has format 2, this version of scalable-xd reads format 4",
+        "a tensor": "is not a scalable-xd checkpoint",
+    }.get(damage, "is empty, truncated or not a checkpoint")
     with pytest.raises(CheckpointError, match=f"checkpoint {finished} {expected}.*delete {finished}"):
         XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
 

@@ -1,6 +1,5 @@
 """The claims report on metrics files written by hand, where the verdicts are known."""
 
-
 import pytest
 
 from scalable_xd.report.claims import FAILS, HOLDS, UNMEASURED, claims, write_claims
@@ -26,9 +25,21 @@ def _write(tmp_path, method, K, seed, val, seconds, reach_at, gap=None, mode="co
     history = _history(val, reach_at, seconds)
     if moves is not None:
         history[-1]["moves_accepted"] = moves
-    metrics = FitMetrics(method=method, n_components=K, seed=seed, train_seconds=seconds, kmeans_seconds=1.0,
-                         covariance_mode=mode, device="cpu", history=history, train=split,
-                         val=split, test=split, true=true, settings=settings or {"method": method})  # fmt: skip
+    metrics = FitMetrics(
+        method=method,
+        n_components=K,
+        seed=seed,
+        train_seconds=seconds,
+        kmeans_seconds=1.0,
+        covariance_mode=mode,
+        device="cpu",
+        history=history,
+        train=split,
+        val=split,
+        test=split,
+        true=true,
+        settings=settings or {"method": method},
+    )
     path = tmp_path / f"{mode}_{method}_{K}_{seed}.json"
     metrics.write(path)
     return path
@@ -64,7 +75,9 @@ def test_other_methods_and_variants_enter_the_truth_claim_and_the_table_but_not_
     assert found[0][1] == HOLDS  # SGD is still the best of the paper's methods, though stochastic EM beats it
     assert "Stochastic EM: K=64: 95, K=128: 95 %" in found[5][2] and "minibatch_em_polyak: K=64: 50" in found[5][2]
     write_loglik_table(paths, tmp_path / "t")
-    rows = [line.split("|")[1].strip() for line in (tmp_path / "t.md").read_text().splitlines() if line.startswith("| ")]
+    rows = [
+        line.split("|")[1].strip() for line in (tmp_path / "t.md").read_text().splitlines() if line.startswith("| ")
+    ]
     named = [r for r in rows if r]
     assert named[-3:] == ["SGD", "Stochastic EM", "minibatch_em_polyak"]  # the paper's order, then the others
 
@@ -73,11 +86,23 @@ def test_split_and_merge_is_compared_with_the_same_method_without_it(tmp_path):
     paths = []
     for K in (64, 128):
         paths.append(_write(tmp_path, "em", K, 0, -26.0, 10, 5))
-        paths.append(_write(tmp_path, "em_sm", K, 0, -25.9, 12, 6, settings={"method": "em", "split_merge": True},
-                            moves=2))  # fmt: skip
+        paths.append(
+            _write(tmp_path, "em_sm", K, 0, -25.9, 12, 6, settings={"method": "em", "split_merge": True}, moves=2)
+        )
         paths.append(_write(tmp_path, "sgd", K, 0, -26.0, 10, 5))
-        paths.append(_write(tmp_path, "sgd_sm", K, 0, -26.0 - 0.02 * (K == 128), 12, 6,
-                            settings={"method": "sgd", "split_merge": True}, moves=1))  # fmt: skip
+        paths.append(
+            _write(
+                tmp_path,
+                "sgd_sm",
+                K,
+                0,
+                -26.0 - 0.02 * (K == 128),
+                12,
+                6,
+                settings={"method": "sgd", "split_merge": True},
+                moves=1,
+            )
+        )
     _, verdict, evidence = claims(paths)[6]
     assert verdict == FAILS  # SGD's moves lost 0.02 nats/star at K = 128
     assert "Batch EM (Bovy et al. 2011): K=64: 0.100, K=128: 0.100 (moves kept per fit: 2.0)" in evidence
@@ -95,8 +120,10 @@ def test_a_method_that_loses_is_reported(tmp_path):
 
 
 def test_both_covariance_modes_are_compared(tmp_path):
-    paths = [_write(tmp_path, "em", 64, 0, -26.0, 10, 5, mode="corrected"),
-             _write(tmp_path, "em", 64, 0, -26.3, 10, 5, mode="paper")]  # fmt: skip
+    paths = [
+        _write(tmp_path, "em", 64, 0, -26.0, 10, 5, mode="corrected"),
+        _write(tmp_path, "em", 64, 0, -26.3, 10, 5, mode="paper"),
+    ]
     _, verdict, evidence = claims(paths)[4]
     assert verdict == HOLDS and "max 0.300" in evidence
 

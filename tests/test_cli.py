@@ -9,9 +9,16 @@ from scalable_xd.cli import main
 
 
 def _fit_args(files, **changes):
-    args = {"--train": files / "data" / "train.parquet", "--val": files / "data" / "val.parquet",
-            "--init": files / "init.npz", "--n-components": "3", "--method": "em", "--epochs": "1",
-            "--output-model": files / "out" / "model.npz", "--output-metrics": files / "out" / "metrics.json"}  # fmt: skip
+    args = {
+        "--train": files / "data" / "train.parquet",
+        "--val": files / "data" / "val.parquet",
+        "--init": files / "init.npz",
+        "--n-components": "3",
+        "--method": "em",
+        "--epochs": "1",
+        "--output-model": files / "out" / "model.npz",
+        "--output-metrics": files / "out" / "metrics.json",
+    }
     args.update(changes)
     return ["fit"] + [str(item) for pair in args.items() for item in pair]
 
@@ -25,24 +32,40 @@ def _fails_with(argv, message, caplog):
 
 
 def test_a_raw_catalogue_where_features_are_expected(files, caplog):
-    _fails_with(["kmeans", "--train", str(files / "raw.parquet"), "--n-components", "3", "--output",
-                 str(files / "k.npz")], "is not a features file written by `scalable-xd features`: it lacks the "
-                "columns x_ra", caplog)  # fmt: skip
-    _fails_with(["features", "--input", str(files / "data" / "train.parquet"), "--out-dir", str(files / "again")],
-                "is not a raw Gaia catalogue: it lacks the columns ra, dec", caplog)  # fmt: skip
+    _fails_with(
+        ["kmeans", "--train", str(files / "raw.parquet"), "--n-components", "3", "--output", str(files / "k.npz")],
+        "is not a features file written by `scalable-xd features`: it lacks the columns x_ra",
+        caplog,
+    )
+    _fails_with(
+        ["features", "--input", str(files / "data" / "train.parquet"), "--out-dir", str(files / "again")],
+        "is not a raw Gaia catalogue: it lacks the columns ra, dec",
+        caplog,
+    )
 
 
 def test_wrong_columns_are_named_not_dumped(files, caplog):
     import pandas as pd
 
     pd.DataFrame({"a": [1.0]}).to_parquet(files / "wrong.parquet")
-    _fails_with(["kmeans", "--train", str(files / "wrong.parquet"), "--n-components", "3", "--output",
-                 str(files / "k.npz")], "lacks the columns source_id, random_index, x_ra, x_dec, x_parallax and 22 more",
-                caplog)  # fmt: skip
+    _fails_with(
+        ["kmeans", "--train", str(files / "wrong.parquet"), "--n-components", "3", "--output", str(files / "k.npz")],
+        "lacks the columns source_id, random_index, x_ra, x_dec, x_parallax and 22 more",
+        caplog,
+    )
 
 
-@pytest.mark.parametrize("flag, value", [("--n-components", "0"), ("--n-components", "-3"), ("--threads", "-4"),
-                                         ("--epochs", "0"), ("--batch-size", "x"), ("--seed", "-1")])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--n-components", "0"),
+        ("--n-components", "-3"),
+        ("--threads", "-4"),
+        ("--epochs", "0"),
+        ("--batch-size", "x"),
+        ("--seed", "-1"),
+    ],
+)
 def test_counts_out_of_range_are_refused_by_the_parser(files, flag, value, capsys):
     argv = {"--n-components": "3", "--output": str(files / "k.npz"), "--train": str(files / "data" / "train.parquet")}
     argv[flag] = value
@@ -66,16 +89,23 @@ def test_bad_init_files_are_named(files, caplog, content):
         np.savez(bad, weights=np.array([{}], dtype=object), means=np.zeros((3, 7)), seconds=1.0)
     else:
         bad.write_bytes(b"not an npz")
-    message = {"keys": "it lacks means, seconds", "pickle": "it holds Python objects, which are never loaded",
-               "garbage": "it is empty, truncated or of another format"}[content]  # fmt: skip
-    _fails_with(_fit_args(files, **{"--init": bad}), f"{bad} is not an init file written by `scalable-xd kmeans`", caplog)
+    message = {
+        "keys": "it lacks means, seconds",
+        "pickle": "it holds Python objects, which are never loaded",
+        "garbage": "it is empty, truncated or of another format",
+    }[content]
+    _fails_with(
+        _fit_args(files, **{"--init": bad}), f"{bad} is not an init file written by `scalable-xd kmeans`", caplog
+    )
     _fails_with(_fit_args(files, **{"--init": bad}), message, caplog)
 
 
 def test_a_corrupt_checkpoint_is_named(files, caplog):
     checkpoint = files / "corrupt.pt"
     checkpoint.write_bytes(b"\x00" * 100)
-    _fails_with(_fit_args(files, **{"--checkpoint": checkpoint}), f"checkpoint {checkpoint} is empty, truncated", caplog)
+    _fails_with(
+        _fit_args(files, **{"--checkpoint": checkpoint}), f"checkpoint {checkpoint} is empty, truncated", caplog
+    )
 
 
 def test_an_unwritable_output_fails_before_the_fit(files, caplog, monkeypatch):
@@ -83,8 +113,9 @@ def test_an_unwritable_output_fails_before_the_fit(files, caplog, monkeypatch):
 
     (files / "a_file").write_text("x")
     monkeypatch.setattr(scalable_xd.estimator.XDGMM, "fit", None)  # the fit must not start
-    _fails_with(_fit_args(files, **{"--output-model": files / "a_file" / "model.npz"}),
-                "is not a writable directory", caplog)  # fmt: skip
+    _fails_with(
+        _fit_args(files, **{"--output-model": files / "a_file" / "model.npz"}), "is not a writable directory", caplog
+    )
 
 
 def test_k_must_match_the_init_file(files, caplog):
@@ -119,8 +150,11 @@ def test_a_table_of_fits_run_without_test_data(files, caplog):
     assert main(["-q", "table", "--metrics", str(files / "out" / "metrics.json"), "--output-prefix", str(prefix)]) == 0
     row = (prefix.with_suffix(".md")).read_text().splitlines()[2].split("|")
     assert row[4].strip() == "-"  # the test column: not measured
-    _fails_with(["table", "--metrics", str(files / "init.npz"), "--output-prefix", str(prefix)],
-                "is not a metrics file written by `scalable-xd fit`", caplog)  # fmt: skip
+    _fails_with(
+        ["table", "--metrics", str(files / "init.npz"), "--output-prefix", str(prefix)],
+        "is not a metrics file written by `scalable-xd fit`",
+        caplog,
+    )
 
 
 def test_help_answers_without_importing_torch_or_astropy():
@@ -145,9 +179,17 @@ def test_a_streamed_batch_em_fit_reports_what_the_in_memory_fit_reports(files):
 
     runs = {}
     for name, extra in (("memory", {}), ("streamed", {"--stream-window": "500"})):
-        argv = _fit_args(files, **{"--epochs": "3", "--dtype": "float64", "--test": files / "data" / "test.parquet",
-                                   "--output-model": files / name / "model.npz",
-                                   "--output-metrics": files / name / "metrics.json", **extra})  # fmt: skip
+        argv = _fit_args(
+            files,
+            **{
+                "--epochs": "3",
+                "--dtype": "float64",
+                "--test": files / "data" / "test.parquet",
+                "--output-model": files / name / "model.npz",
+                "--output-metrics": files / name / "metrics.json",
+                **extra,
+            },
+        )
         assert main(["-q"] + argv) == 0
         runs[name] = FitMetrics.read(files / name / "metrics.json")
     memory, streamed = runs["memory"], runs["streamed"]

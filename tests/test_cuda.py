@@ -32,19 +32,27 @@ def test_cuda_fit_matches_cpu(method, compile):
     assert gpu.score(x, S) == pytest.approx(cpu.score(x, S), abs=1e-3)
 
 
-@pytest.mark.parametrize("method, options", [
-    ("stochastic_em", {}), ("stochastic_minibatch_em", {}), ("minibatch_em", {"averaging": "polyak"}),
-    ("minibatch_em", {"split_merge": True}), ("em", {"split_merge": True, "tol": 1e-3}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("stochastic_em", {}),
+        ("stochastic_minibatch_em", {}),
+        ("minibatch_em", {"averaging": "polyak"}),
+        ("minibatch_em", {"split_merge": True}),
+        ("em", {"split_merge": True, "tol": 1e-3}),
+    ],
+)
 def test_cuda_draws_and_moves_match_cpu(method, options):
     """The S-step's uniforms come from a CPU generator, so CUDA draws the same assignments (in float64, where
     no responsibility sits on a rounding boundary); split-and-merge makes the same moves."""
     rng = np.random.default_rng(71)
     k, d = 4, 3
-    x, S, _, _ = draw_xd_data(rng, 4000, np.ones(k) / k, rng.normal(scale=4, size=(k, d)), random_spd(rng, k, d),
-                              0.2, 1.0)  # fmt: skip
-    settings = dict(n_components=k, method=method, epochs=4, dtype="float64", random_state=0, means_init=x[:k],
-                    **options)  # fmt: skip
+    x, S, _, _ = draw_xd_data(
+        rng, 4000, np.ones(k) / k, rng.normal(scale=4, size=(k, d)), random_spd(rng, k, d), 0.2, 1.0
+    )
+    settings = dict(
+        n_components=k, method=method, epochs=4, dtype="float64", random_state=0, means_init=x[:k], **options
+    )
     cpu = XDGMM(device="cpu", **settings).fit(x, S)
     gpu = XDGMM(device="cuda", **settings).fit(x, S)
     for attr in ("weights_", "means_", "covariances_"):

@@ -26,10 +26,16 @@ def test_em_without_noise_follows_sklearn(noiseless_blobs):
     x, init = noiseless_blobs
     k = len(init["weights_init"])
     sk = GaussianMixture(
-        k, covariance_type="full", max_iter=10, tol=0.0, reg_covar=0.0, random_state=0,
-        weights_init=init["weights_init"], means_init=init["means_init"],
+        k,
+        covariance_type="full",
+        max_iter=10,
+        tol=0.0,
+        reg_covar=0.0,
+        random_state=0,
+        weights_init=init["weights_init"],
+        means_init=init["means_init"],
         precisions_init=np.linalg.inv(init["covariances_init"]),
-    )  # fmt: skip
+    )
     with pytest.warns(Warning):  # sklearn: did not converge within max_iter
         sk.fit(x)
     ours = XDGMM(k, "em", epochs=10, w=0.0, tol=None, dtype="float64", device="cpu", **init).fit(x, None)
@@ -70,7 +76,9 @@ def test_em_never_decreases_the_loglikelihood():
 
 def test_em_stops_at_tolerance():
     rng = np.random.default_rng(13)
-    x, S, _, _ = draw_xd_data(rng, 500, np.ones(2) / 2, np.array([[0.0, 0.0], [6.0, 6.0]]), np.stack([np.eye(2)] * 2), 0.1, 0.3)
+    x, S, _, _ = draw_xd_data(
+        rng, 500, np.ones(2) / 2, np.array([[0.0, 0.0], [6.0, 6.0]]), np.stack([np.eye(2)] * 2), 0.1, 0.3
+    )
     model = XDGMM(2, "em", epochs=200, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, S)
     assert model.converged_ and model.n_iter_ < 200
     assert model.history_[-1]["train_loglik"] - model.history_[-2]["train_loglik"] < 1e-4
@@ -105,15 +113,22 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
     settings = dict(n_components=3, method=method, tol=None, dtype="float64", device="cpu", random_state=1, **init)
     passes = {"E-step": 0, "evaluation": 0}
     real_stats, real_dens = loop.batch_statistics, loop.log_densities
-    monkeypatch.setattr(loop, "batch_statistics", lambda *a, **k: (passes.update({"E-step": passes["E-step"] + 1}),
-                                                                  real_stats(*a, **k))[1])  # fmt: skip
-    monkeypatch.setattr(loop, "log_densities", lambda *a, **k: (passes.update({"evaluation": passes["evaluation"] + 1}),
-                                                               real_dens(*a, **k))[1])  # fmt: skip
+    monkeypatch.setattr(
+        loop,
+        "batch_statistics",
+        lambda *a, **k: (passes.update({"E-step": passes["E-step"] + 1}), real_stats(*a, **k))[1],
+    )
+    monkeypatch.setattr(
+        loop,
+        "log_densities",
+        lambda *a, **k: (passes.update({"evaluation": passes["evaluation"] + 1}), real_dens(*a, **k))[1],
+    )
     model = XDGMM(epochs=4, **settings).fit(x, S)
     assert passes == {"E-step": 4, "evaluation": 1}  # 400 stars: one chunk a pass
     curve = [h["train_loglik"] for h in model.history_]
-    assert curve[0] == pytest.approx(xd_loglik(x, S, init["weights_init"], init["means_init"],
-                                               init["covariances_init"]).mean(), rel=1e-11)  # fmt: skip
+    assert curve[0] == pytest.approx(
+        xd_loglik(x, S, init["weights_init"], init["means_init"], init["covariances_init"]).mean(), rel=1e-11
+    )
     for epochs in range(1, 5):
         stopped = XDGMM(epochs=epochs, **settings).fit(x, S)
         independent = xd_loglik(x, S, stopped.weights_, stopped.means_, stopped.covariances_).mean()

@@ -2,10 +2,10 @@
 
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.version import Version
 
@@ -98,7 +98,20 @@ def test_configs_validate_against_the_schema(name):
     assert config["report"]["seed"] in config["fit"]["seeds"]
     if name in ("config", "mock"):  # the paper's protocol, appendix B
         fit = config["fit"]
-        assert (fit["n_components"], fit["seeds"], fit["epochs"], fit["batch_size"]) == ([64, 128, 256, 512], list(range(10)), 20, 500)
-        assert (fit["step_schedule"], fit["step_size"], fit["step_decay"], fit["lr"], fit["lr_decay"], fit["decay_epoch"],
-                fit["w"], fit["tol"]) == ("step", 0.01, 0.5, 0.01, 0.1, 10, 0.001, None)  # fmt: skip
+        assert (fit["n_components"], fit["seeds"], fit["epochs"], fit["batch_size"]) == (
+            [64, 128, 256, 512],
+            list(range(10)),
+            20,
+            500,
+        )
+        assert (
+            fit["step_schedule"],
+            fit["step_size"],
+            fit["step_decay"],
+            fit["lr"],
+            fit["lr_decay"],
+            fit["decay_epoch"],
+            fit["w"],
+            fit["tol"],
+        ) == ("step", 0.01, 0.5, 0.01, 0.1, 10, 0.001, None)
         assert config["data"]["n_rows"] == 2_000_000 and config["init"]["kmeans_epochs"] == 10

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
-
-import scalable_xd.estimator
-import scalable_xd.dataset
-import scalable_xd.fit.loop
 from sklearn.exceptions import NotFittedError
 
+import scalable_xd.dataset
+import scalable_xd.estimator
+import scalable_xd.fit.loop
 from scalable_xd import XDGMM, FitDivergedError
 
 K, D = 3, 3
@@ -110,7 +109,9 @@ def test_compiled_kernel_gives_the_same_fit_and_scores(data):
     )
     R = np.random.default_rng(41).normal(size=(100, 2, D))
     S_obs = np.einsum("nij,njk,nlk->nil", R, S[:100], R)
-    np.testing.assert_allclose(compiled.score_samples(x[:100, :2], S_obs, R=R), eager.score_samples(x[:100, :2], S_obs, R=R))
+    np.testing.assert_allclose(
+        compiled.score_samples(x[:100, :2], S_obs, R=R), eager.score_samples(x[:100, :2], S_obs, R=R)
+    )
 
 
 def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) -> None:
@@ -128,10 +129,17 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
             XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
 
 
-@pytest.mark.parametrize("method, options", [
-    ("em", {}), ("stochastic_em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_minibatch_em", {}),
-    ("minibatch_em", {"averaging": "polyak", "truncation": True}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("em", {}),
+        ("stochastic_em", {}),
+        ("minibatch_em", {}),
+        ("sgd", {}),
+        ("stochastic_minibatch_em", {}),
+        ("minibatch_em", {"averaging": "polyak", "truncation": True}),
+    ],
+)
 def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, options, tmp_path, monkeypatch):
     """checkpoint_every: a checkpoint inside epoch 2 (after 3 of its batches; batch EM's chunks of 8,192
     points carry the partial sums) resumes with the rest of that epoch, computing only what was not done."""
@@ -139,8 +147,19 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
     x = np.concatenate([rng.normal(size=(9000, 2)), rng.normal(size=(9000, 2)) + 4])
     S = np.tile(np.eye(2) * 0.1, (len(x), 1, 1))
     batch_size = 8192 if method in ("em", "stochastic_em") else 2000  # 4 batches (batch EM: 2 chunks) an epoch
-    settings = {**dict(n_components=2, method=method, epochs=3, batch_size=batch_size, tol=None, dtype="float64",
-                       device="cpu", random_state=2), **options}  # fmt: skip
+    settings = {
+        **dict(
+            n_components=2,
+            method=method,
+            epochs=3,
+            batch_size=batch_size,
+            tol=None,
+            dtype="float64",
+            device="cpu",
+            random_state=2,
+        ),
+        **options,
+    }
     every = 1 if method in ("em", "stochastic_em") else 3
     uninterrupted = XDGMM(**settings).fit(x, S)
     checkpoint, save = tmp_path / "fit.ckpt", scalable_xd.fit.checkpoint.save
@@ -167,18 +186,27 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
         XDGMM(**split_merge).fit(x, S, checkpoint=tmp_path / "sm.ckpt", checkpoint_every=2)
 
 
-@pytest.mark.parametrize("method, options", [
-    ("em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_em", {}), ("stochastic_minibatch_em", {}),
-    ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
-    ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),
-    ("em", {"split_merge": True, "tol": 0.2, "split_merge_tries": 3}),  # interrupted in a partial EM
-    ("minibatch_em", {"split_merge": True}),  # interrupted with a trial proposed, before its epoch
-    ("sgd", {"split_merge": True, "batch_size": 100}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("em", {}),
+        ("minibatch_em", {}),
+        ("sgd", {}),
+        ("stochastic_em", {}),
+        ("stochastic_minibatch_em", {}),
+        ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
+        ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),
+        ("em", {"split_merge": True, "tol": 0.2, "split_merge_tries": 3}),  # interrupted in a partial EM
+        ("minibatch_em", {"split_merge": True}),  # interrupted with a trial proposed, before its epoch
+        ("sgd", {"split_merge": True, "batch_size": 100}),
+    ],
+)
 def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch):
     x, S = data
-    settings = {**dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu",
-                       random_state=5), **options}  # fmt: skip
+    settings = {
+        **dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5),
+        **options,
+    }
     uninterrupted = XDGMM(**settings).fit(x, S)
 
     checkpoint = tmp_path / "fit.ckpt"
@@ -187,7 +215,9 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
     epochs_run = []
     order = scalable_xd.dataset.epoch_order
     monkeypatch.setattr(
-        scalable_xd.dataset, "epoch_order", lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1]
+        scalable_xd.dataset,
+        "epoch_order",
+        lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1],
     )
     resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
     assert epochs_run == [4, 5, 6]  # only the epochs after the checkpoint ran again
@@ -196,7 +226,8 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
     assert [h["epoch"] for h in resumed.history_] == list(range(7))
     assert resumed.history_ == uninterrupted.history_ or all(  # the same curve (and truncation restarts)
         {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
-        for a, b in zip(resumed.history_, uninterrupted.history_))  # fmt: skip
+        for a, b in zip(resumed.history_, uninterrupted.history_)
+    )
     with pytest.raises(ValueError, match="different fit"):
         XDGMM(**{**settings, "w": 0.5}).fit(x, S, checkpoint=checkpoint)
 
@@ -233,10 +264,12 @@ def test_collapsing_component_raises_a_named_divergence():
         (lambda x, S: S.__setitem__((3, 0, 0), np.nan), "Xcov row 3 contains NaN"),
         (lambda x, S: S.__setitem__((5, 0, 1), S[5, 0, 1] + 0.3), "Xcov row 5 is not symmetric"),
         (lambda x, S: S.__setitem__((4, 1, 1), -1.0), "Xcov row 4 has a negative variance"),
-        (lambda x, S: S.__setitem__((6, slice(None), slice(None)), [[1, 2, 0], [2, 1, 0], [0, 0, 1]]),
-         "Xcov row 6 is not positive semi-definite"),
+        (
+            lambda x, S: S.__setitem__((6, slice(None), slice(None)), [[1, 2, 0], [2, 1, 0], [0, 0, 1]]),
+            "Xcov row 6 is not positive semi-definite",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_rows_are_named(data, mutate, message):
     x, S = (a[:50].copy() for a in data)
     mutate(x, S)
@@ -285,11 +318,27 @@ def test_cuda_request_without_cuda_says_so():
 def test_cappe_moulines_schedule():
     from scalable_xd.fit.fitters import MinibatchEM
 
-    fitter = MinibatchEM(None, w=0, step_size=0.01, schedule="cappe_moulines", step_decay=0.5, decay_epoch=10,
-                         kappa=0.6, covariance_update="stable")  # fmt: skip
+    fitter = MinibatchEM(
+        None,
+        w=0,
+        step_size=0.01,
+        schedule="cappe_moulines",
+        step_decay=0.5,
+        decay_epoch=10,
+        kappa=0.6,
+        covariance_update="stable",
+    )
     assert fitter.step_size(0) == pytest.approx(0.01)
     fitter.n_updates = 5000
     assert fitter.step_size(0) == pytest.approx((0.01 ** (-1 / 0.6) + 5000) ** -0.6)
-    paper = MinibatchEM(None, w=0, step_size=0.01, schedule="step", step_decay=0.5, decay_epoch=10, kappa=0.6,
-                        covariance_update="stable")  # fmt: skip
+    paper = MinibatchEM(
+        None,
+        w=0,
+        step_size=0.01,
+        schedule="step",
+        step_decay=0.5,
+        decay_epoch=10,
+        kappa=0.6,
+        covariance_update="stable",
+    )
     assert [paper.step_size(e) for e in (0, 9, 10, 19)] == [0.01, 0.01, 0.005, 0.005]

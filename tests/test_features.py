@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from scalable_xd.gaia.features import MISSING_LOGLIK_CONSTANT, compute_features
-from scalable_xd.gaia.storage import read_features, split_of, write_feature_splits
 from scalable_xd.gaia.mock import make_mock
 from scalable_xd.gaia.schema import ASTROMETRY, CORRELATIONS, FEATURES
+from scalable_xd.gaia.storage import read_features, split_of, write_feature_splits
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 
@@ -59,10 +59,19 @@ def test_hand_computed_rows(mock):
     # corrected: sigma_ra = ra_error / (3.6e6 cos dec) deg, sigma_dec = dec_error / 3.6e6 deg; photometry from
     # the flux signal-to-noise, 1.0857 / (flux / error) mag, with the zero-points' 1.8 / 1.4 / 1.9 mmag floors.
     cos_dec = math.cos(math.radians(full.dec))
-    sig = [full.ra_error / 3.6e6 / cos_dec, full.dec_error / 3.6e6, full.parallax_error, full.pmra_error,
-           full.pmdec_error, _colour_sigma(full), _g_sigma(full)]  # fmt: skip
+    sig = [
+        full.ra_error / 3.6e6 / cos_dec,
+        full.dec_error / 3.6e6,
+        full.parallax_error,
+        full.pmra_error,
+        full.pmdec_error,
+        _colour_sigma(full),
+        _g_sigma(full),
+    ]
     np.testing.assert_allclose(X["corrected"][1][0], _hand_covariance(full, sig), rtol=1e-6)
-    np.testing.assert_array_equal(X["corrected"][0][0], [full[f] for f in ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")])
+    np.testing.assert_array_equal(
+        X["corrected"][0][0], [full[f] for f in ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")]
+    )
     # paper: errors used as they come (mas taken for degrees), photometry 0.01.
     sig = [full.ra_error, full.dec_error, full.parallax_error, full.pmra_error, full.pmdec_error, 0.01, 0.01]
     np.testing.assert_allclose(X["paper"][1][0], _hand_covariance(full, sig), rtol=1e-6)
@@ -72,8 +81,17 @@ def test_hand_computed_rows(mock):
     x, cov = X["corrected"][0][1], X["corrected"][1][1]
     np.testing.assert_array_equal(x[[2, 3, 4, 5]], 0.0)
     np.testing.assert_array_equal(np.diag(cov)[[2, 3, 4, 5]], 1e12)
-    expected = np.diag([(sparse.ra_error / 3.6e6 / math.cos(math.radians(sparse.dec))) ** 2,
-                        (sparse.dec_error / 3.6e6) ** 2, 1e12, 1e12, 1e12, 1e12, _g_sigma(sparse) ** 2])  # fmt: skip
+    expected = np.diag(
+        [
+            (sparse.ra_error / 3.6e6 / math.cos(math.radians(sparse.dec))) ** 2,
+            (sparse.dec_error / 3.6e6) ** 2,
+            1e12,
+            1e12,
+            1e12,
+            1e12,
+            _g_sigma(sparse) ** 2,
+        ]
+    )
     expected[0, 1] = expected[1, 0] = sparse.ra_dec_corr * math.sqrt(expected[0, 0] * expected[1, 1])
     np.testing.assert_allclose(cov, expected, rtol=1e-6)
     assert X["paper"][0][1][5] == 0.0 and X["paper"][1][1][5, 5] == pytest.approx(1e-4)
@@ -96,8 +114,12 @@ def test_bad_rows_follow_the_documented_rule_and_are_counted(mock):
         rows.loc[4, name] = np.float32(0.95)  # three strong correlations...
     rows.loc[4, "dec_parallax_corr"] = np.float32(-0.95)  # ...that no correlation matrix can have
     features = compute_features(rows)
-    assert features.counts == {"invalid_error": 2, "missing_correlation": 1, "correlation_out_of_range": 1,
-                               "not_positive_definite": 1}  # fmt: skip
+    assert features.counts == {
+        "invalid_error": 2,
+        "missing_correlation": 1,
+        "correlation_out_of_range": 1,
+        "not_positive_definite": 1,
+    }
     assert features.X[0, 2] == 0 and features.sigma[0, 2] == 1e6 and features.n_missing[0] == 1
     assert features.sigma[1, 3] == 1e6
     corr = dict(zip([c for c, _, _ in CORRELATIONS], features.corr.T))
@@ -126,8 +148,12 @@ def test_feature_files_hold_every_row_once(mock, tmp_path):
     for k, start in enumerate(range(0, len(mock), 40_000)):  # three download chunks
         mock.iloc[start : start + 40_000].to_parquet(raw / f"chunk{k}.parquet")
     summary = write_feature_splits(raw, tmp_path / "features", mode="corrected", split_seed=0, progress=False)
-    assert sorted(p.name for p in (tmp_path / "features").iterdir()) == ["features.json", "test.parquet",
-                                                                        "train.parquet", "val.parquet"]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "features").iterdir()) == [
+        "features.json",
+        "test.parquet",
+        "train.parquet",
+        "val.parquet",
+    ]
     assert json.loads((tmp_path / "features" / "features.json").read_text()) == summary
     parts = {name: read_features(tmp_path / "features" / f"{name}.parquet") for name in ("train", "val", "test")}
     assert {k: len(v) for k, v in parts.items()} == summary["rows"]

@@ -23,15 +23,60 @@ def run(tmp_path_factory):
     metrics = []
     for seed in (0, 1):
         init = root / f"init{seed}.npz"
-        assert main(["-q", "kmeans", "--train", str(root / "data" / "train.parquet"), "--n-components", "3",
-                     "--seed", str(seed), "--output", str(init)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "-q",
+                    "kmeans",
+                    "--train",
+                    str(root / "data" / "train.parquet"),
+                    "--n-components",
+                    "3",
+                    "--seed",
+                    str(seed),
+                    "--output",
+                    str(init),
+                ]
+            )
+            == 0
+        )
         for method in METHOD_ORDER:
             out = root / method / f"seed{seed}"
-            assert main(["-q", "fit", "--train", str(root / "data" / "train.parquet"), "--val",
-                         str(root / "data" / "val.parquet"), "--init", str(init), "--n-components", "3",
-                         "--method", method, "--seed", str(seed), "--epochs", str(EPOCHS), "--tol", "none",
-                         "--step-schedule", "step", "--step-size", "0.05", "--device", "cpu",
-                         "--output-model", str(out / "model.npz"), "--output-metrics", str(out / "metrics.json")]) == 0  # fmt: skip
+            assert (
+                main(
+                    [
+                        "-q",
+                        "fit",
+                        "--train",
+                        str(root / "data" / "train.parquet"),
+                        "--val",
+                        str(root / "data" / "val.parquet"),
+                        "--init",
+                        str(init),
+                        "--n-components",
+                        "3",
+                        "--method",
+                        method,
+                        "--seed",
+                        str(seed),
+                        "--epochs",
+                        str(EPOCHS),
+                        "--tol",
+                        "none",
+                        "--step-schedule",
+                        "step",
+                        "--step-size",
+                        "0.05",
+                        "--device",
+                        "cpu",
+                        "--output-model",
+                        str(out / "model.npz"),
+                        "--output-metrics",
+                        str(out / "metrics.json"),
+                    ]
+                )
+                == 0
+            )
             metrics.append(out / "metrics.json")
     return root, metrics
 
@@ -51,8 +96,13 @@ def test_the_sky_map_integrates_to_the_number_of_stars():
 @pytest.mark.parametrize("frame", ["icrs", "galactic"])
 def test_sky_figure_shows_data_and_model_on_one_scale(run, tmp_path, frame):
     root, _ = run
-    out = plot_sky_density(root / "minibatch_em" / "seed0" / "model.npz", root / "data" / "train.parquet",
-                           [tmp_path / "sky.png", tmp_path / "sky.pdf"], n_samples=20_000, frame=frame)  # fmt: skip
+    out = plot_sky_density(
+        root / "minibatch_em" / "seed0" / "model.npz",
+        root / "data" / "train.parquet",
+        [tmp_path / "sky.png", tmp_path / "sky.pdf"],
+        n_samples=20_000,
+        frame=frame,
+    )
     area = hp.nside2pixarea(out["nside"], degrees=True)
     n_train = len(read_features(root / "data" / "train.parquet").X)
     assert out["maps"]["data"].sum() * area == pytest.approx(n_train)
@@ -67,7 +117,9 @@ def test_time_error_bars_stay_positive_and_every_method_is_drawn(run, tmp_path):
     drawn = plot_timing_vs_k(metrics, [tmp_path / "timing.png"])
     assert list(drawn) == METHOD_ORDER
     for method, bars in drawn.items():
-        assert (bars["low"] > 0).all() and (bars["low"] <= bars["centre"]).all() and (bars["centre"] <= bars["high"]).all()
+        assert (
+            (bars["low"] > 0).all() and (bars["low"] <= bars["centre"]).all() and (bars["centre"] <= bars["high"]).all()
+        )
         seconds = [FitMetrics.read(p).train_seconds for p in metrics if f"/{method}/" in str(p)]
         assert bars["centre"][0] == pytest.approx(np.exp(np.mean(np.log(seconds))))  # the geometric mean
 
@@ -80,7 +132,9 @@ def test_curves_show_the_last_epochs_of_every_method(run, tmp_path):
         history = FitMetrics.read(path).history
         assert len(history) == EPOCHS + 1
     for method in METHOD_ORDER:
-        curves = np.array([[e["train_loglik"] for e in FitMetrics.read(p).history] for p in metrics if f"/{method}/" in str(p)])
+        curves = np.array(
+            [[e["train_loglik"] for e in FitMetrics.read(p).history] for p in metrics if f"/{method}/" in str(p)]
+        )
         last = curves.mean(axis=0)[-LAST_EPOCHS:]
         assert low <= last.min() and last.max() <= high, method
     start = np.mean([FitMetrics.read(p).history[0]["train_loglik"] for p in metrics])
@@ -89,8 +143,12 @@ def test_curves_show_the_last_epochs_of_every_method(run, tmp_path):
 
 def test_corner_names_every_layer_and_the_mass_beyond_the_panels(run, tmp_path):
     root, _ = run
-    drawn = plot_corner(root / "sgd" / "seed0" / "model.npz", root / "data" / "test.parquet",
-                        [tmp_path / "corner.png", tmp_path / "corner.pdf"], n_samples=5000)  # fmt: skip
+    drawn = plot_corner(
+        root / "sgd" / "seed0" / "model.npz",
+        root / "data" / "test.parquet",
+        [tmp_path / "corner.png", tmp_path / "corner.pdf"],
+        n_samples=5000,
+    )
     assert [label.split(":")[0] for label in drawn["legend"]] == ["data", "model", "true values"]
     assert all(0 <= share <= 1 for share in drawn["outside"].values()) and "G [mag]" in drawn["outside"]
 

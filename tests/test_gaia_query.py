@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from tap_server import MockTapServer, votable_bytes
 
-from scalable_xd.gaia.storage import read_raw
+from scalable_xd.gaia.mock import make_mock
 from scalable_xd.gaia.query import (
     ArchiveRefusedError,
     ChunkError,
@@ -19,9 +19,9 @@ from scalable_xd.gaia.query import (
     query_gaia,
     table_to_frame,
 )
-from scalable_xd.gaia.tap import ArchiveUnreachableError
-from scalable_xd.gaia.mock import make_mock
 from scalable_xd.gaia.schema import QUERY_COLUMNS
+from scalable_xd.gaia.storage import read_raw
+from scalable_xd.gaia.tap import ArchiveUnreachableError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 N_ROWS, CHUNK = 20_000, 5_000
@@ -58,8 +58,23 @@ def test_query_downloads_the_mock_row_for_row(catalogue, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temporary files
 
 
-@pytest.mark.parametrize("fault", ["http500", "http503", "truncated", "slow", "error", "stuck", "phase500", "aborted",
-                                   "reset", "drip", "html", "empty"])  # fmt: skip
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "http500",
+        "http503",
+        "truncated",
+        "slow",
+        "error",
+        "stuck",
+        "phase500",
+        "aborted",
+        "reset",
+        "drip",
+        "html",
+        "empty",
+    ],
+)
 def test_query_survives_injected_faults(catalogue, tmp_path, fault):
     with MockTapServer(catalogue, slow_seconds=5.0) as server:
         server.fail(fault, SMALL, times=1)
@@ -74,8 +89,10 @@ def test_interrupted_query_resumes_with_only_missing_chunks(catalogue, tmp_path)
         server.fail("http500", 2 * SMALL, times=-1)  # the third chunk keeps failing
         with pytest.raises(ChunkError, match=r"chunk \[4000, 6000\) failed after 2 attempts"):
             query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, retries=1, **FAST)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [chunk_path(tmp_path, 0, SMALL).name,
-                                                           chunk_path(tmp_path, SMALL, 2 * SMALL).name]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        chunk_path(tmp_path, 0, SMALL).name,
+        chunk_path(tmp_path, SMALL, 2 * SMALL).name,
+    ]
     with MockTapServer(catalogue) as server:
         query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
         assert server.queries == {(2 * SMALL, 3 * SMALL): 1, (3 * SMALL, 4 * SMALL): 1}
@@ -161,8 +178,14 @@ def test_a_dripping_result_cannot_outlast_the_deadline(catalogue, tmp_path):
         server.fail("drip", 0, times=-1)
         start = time.monotonic()
         with pytest.raises(ChunkError, match="still arriving at the attempt's deadline"):
-            query_gaia(SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, retries=1,
-                       **{**FAST, "request_timeout": 4.0, "job_timeout": 4.5})  # fmt: skip
+            query_gaia(
+                SMALL,
+                tmp_path,
+                chunk_rows=SMALL,
+                tap_url=server.url,
+                retries=1,
+                **{**FAST, "request_timeout": 4.0, "job_timeout": 4.5},
+            )
         elapsed = time.monotonic() - start
     assert elapsed < 2 * 4.5 + 2.0  # two attempts, each ending at its deadline (plus a drip interval)
     assert list(tmp_path.iterdir()) == []
@@ -188,10 +211,18 @@ def test_credentials_in_the_url_authenticate_and_never_leak(catalogue, tmp_path,
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(ArchiveUnreachableError) as unreachable:
-        query_gaia(SMALL, tmp_path / "x", tap_url=f"http://astro:{secret}@127.0.0.1:{port}/", connect_timeout=1.0,
-                   progress=False)  # fmt: skip
-    for text in [record.getMessage() for record in caplog.records] + [str(refused.value), str(unreachable.value),
-                                                                      json.dumps(manifest)]:  # fmt: skip
+        query_gaia(
+            SMALL,
+            tmp_path / "x",
+            tap_url=f"http://astro:{secret}@127.0.0.1:{port}/",
+            connect_timeout=1.0,
+            progress=False,
+        )
+    for text in [record.getMessage() for record in caplog.records] + [
+        str(refused.value),
+        str(unreachable.value),
+        json.dumps(manifest),
+    ]:
         assert secret not in text and "wrong-guess" not in text, text
     assert "***@127.0.0.1" in str(unreachable.value)
 
@@ -233,11 +264,14 @@ query_gaia({N_SMALL}, {str(tmp_path)!r}, chunk_rows={SMALL}, tap_url={server.url
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
         assert result.returncode == -signal.SIGKILL
         leftovers = [p.name for p in tmp_path.iterdir()]
-        assert chunk_path(tmp_path, 0, SMALL).name in leftovers and any(n.startswith(".gaia_dr2_ri_") for n in leftovers)
+        assert chunk_path(tmp_path, 0, SMALL).name in leftovers and any(
+            n.startswith(".gaia_dr2_ri_") for n in leftovers
+        )
         query_gaia(N_SMALL, tmp_path, chunk_rows=SMALL, tap_url=server.url, **FAST)
         assert sum(server.queries.values()) == 2 + 3  # the killed run's two chunks, then the three missing
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(chunk_path(tmp_path, lo, lo + SMALL).name
-                                                                for lo in range(0, N_SMALL, SMALL))  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        chunk_path(tmp_path, lo, lo + SMALL).name for lo in range(0, N_SMALL, SMALL)
+    )
     _assert_same_rows(tmp_path, catalogue, N_SMALL)
 
 

@@ -28,8 +28,12 @@ while not release.exists():
 
 def _run_jobs(tmp_path, n_jobs: int, n_gpus: int, requested: str = "cuda") -> list[str]:
     """Start ``n_jobs`` jobs at once, collect the device each reports while all are alive, let them exit."""
-    jobs = [subprocess.Popen([sys.executable, "-c", JOB, str(n_gpus), str(tmp_path), requested],
-                             stdout=subprocess.PIPE, text=True) for _ in range(n_jobs)]  # fmt: skip
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", JOB, str(n_gpus), str(tmp_path), requested], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(n_jobs)
+    ]
     try:
         return sorted(job.stdout.readline().strip() for job in jobs)
     finally:
@@ -75,8 +79,23 @@ def test_the_command_line_runs_each_job_on_the_device_it_was_given(files, monkey
     kmeans = steps.kmeans
     monkeypatch.setattr(steps, "kmeans", lambda *args, **kw: used.append(args[4]) or kmeans(*args, **kw))
     out = files / "slot" / "init.npz"
-    assert main(["-q", "kmeans", "--train", str(files / "data" / "train.parquet"), "--n-components", "3",
-                 "--device", "cuda", "--output", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "-q",
+                "kmeans",
+                "--train",
+                str(files / "data" / "train.parquet"),
+                "--n-components",
+                "3",
+                "--device",
+                "cuda",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert asked == ["cuda"] and used == ["cpu"] and out.exists()
 
 

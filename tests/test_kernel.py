@@ -41,8 +41,12 @@ def test_statistics_reproduce_eq5_sums(projected, backend):
     x, S, weights, means, covs = kernel_problem(rng, d=d, d_obs=2 if projected else None)
     R = rng.normal(size=(x.shape[0], 2, d)) if projected else None
     stats = batch_statistics(
-        torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs), None if R is None else torch.tensor(R),
-        backend=backend, max_pairs=37,  # force several chunks
+        torch.tensor(x),
+        torch.tensor(S),
+        _mixture(weights, means, covs),
+        None if R is None else torch.tensor(R),
+        backend=backend,
+        max_pairs=37,  # force several chunks
     )
     r, b, B = xd_pair_posteriors(x, S, weights, means, covs, R)
     q = r.sum(0)
@@ -63,7 +67,9 @@ def test_failed_factorisation_names_row_and_component(backend):
     S[6:] = np.eye(2) * 5.0  # rows 6.. are rescued by their noise
     covs[2] = np.array([[1.0, 2.0], [2.0, 1.0]])  # indefinite
     with pytest.raises(NotPositiveDefiniteError) as err:
-        batch_statistics(torch.tensor(x[4:]), torch.tensor(S[4:]), _mixture(weights, means, covs), backend=backend, max_pairs=3)
+        batch_statistics(
+            torch.tensor(x[4:]), torch.tensor(S[4:]), _mixture(weights, means, covs), backend=backend, max_pairs=3
+        )
     assert (err.value.row, err.value.component) == (0, 2)
     with pytest.raises(NotPositiveDefiniteError) as err:
         log_densities(torch.tensor(x[5:]), torch.tensor(S[5:]), _mixture(weights, means, covs), backend=backend)
@@ -128,13 +134,19 @@ def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(d,
 
 def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
     """A second process finds the compiled kernel in the cache folder instead of compiling it again."""
-    script = ("import time, torch; from scalable_xd.kernel.dispatch import log_densities; "
-              "from scalable_xd.mixture import Mixture; m = Mixture(torch.ones(2) / 2, torch.zeros(2, 2), "
-              "torch.eye(2).expand(2, 2, 2)); x = torch.zeros(3, 2); S = torch.eye(2).expand(3, 2, 2); "
-              "t = time.perf_counter(); log_densities(x, S, m, backend='fused'); print(time.perf_counter() - t)")  # fmt: skip
+    script = (
+        "import time, torch; from scalable_xd.kernel.dispatch import log_densities; "
+        "from scalable_xd.mixture import Mixture; m = Mixture(torch.ones(2) / 2, torch.zeros(2, 2), "
+        "torch.eye(2).expand(2, 2, 2)); x = torch.zeros(3, 2); S = torch.eye(2).expand(3, 2, 2); "
+        "t = time.perf_counter(); log_densities(x, S, m, backend='fused'); print(time.perf_counter() - t)"
+    )
     env = {**os.environ, "SCALABLE_XD_CACHE": str(tmp_path)}
-    seconds = [float(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                                    check=True).stdout) for _ in range(2)]  # fmt: skip
+    seconds = [
+        float(
+            subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+        )
+        for _ in range(2)
+    ]
     assert len(list((tmp_path / "kernels").glob("fused_d2_float32_densities_*.py"))) == 1
     assert list((tmp_path / "kernels" / "__pycache__").glob("*.nbi"))
     assert seconds[1] < seconds[0] / 3, seconds

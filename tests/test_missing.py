@@ -43,8 +43,14 @@ def test_the_kernel_equals_an_explicit_projection_per_star(problem):
         if not observed[i].any():
             assert loglik[i] == 0.0  # p(x) = 1: nothing was measured
             continue
-        want = xd_loglik(x_nan[i : i + 1, observed[i]], (R @ S[i] @ R.T)[None], init["weights_init"],
-                         init["means_init"], init["covariances_init"], R[None])[0]  # fmt: skip
+        want = xd_loglik(
+            x_nan[i : i + 1, observed[i]],
+            (R @ S[i] @ R.T)[None],
+            init["weights_init"],
+            init["means_init"],
+            init["covariances_init"],
+            R[None],
+        )[0]
         assert float(loglik[i]) == pytest.approx(want, rel=1e-12)
     stats = batch_statistics(x, torch.as_tensor(S), mixture, observed=mask)
     assert stats.n_points == len(x) and float(stats.q.sum()) == pytest.approx(len(x), rel=1e-12)
@@ -56,8 +62,14 @@ def test_one_em_step_equals_the_update_written_out_with_projections(problem):
     for i in range(len(x_nan)):  # eq. 4 with R_i dropping the missing entries, one star at a time
         R = _selection(observed[i])
         if observed[i].any():
-            r, b, B = xd_pair_posteriors(x_nan[i : i + 1, observed[i]], (R @ S[i] @ R.T)[None], init["weights_init"],
-                                         init["means_init"], init["covariances_init"], R[None])  # fmt: skip
+            r, b, B = xd_pair_posteriors(
+                x_nan[i : i + 1, observed[i]],
+                (R @ S[i] @ R.T)[None],
+                init["weights_init"],
+                init["means_init"],
+                init["covariances_init"],
+                R[None],
+            )
         else:  # nothing observed: the prior's responsibilities, means and covariances
             r, b, B = init["weights_init"][None], init["means_init"][None], init["covariances_init"][None]
         r_all.append(r), b_all.append(b), B_all.append(B)
@@ -66,8 +78,9 @@ def test_one_em_step_equals_the_update_written_out_with_projections(problem):
     means = np.einsum("nk,nkd->kd", r, b) / q[:, None]
     centred = b - means[None]
     covs = (np.einsum("nk,nkd,nke->kde", r, centred, centred) + np.einsum("nk,nkde->kde", r, B)) / q[:, None, None]
-    model = XDGMM(K, "em", epochs=1, w=0.0, tol=None, dtype="float64", device="cpu", missing="marginalise",
-                  **init).fit(x_nan, S)  # fmt: skip
+    model = XDGMM(K, "em", epochs=1, w=0.0, tol=None, dtype="float64", device="cpu", missing="marginalise", **init).fit(
+        x_nan, S
+    )
     np.testing.assert_allclose(model.weights_, q / q.sum(), rtol=1e-11)
     np.testing.assert_allclose(model.means_, means, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(model.covariances_, covs, rtol=1e-10, atol=1e-12)
@@ -83,8 +96,17 @@ def test_marginalising_is_the_limit_of_the_variance_convention(problem, method):
     for i, j in zip(*np.nonzero(~observed)):
         S_big[i, j, :], S_big[i, :, j] = 0.0, 0.0
         S_big[i, j, j] = MISSING_SIGMA**2
-    settings = dict(n_components=K, method=method, epochs=3, batch_size=100, tol=None, dtype="float64", device="cpu",
-                    random_state=4, **init)  # fmt: skip
+    settings = dict(
+        n_components=K,
+        method=method,
+        epochs=3,
+        batch_size=100,
+        tol=None,
+        dtype="float64",
+        device="cpu",
+        random_state=4,
+        **init,
+    )
     convention = XDGMM(**settings).fit(x_zero, S_big)
     marginalised = XDGMM(**settings, missing="marginalise").fit(x_zero, S_big)  # variance 1e12 marks them
     from_nan = XDGMM(**settings, missing="marginalise").fit(x_nan, S)  # and so does NaN

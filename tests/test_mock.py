@@ -114,12 +114,16 @@ def test_mock_resembles_the_real_sample(mock):
     mock_g = np.percentile(five.phot_g_mean_mag, [25, 50, 75])
     real_g = np.percentile(real.phot_g_mean_mag, [25, 50, 75])
     np.testing.assert_allclose(mock_g, real_g, atol=0.7)
-    np.testing.assert_allclose(np.nanpercentile(mock.bp_rp, [5, 50, 95]), np.nanpercentile(real.bp_rp, [5, 50, 95]), atol=0.15)
+    np.testing.assert_allclose(
+        np.nanpercentile(mock.bp_rp, [5, 50, 95]), np.nanpercentile(real.bp_rp, [5, 50, 95]), atol=0.15
+    )
     # Photometric signal-to-noise as the archive publishes it, per passband, in G bins of the real sample.
     for band in ("g", "bp", "rp"):
         column = f"phot_{band}_mean_flux_over_error"
         for lo, hi in ((12, 14), (16.5, 17.5), (19.5, 20.5)):
+
             def median(frame, lo=lo, hi=hi, column=column):
                 in_bin = frame[(frame.phot_g_mean_mag >= lo) & (frame.phot_g_mean_mag < hi)]
                 return np.nanmedian(1.0857 / in_bin[column].to_numpy(dtype=float))
+
             assert median(mock) == pytest.approx(median(real), rel=0.4), (band, lo, hi)

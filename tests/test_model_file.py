@@ -29,14 +29,17 @@ def test_a_saved_model_loads(saved):
     np.testing.assert_array_equal(XDGMM.load(path).weights_, arrays["weights"])
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("empty", "is empty, truncated or of another format"),
-    ("truncated", "is empty, truncated or of another format"),
-    ("garbage", "is empty, truncated or of another format"),
-    ("no meta", r"it lacks meta"),
-    ("pickled meta", "holds Python objects, which are never loaded"),
-    ("meta not JSON", "is empty, truncated or of another format"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("empty", "is empty, truncated or of another format"),
+        ("truncated", "is empty, truncated or of another format"),
+        ("garbage", "is empty, truncated or of another format"),
+        ("no meta", r"it lacks meta"),
+        ("pickled meta", "holds Python objects, which are never loaded"),
+        ("meta not JSON", "is empty, truncated or of another format"),
+    ],
+)
 def test_damaged_or_foreign_files_are_refused_by_name(saved, tmp_path, damage, message):
     path, arrays = saved
     target = tmp_path / "model.npz"
@@ -53,16 +56,25 @@ def test_damaged_or_foreign_files_are_refused_by_name(saved, tmp_path, damage, m
         XDGMM.load(target)
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(weights=np.array([np.nan, 0.5])), "weights of component 0 contain NaN or inf"),
-    (dict(weights=np.array([2.5, 2.5])), "weights sum to 5, not 1"),
-    (dict(weights=np.array([1.5, -0.5])), "weight of component 1 is negative"),
-    (dict(weights=np.array([1.0])), r"weights \(1,\) and means \(2, 2\) must have shapes \(K,\) and \(K, D\)"),
-    (dict(covariances=np.array([np.eye(2), [[1.0, 2.0], [2.0, 1.0]]])), "component 1 has a covariance that is not positive definite"),
-    (dict(covariances=np.array([np.eye(2), [[1.0, 0.5], [0.0, 1.0]]])), "covariance of component 1 is not symmetric"),
-    (dict(covariances=np.eye(2)[None]), r"covariances must have shape \(K, D, D\) = \(2, 2, 2\)"),
-    (dict(weights=np.array([1, 0])), "must be floating-point arrays"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(weights=np.array([np.nan, 0.5])), "weights of component 0 contain NaN or inf"),
+        (dict(weights=np.array([2.5, 2.5])), "weights sum to 5, not 1"),
+        (dict(weights=np.array([1.5, -0.5])), "weight of component 1 is negative"),
+        (dict(weights=np.array([1.0])), r"weights \(1,\) and means \(2, 2\) must have shapes \(K,\) and \(K, D\)"),
+        (
+            dict(covariances=np.array([np.eye(2), [[1.0, 2.0], [2.0, 1.0]]])),
+            "component 1 has a covariance that is not positive definite",
+        ),
+        (
+            dict(covariances=np.array([np.eye(2), [[1.0, 0.5], [0.0, 1.0]]])),
+            "covariance of component 1 is not symmetric",
+        ),
+        (dict(covariances=np.eye(2)[None]), r"covariances must have shape \(K, D, D\) = \(2, 2, 2\)"),
+        (dict(weights=np.array([1, 0])), "must be floating-point arrays"),
+    ],
+)
 def test_invalid_parameters_are_refused_as_a_fit_would_be(saved, tmp_path, change, message):
     path, arrays = saved
     target = _rewrite(tmp_path / "model.npz", arrays, **change)

@@ -33,20 +33,35 @@ def _free_port() -> int:
 def _run_two(tmp_path, settings, checkpoint="", die_after=None, timeout=240):
     """Start ranks 0 and 1; return (rank 0's result file, the processes' return codes and stderr)."""
     output = tmp_path / "rank0.npz"
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}  # fmt: skip
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+    }
     args = [sys.executable, str(WORKER), str(output), json.dumps(settings), str(checkpoint)]
     args += [] if die_after is None else [str(die_after)]
-    procs = [subprocess.Popen(args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=subprocess.PIPE,
-                              text=True) for rank in (0, 1)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            args, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stderr=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
     results = [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
     return output, results
 
 
-@pytest.mark.parametrize("method, options", [
-    ("em", {}), ("minibatch_em", {}), ("sgd", {}), ("stochastic_minibatch_em", {}),
-    ("minibatch_em", {"split_merge": True}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("em", {}),
+        ("minibatch_em", {}),
+        ("sgd", {}),
+        ("stochastic_minibatch_em", {}),
+        ("minibatch_em", {"split_merge": True}),
+    ],
+)
 def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
     settings = {**BASE, "method": method, **options}
     output, results = _run_two(tmp_path, settings)
@@ -81,9 +96,29 @@ def test_a_killed_process_makes_the_other_fail_with_a_message(tmp_path):
 
 
 def _fit_args(files, out, method, *extra):
-    return ["-q", "fit", "--train", str(files / "data" / "train.parquet"), "--init", str(files / "init.npz"),
-            "--n-components", "3", "--method", method, "--epochs", "2", "--dtype", "float64", "--device", "cpu",
-            "--output-model", str(out / "model.npz"), "--output-metrics", str(out / "metrics.json"), *extra]  # fmt: skip
+    return [
+        "-q",
+        "fit",
+        "--train",
+        str(files / "data" / "train.parquet"),
+        "--init",
+        str(files / "init.npz"),
+        "--n-components",
+        "3",
+        "--method",
+        method,
+        "--epochs",
+        "2",
+        "--dtype",
+        "float64",
+        "--device",
+        "cpu",
+        "--output-model",
+        str(out / "model.npz"),
+        "--output-metrics",
+        str(out / "metrics.json"),
+        *extra,
+    ]
 
 
 def _same_model(one, two):
@@ -100,10 +135,23 @@ def test_torchrun_runs_the_command_line_fit(files, tmp_path, stream):
     from scalable_xd.cli import main
 
     assert main(_fit_args(files, tmp_path / "one", "minibatch_em", *stream)) == 0
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                "scalable_xd"]  # fmt: skip
-    done = subprocess.run(torchrun + _fit_args(files, tmp_path / "two", "minibatch_em", *stream), env=ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "scalable_xd",
+    ]
+    done = subprocess.run(
+        torchrun + _fit_args(files, tmp_path / "two", "minibatch_em", *stream),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     _same_model(tmp_path / "one", tmp_path / "two")
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["metrics.json", "model.npz"]
@@ -115,9 +163,23 @@ def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(files, tmp_path
     from scalable_xd.cli import main
 
     assert main(_fit_args(files, tmp_path / "one", "sgd")) == 0
-    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "xd",
-             "-m", "scalable_xd"] + _fit_args(files, tmp_path / "two", "sgd")  # fmt: skip
+    agent = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "--rdzv-id",
+        "xd",
+        "-m",
+        "scalable_xd",
+    ] + _fit_args(files, tmp_path / "two", "sgd")
     nodes = [subprocess.Popen(agent, env=ENV, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(node.wait(timeout=300), node.stderr.read()) for node in nodes]
     assert all(code == 0 for code, _ in results), [err[-2000:] for _, err in results]

@@ -19,14 +19,24 @@ def narrow_gaussian():
 def _fitted_covariance(x, S, method, w, step=1e-2):
     """The paper's schedule (step or learning rate decayed halfway), with batches of 250 so that a step of
     1e-2 forgets the initial covariance I (weight exp(-12) after 20 epochs)."""
-    model = XDGMM(1, method, w=w, step_size=step, step_schedule="step", epochs=20, decay_epoch=10, batch_size=250, dtype="float64",
-                  device="cpu", random_state=0, means_init=np.zeros((1, 2)))  # fmt: skip
+    model = XDGMM(
+        1,
+        method,
+        w=w,
+        step_size=step,
+        step_schedule="step",
+        epochs=20,
+        decay_epoch=10,
+        batch_size=250,
+        dtype="float64",
+        device="cpu",
+        random_state=0,
+        means_init=np.zeros((1, 2)),
+    )
     return model.fit(x, S).covariances_[0]
 
 
-@pytest.mark.parametrize(
-    "method, step", [("em", None), ("sgd", None), ("minibatch_em", 1e-2), ("minibatch_em", 1e-1)]
-)
+@pytest.mark.parametrize("method, step", [("em", None), ("sgd", None), ("minibatch_em", 1e-2), ("minibatch_em", 1e-1)])
 @pytest.mark.parametrize("w", [1e-3, 1e-2])
 def test_regularisation_shifts_a_covariance_by_about_w(narrow_gaussian, method, step, w):
     """The bound: each entry of V(w) - V(0) lies within [-0.1 w, 1.1 w] (diagonal) or +-0.1 w (off it).
@@ -54,10 +64,17 @@ def test_minibatch_em_with_regularisation_recovers_the_true_variance(narrow_gaus
     np.testing.assert_allclose(variances, 0.01 + 1e-3, rtol=0.05)
 
 
-@pytest.mark.parametrize("n, batch, expected", [
-    (3000, 500, [500] * 6), (3001, 500, [500] * 5 + [501]), (3499, 500, [500] * 5 + [999]),
-    (300, 500, [300]), (500, 500, [500]), (1, 500, [1]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, batch, expected",
+    [
+        (3000, 500, [500] * 6),
+        (3001, 500, [500] * 5 + [501]),
+        (3499, 500, [500] * 5 + [999]),
+        (300, 500, [300]),
+        (500, 500, [500]),
+        (1, 500, [1]),
+    ],
+)
 def test_a_remainder_joins_the_last_batch(n, batch, expected):
     bounds = batch_bounds(n, batch)
     assert [stop - start for start, stop in bounds] == expected
@@ -91,10 +108,7 @@ def test_fit_does_not_depend_on_n_mod_batch_size(two_gaussians_1d, method):
     # Online EM with steps lambda_t tracks batch EM after about sum(lambda_t) iterations (45 here); Adam
     # moves a mean by at most ~lr a step, and these start 2 units away.
     settings = dict(epochs=200, decay_epoch=100, batch_size=500, step_size=0.05, step_schedule="step", lr=0.05)
-    fits = [
-        _sorted_fit(XDGMM(2, method, **settings, **init).fit(x[:n], S[:n]))
-        for n in (3000, 3001)
-    ]
+    fits = [_sorted_fit(XDGMM(2, method, **settings, **init).fit(x[:n], S[:n])) for n in (3000, 3001)]
     em = _sorted_fit(XDGMM(2, "em", epochs=500, tol=1e-9, **init).fit(x, S))
     for weights, variances in fits:
         np.testing.assert_allclose(weights, em[0], atol=0.03)

@@ -15,8 +15,17 @@ from scalable_xd.steps import REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
-WORKFLOW_FIT_KEYS = {"methods", "variants", "n_components", "seeds", "threads", "processes", "nodes", "stream_window",
-                     "checkpoint_every"}  # the grid, not settings
+WORKFLOW_FIT_KEYS = {
+    "methods",
+    "variants",
+    "n_components",
+    "seeds",
+    "threads",
+    "processes",
+    "nodes",
+    "stream_window",
+    "checkpoint_every",
+}  # the grid, not settings
 WORKFLOW_INIT_KEYS = {"kmeans_max_rows"}  # which stars k-means sees, not how it runs
 
 
@@ -35,8 +44,17 @@ def test_the_estimator_takes_its_defaults_from_the_settings():
     for name, default in KMeansSettings.defaults().items():
         assert signature[f"kmeans_{name}"].default == default, name
     extra = set(signature) - set(FitSettings.defaults()) - {f"kmeans_{k}" for k in KMeansSettings.defaults()}
-    assert extra == {"n_components", "random_state", "warm_start", "weights_init", "means_init", "covariances_init",
-                     "fix_weights", "fix_means", "fix_covariances"}
+    assert extra == {
+        "n_components",
+        "random_state",
+        "warm_start",
+        "weights_init",
+        "means_init",
+        "covariances_init",
+        "fix_weights",
+        "fix_means",
+        "fix_covariances",
+    }
 
 
 def test_the_schema_states_the_same_defaults_and_choices():
@@ -51,9 +69,13 @@ def test_the_schema_states_the_same_defaults_and_choices():
     assert tuple(variant_methods) == dataclasses.fields(FitSettings)[0].metadata["choices"]
     init = SCHEMA["init"]["properties"]
     assert {k: v["default"] for k, v in init.items() if k not in WORKFLOW_INIT_KEYS} == {
-        f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()}  # fmt: skip
+        f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()
+    }
     truth = SCHEMA["truth"]["properties"]
-    assert (truth["reference_epochs"]["default"], truth["reference_tol"]["default"]) == (REFERENCE.epochs, REFERENCE.tol)
+    assert (truth["reference_epochs"]["default"], truth["reference_tol"]["default"]) == (
+        REFERENCE.epochs,
+        REFERENCE.tol,
+    )
 
 
 def test_the_command_line_states_the_same_defaults():

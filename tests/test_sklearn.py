@@ -63,10 +63,19 @@ def test_random_state_accepts_numpy_generators(blobs):
     assert not np.array_equal(fits["RandomState"].means_, fits["Generator"].means_)
 
 
-APPLICABLE = ["check_estimator_cloneable", "check_estimator_repr", "check_no_attributes_set_in_init",
-              "check_get_params_invariance", "check_set_params", "check_parameters_default_constructible",
-              "check_do_not_raise_errors_in_init_or_set_params", "check_mixin_order", "check_estimators_unfitted",
-              "check_fit1d", "check_requires_y_none"]  # fmt: skip
+APPLICABLE = [
+    "check_estimator_cloneable",
+    "check_estimator_repr",
+    "check_no_attributes_set_in_init",
+    "check_get_params_invariance",
+    "check_set_params",
+    "check_parameters_default_constructible",
+    "check_do_not_raise_errors_in_init_or_set_params",
+    "check_mixin_order",
+    "check_estimators_unfitted",
+    "check_fit1d",
+    "check_requires_y_none",
+]
 
 
 @pytest.mark.parametrize("check", APPLICABLE)

@@ -20,8 +20,10 @@ def three_clusters():
 
 
 # Two components inside the first cluster and one straddling the other two: EM's classic local optimum.
-TRAP = dict(means_init=np.array([[-0.3, 0.0], [0.3, 0.0], [6.0, 3.0]]),
-            covariances_init=np.stack([np.eye(2) * 0.3] * 2 + [np.eye(2) * 4.0]))  # fmt: skip
+TRAP = dict(
+    means_init=np.array([[-0.3, 0.0], [0.3, 0.0], [6.0, 3.0]]),
+    covariances_init=np.stack([np.eye(2) * 0.3] * 2 + [np.eye(2) * 4.0]),
+)
 
 
 def _recovered(model, within: float = 0.1) -> bool:
@@ -56,7 +58,9 @@ def test_the_straddling_start_of_two_means_in_one_cluster_is_escaped():
 def test_the_moves_keep_the_moments_by_hand():
     weights = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
     means = torch.tensor([[0.0, 1.0], [2.0, -1.0], [5.0, 5.0]], dtype=torch.float64)
-    covs = torch.tensor([[[1.0, 0.2], [0.2, 0.5]], [[0.3, 0.0], [0.0, 0.7]], [[4.0, 1.0], [1.0, 2.0]]], dtype=torch.float64)
+    covs = torch.tensor(
+        [[[1.0, 0.2], [0.2, 0.5]], [[0.3, 0.0], [0.0, 0.7]], [[4.0, 1.0], [1.0, 2.0]]], dtype=torch.float64
+    )
     q = torch.tensor([20.0, 60.0, 100.0], dtype=torch.float64)
     moved = apply_move(Mixture(weights, means, covs), q, (0, 1, 2))
     np.testing.assert_allclose(moved.weights.numpy(), [0.5, 0.25, 0.25])
@@ -94,8 +98,17 @@ def shuffled_clusters():
 @pytest.mark.parametrize("method", ["minibatch_em", "stochastic_minibatch_em", "sgd"])
 def test_the_stochastic_form_escapes_the_trap_for_every_minibatch_method(shuffled_clusters, method):
     x, S = shuffled_clusters
-    settings = dict(n_components=3, method=method, epochs=8, batch_size=200, lr=0.05, device="cpu", dtype="float64",
-                    random_state=0, **TRAP)  # fmt: skip
+    settings = dict(
+        n_components=3,
+        method=method,
+        epochs=8,
+        batch_size=200,
+        lr=0.05,
+        device="cpu",
+        dtype="float64",
+        random_state=0,
+        **TRAP,
+    )
     plain = XDGMM(**settings).fit(x, S)
     moved = XDGMM(**settings, split_merge=True).fit(x, S)
     within = 0.3 if method == "sgd" else 0.1  # Adam at a fixed learning rate jitters around the optimum
@@ -111,24 +124,39 @@ def test_a_validation_set_judges_the_stochastic_moves(shuffled_clusters):
     """With X_val given, a move is judged on it: after each judgement the epoch's validation score (of the
     model kept) is the higher of the two judged scores."""
     x, S = shuffled_clusters
-    model = XDGMM(3, "minibatch_em", epochs=4, batch_size=200, split_merge=True, device="cpu", dtype="float64",
-                  random_state=0, **TRAP)  # fmt: skip
+    model = XDGMM(
+        3,
+        "minibatch_em",
+        epochs=4,
+        batch_size=200,
+        split_merge=True,
+        device="cpu",
+        dtype="float64",
+        random_state=0,
+        **TRAP,
+    )
     model.fit(x[:10_000], S[:10_000], X_val=x[10_000:], Xcov_val=S[10_000:])
-    judged = [after for before, after in zip(model.history_, model.history_[1:])
-              if after["moves_tried"] > before["moves_tried"]]  # fmt: skip
+    judged = [
+        after
+        for before, after in zip(model.history_, model.history_[1:])
+        if after["moves_tried"] > before["moves_tried"]
+    ]
     assert judged
     for entry in judged:
         assert entry["val_loglik"] == pytest.approx(max(entry["last_judged"]), rel=1e-12)
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(method="em", split_merge=True, tol=None), "split_merge with method 'em' needs a tolerance"),
-    (dict(method="em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
-    (dict(method="minibatch_em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
-    (dict(method="minibatch_em", split_merge=True, averaging="polyak"), "without averaging or truncation"),
-    (dict(method="stochastic_em", split_merge=True), "split_merge works with em, minibatch_em"),
-    (dict(method="em", split_merge=True, split_merge_tries=0), "split_merge_tries must be a positive integer"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(method="em", split_merge=True, tol=None), "split_merge with method 'em' needs a tolerance"),
+        (dict(method="em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
+        (dict(method="minibatch_em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
+        (dict(method="minibatch_em", split_merge=True, averaging="polyak"), "without averaging or truncation"),
+        (dict(method="stochastic_em", split_merge=True), "split_merge works with em, minibatch_em"),
+        (dict(method="em", split_merge=True, split_merge_tries=0), "split_merge_tries must be a positive integer"),
+    ],
+)
 def test_bad_split_merge_settings_are_named(three_clusters, settings, message):
     with pytest.raises(ValueError, match=message):
         XDGMM(3, device="cpu", **settings).fit(*three_clusters)

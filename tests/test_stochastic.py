@@ -27,9 +27,12 @@ def test_the_s_step_sums_average_to_the_soft_sums(backend):
     mixture = Mixture(*_tensors(weights, means, covs))
     soft = batch_statistics(x, S, mixture, backend=backend)
     generator = torch.Generator().manual_seed(1)
-    draws = [batch_statistics(x, S, mixture, backend=backend, uniforms=torch.rand(30, generator=generator,
-                                                                                  dtype=torch.float64))
-             for _ in range(4000)]  # fmt: skip
+    draws = [
+        batch_statistics(
+            x, S, mixture, backend=backend, uniforms=torch.rand(30, generator=generator, dtype=torch.float64)
+        )
+        for _ in range(4000)
+    ]
     for name in ("q", "U", "UU", "P"):
         values = torch.stack([getattr(d, name) for d in draws])
         mean, stderr = values.mean(0), values.std(0) / np.sqrt(len(draws))
@@ -76,9 +79,18 @@ def test_stochastic_em_is_seeded_and_near_em(data, method):
 def test_polyak_average_is_the_mean_of_the_iterates_and_leaves_the_updates_alone(data):
     x, S = data
     x, S = _tensors(x, S)
-    start = Mixture(*_tensors(np.ones(3) / 3, np.array([[0.0, 0.0], [2.0, 1.0], [-2.0, 1.0]]), np.stack([np.eye(2)] * 3)))
-    settings = dict(w=1e-3, step_size=0.3, schedule="cappe_moulines", step_decay=1.0, decay_epoch=0, kappa=0.6,
-                    covariance_update="stable")  # fmt: skip
+    start = Mixture(
+        *_tensors(np.ones(3) / 3, np.array([[0.0, 0.0], [2.0, 1.0], [-2.0, 1.0]]), np.stack([np.eye(2)] * 3))
+    )
+    settings = dict(
+        w=1e-3,
+        step_size=0.3,
+        schedule="cappe_moulines",
+        step_decay=1.0,
+        decay_epoch=0,
+        kappa=0.6,
+        covariance_update="stable",
+    )
     plain, averaged = MinibatchEM(start, **settings), PolyakAverage(MinibatchEM(start, **settings))
     iterates = []
     for batch in range(8):
@@ -86,8 +98,9 @@ def test_polyak_average_is_the_mean_of_the_iterates_and_leaves_the_updates_alone
         plain.observe(batch_statistics(x[rows], S[rows], plain.mixture))
         averaged.observe(batch_statistics(x[rows], S[rows], averaged.mixture))
         iterates.append(plain.result)
-        for a, b in zip((plain.mixture.means, plain.mixture.covariances), (averaged.mixture.means,
-                                                                           averaged.mixture.covariances)):  # fmt: skip
+        for a, b in zip(
+            (plain.mixture.means, plain.mixture.covariances), (averaged.mixture.means, averaged.mixture.covariances)
+        ):
             torch.testing.assert_close(a, b, rtol=0, atol=0)  # the E-step model is the plain iterate
     for name in ("weights", "means", "covariances"):
         hand = sum(getattr(m, name).numpy() for m in iterates) / len(iterates)
@@ -99,9 +112,20 @@ def test_truncation_restarts_when_and_only_when_the_parameters_leave_the_set(dat
     K_m (then the state is the initial one and m grows) or is kept exactly."""
     x, S = data
     x, S = _tensors(x * 1.5, S)  # spreads of a few units: the first sets (bound 1.5 + m) are too small
-    start = Mixture(*_tensors(np.ones(3) / 3, np.array([[0.0, 0.0], [1.0, 0.5], [-1.0, 0.5]]), np.stack([np.eye(2)] * 3)))
-    truncated = MinibatchEM(start, w=1e-3, step_size=0.5, schedule="power", step_decay=1.0, decay_epoch=0, kappa=0.6,
-                            covariance_update="stable", truncation=1.5)  # fmt: skip
+    start = Mixture(
+        *_tensors(np.ones(3) / 3, np.array([[0.0, 0.0], [1.0, 0.5], [-1.0, 0.5]]), np.stack([np.eye(2)] * 3))
+    )
+    truncated = MinibatchEM(
+        start,
+        w=1e-3,
+        step_size=0.5,
+        schedule="power",
+        step_decay=1.0,
+        decay_epoch=0,
+        kappa=0.6,
+        covariance_update="stable",
+        truncation=1.5,
+    )
     restarts_seen = []
     for batch in range(20):
         rows = slice(100 * batch, 100 * (batch + 1))
@@ -122,16 +146,26 @@ def test_truncation_restarts_when_and_only_when_the_parameters_leave_the_set(dat
 def test_inside_compact_set_checks_each_bound():
     good = Mixture(*_tensors(np.array([0.5, 0.5]), np.zeros((2, 2)), np.stack([np.eye(2)] * 2)))
     assert inside_compact_set(good, 10.0)
-    for broken in (Mixture(good.weights.new_tensor([0.95, 0.05]), good.means, good.covariances),
-                   Mixture(good.weights, good.means + 11.0, good.covariances),
-                   Mixture(good.weights, good.means, good.covariances * 20.0),
-                   Mixture(good.weights, good.means, good.covariances * 0.05)):  # fmt: skip
+    for broken in (
+        Mixture(good.weights.new_tensor([0.95, 0.05]), good.means, good.covariances),
+        Mixture(good.weights, good.means + 11.0, good.covariances),
+        Mixture(good.weights, good.means, good.covariances * 20.0),
+        Mixture(good.weights, good.means, good.covariances * 0.05),
+    ):
         assert not inside_compact_set(broken, 10.0)
 
 
 def test_the_power_schedule_is_nguyen_forbes_mclachlans_learning_rate():
-    fitter = MinibatchEM(None, w=0, step_size=1 - 1e-10, schedule="power", step_decay=0.5, decay_epoch=10, kappa=0.6,
-                         covariance_update="stable")  # fmt: skip
+    fitter = MinibatchEM(
+        None,
+        w=0,
+        step_size=1 - 1e-10,
+        schedule="power",
+        step_decay=0.5,
+        decay_epoch=10,
+        kappa=0.6,
+        covariance_update="stable",
+    )
     for r in (1, 2, 10, 1000):
         fitter.n_updates = r - 1
         assert fitter.step_size(0) == pytest.approx((1 - 1e-10) * r**-0.6, rel=1e-15)
@@ -139,7 +173,16 @@ def test_the_power_schedule_is_nguyen_forbes_mclachlans_learning_rate():
 
 def test_truncation_and_averaging_are_recorded_in_the_history(data):
     x, S = data
-    model = XDGMM(3, "minibatch_em", epochs=3, batch_size=100, truncation=True, truncation_bound=1.5,
-                  averaging="polyak", device="cpu", random_state=0).fit(x * 1.5, S)  # fmt: skip
+    model = XDGMM(
+        3,
+        "minibatch_em",
+        epochs=3,
+        batch_size=100,
+        truncation=True,
+        truncation_bound=1.5,
+        averaging="polyak",
+        device="cpu",
+        random_state=0,
+    ).fit(x * 1.5, S)
     restarts = [h["truncation_restarts"] for h in model.history_]
     assert restarts[0] == 0 and restarts == sorted(restarts) and restarts[-1] > 0

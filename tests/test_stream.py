@@ -43,8 +43,9 @@ def _write_shards(folder, x, sigma, corr, shards=SHARDS, row_group=90):
 
 
 def _source(folder, window_rows=400, **kwargs):
-    return ParquetSource(folder, ["x0", "x1", "x2"], ["s0", "s1", "s2"], ["c0", "c1"], PAIRS,
-                         window_rows=window_rows, **kwargs)  # fmt: skip
+    return ParquetSource(
+        folder, ["x0", "x1", "x2"], ["s0", "s1", "s2"], ["c0", "c1"], PAIRS, window_rows=window_rows, **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +94,9 @@ def test_served_batches_hold_the_rows_they_name(shards):
 def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, method, monkeypatch):
     folder, (x, sigma, corr) = shards
     source = _source(folder)
-    settings = dict(n_components=3, method=method, epochs=4, batch_size=100, tol=None, dtype="float64",
-                    device="cpu", random_state=2)  # fmt: skip
+    settings = dict(
+        n_components=3, method=method, epochs=4, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=2
+    )
     streamed = XDGMM(**settings).fit(source, X_val=_source(folder))
 
     def the_streams_batches(n, batch_size, epoch, seed, shuffle):
@@ -106,16 +108,25 @@ def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, met
     for name in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(streamed, name), getattr(in_memory, name), rtol=1e-10, atol=1e-12)
     for key in ("train_loglik", "val_loglik"):
-        np.testing.assert_allclose([h[key] for h in streamed.history_], [h[key] for h in in_memory.history_],
-                                   rtol=1e-12)  # fmt: skip
+        np.testing.assert_allclose(
+            [h[key] for h in streamed.history_], [h[key] for h in in_memory.history_], rtol=1e-12
+        )
     assert streamed.score(source) == pytest.approx(in_memory.score(x, noise), rel=1e-12)
 
 
 @pytest.mark.parametrize("every, crash_at", [(0, (2, 0)), (5, (2, 5))])  # at an epoch's end; inside epoch 3
 def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, monkeypatch, every, crash_at):
     folder, _ = shards
-    settings = dict(n_components=3, method="minibatch_em", epochs=5, batch_size=100, tol=None, dtype="float64",
-                    device="cpu", random_state=6)  # fmt: skip
+    settings = dict(
+        n_components=3,
+        method="minibatch_em",
+        epochs=5,
+        batch_size=100,
+        tol=None,
+        dtype="float64",
+        device="cpu",
+        random_state=6,
+    )
     uninterrupted = XDGMM(**settings).fit(_source(folder))
     checkpoint = tmp_path / "fit.ckpt"
     save = scalable_xd.fit.checkpoint.save
@@ -146,8 +157,9 @@ def test_k_means_sees_a_sample_and_the_fit_runs_from_a_hats_layout(tmp_path, mon
     monkeypatch.setattr(scalable_xd.estimator, "KMEANS_SAMPLE", 250)
     seen = []
     real = scalable_xd.estimator.initial_mixture
-    monkeypatch.setattr(scalable_xd.estimator, "initial_mixture", lambda data, *a, **k: (seen.append(len(data)),
-                                                                                       real(data, *a, **k))[1])
+    monkeypatch.setattr(
+        scalable_xd.estimator, "initial_mixture", lambda data, *a, **k: (seen.append(len(data)), real(data, *a, **k))[1]
+    )
     model = XDGMM(n_components=3, method="em", epochs=3, dtype="float64", device="cpu", random_state=0)
     model.fit(_source(root))
     assert seen == [250]
@@ -184,8 +196,16 @@ def test_a_streamed_fit_marginalises_missing_entries_as_in_memory(tmp_path):
     corr[missing[:, 0] | missing[:, 1], 0] = 0.0  # a missing entry has no correlations
     corr[missing[:, 1] | missing[:, 2], 1] = 0.0
     folder = _write_shards(tmp_path / "missing", x, sigma, corr, shards=3, row_group=100)
-    settings = dict(n_components=3, method="em", epochs=4, tol=None, dtype="float64", device="cpu", random_state=1,
-                    missing="marginalise")  # fmt: skip
+    settings = dict(
+        n_components=3,
+        method="em",
+        epochs=4,
+        tol=None,
+        dtype="float64",
+        device="cpu",
+        random_state=1,
+        missing="marginalise",
+    )
     streamed = XDGMM(**settings).fit(_source(folder, missing="marginalise"))
     in_memory = XDGMM(**settings).fit(x, CompactCovariance(sigma, corr, PAIRS))
     np.testing.assert_allclose(streamed.means_, in_memory.means_, rtol=1e-10, atol=1e-12)

@@ -6,9 +6,9 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM, FitDivergedError
+from scalable_xd.fit.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
-from scalable_xd.fit.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
 
 
 def _tensors(*arrays, dtype=torch.float64):
@@ -76,10 +76,21 @@ def test_stable_update_keeps_float32_covariances_positive_definite(far_from_orig
 
 def test_float32_fit_far_from_the_origin_recovers_the_covariances(far_from_origin):
     x, S, means, covs = far_from_origin
-    model = XDGMM(3, "minibatch_em", dtype="float32", device="cpu", epochs=3, step_size=0.05, batch_size=200,
-                  means_init=means, random_state=0).fit(x, S)  # fmt: skip
+    model = XDGMM(
+        3,
+        "minibatch_em",
+        dtype="float32",
+        device="cpu",
+        epochs=3,
+        step_size=0.05,
+        batch_size=200,
+        means_init=means,
+        random_state=0,
+    ).fit(x, S)
     assert np.linalg.eigvalsh(model.covariances_).min() > 0.3
-    np.testing.assert_allclose(np.diagonal(model.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35)
+    np.testing.assert_allclose(
+        np.diagonal(model.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35
+    )
 
 
 def test_naive_update_diverges_where_even_float64_runs_out_of_digits():
@@ -89,10 +100,21 @@ def test_naive_update_diverges_where_even_float64_runs_out_of_digits():
     means = 1e9 + rng.normal(scale=5, size=(3, 3))
     covs = np.stack([np.diag([1.0, 0.5, 2.0])] * 3)
     x, S, _, _ = draw_xd_data(rng, 6000, np.ones(3) / 3, means, covs, 0.05, 0.2)
-    settings = dict(n_components=3, method="minibatch_em", dtype="float64", device="cpu", epochs=3, step_size=0.05,
-                    batch_size=200, means_init=means, random_state=0)  # fmt: skip
+    settings = dict(
+        n_components=3,
+        method="minibatch_em",
+        dtype="float64",
+        device="cpu",
+        epochs=3,
+        step_size=0.05,
+        batch_size=200,
+        means_init=means,
+        random_state=0,
+    )
     stable = XDGMM(covariance_update="stable", **settings).fit(x, S)
-    np.testing.assert_allclose(np.diagonal(stable.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35)
+    np.testing.assert_allclose(
+        np.diagonal(stable.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35
+    )
     with pytest.raises(FitDivergedError, match="epoch 1"):
         XDGMM(covariance_update="naive", **settings).fit(x, S)
 
@@ -139,8 +161,18 @@ def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(metho
     rounding instead of letting it become a negative variance."""
     x = np.array([[120.0, -30.0, 5.0], [121.0, -29.5, 5.2]])
     S = np.broadcast_to(np.eye(3) * 1e-16, (2, 3, 3))
-    settings = dict(n_components=1, method=method, epochs=1, w=1e-6, step_size=1.0, batch_size=2, tol=None,
-                    device="cpu", means_init=[[100.0, -20.0, 4.0]], covariances_init=[np.diag([1e3, 1e2, 10.0])])  # fmt: skip
+    settings = dict(
+        n_components=1,
+        method=method,
+        epochs=1,
+        w=1e-6,
+        step_size=1.0,
+        batch_size=2,
+        tol=None,
+        device="cpu",
+        means_init=[[100.0, -20.0, 4.0]],
+        covariances_init=[np.diag([1e3, 1e2, 10.0])],
+    )
     f32 = XDGMM(dtype="float32", **settings).fit(x, S)
     f64 = XDGMM(dtype="float64", **settings).fit(x, S)
     assert np.linalg.eigvalsh(f32.covariances_).min() > 0

@@ -23,11 +23,22 @@ pytestmark = pytest.mark.slow
 
 def snakemake(workdir: Path, *args: str, configfile: str = "smoke.yaml", timeout: int = 600):
     """Run snakemake as from an activated environment: this interpreter's directory first on PATH."""
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-               "--configfile", str(REPO / "config" / configfile)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(REPO / "config" / configfile),
+    ]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, (
+        f"snakemake {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result.stdout + result.stderr
 
 
@@ -101,8 +112,10 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
     model = XDGMM.load(fit / "model.npz")
     per_star = model.score_samples(true, np.zeros_like(true)).astype(np.float64)
     assert metrics["test_true_loglik"] == pytest.approx(per_star.mean(), rel=1e-5)
-    refs = {kind: json.loads((smoke / "references" / kind / f"K{FIGURE_K}_seed{SEEDS[0]}.json").read_text())
-            for kind in ("oracle", "noisy")}  # fmt: skip
+    refs = {
+        kind: json.loads((smoke / "references" / kind / f"K{FIGURE_K}_seed{SEEDS[0]}.json").read_text())
+        for kind in ("oracle", "noisy")
+    }
     oracle, noisy = refs["oracle"]["test_true_loglik"], refs["noisy"]["test_true_loglik"]
     assert oracle > noisy  # fitting the truth beats ignoring the noise
     assert metrics["true_gap_closed"] == pytest.approx((per_star.mean() - noisy) / (oracle - noisy), rel=1e-4)
@@ -147,7 +160,13 @@ def test_html_report_captions_every_output(smoke, tmp_path):
     report = tmp_path / "report.html"
     snakemake(smoke.parents[1], "--report", str(report))
     html = report.read_text(errors="replace")
-    for caption in ("Table 1 of the paper", "Figure 1 (right)", "Figure 1 (left)", "Figure 2 of the paper", "Corner plot"):
+    for caption in (
+        "Table 1 of the paper",
+        "Figure 1 (right)",
+        "Figure 1 (left)",
+        "Figure 2 of the paper",
+        "Corner plot",
+    ):
         assert caption in html
 
 
@@ -178,11 +197,21 @@ def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp
 
 
 def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
-    config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 2, "threads": 4, "device": "cuda", "stream_window": 4096,
-                                "checkpoint_every": 1000}}
+    config = {
+        **SMOKE,
+        "fit": {
+            **SMOKE["fit"],
+            "processes": 2,
+            "threads": 4,
+            "device": "cuda",
+            "stream_window": 4096,
+            "checkpoint_every": 1000,
+        },
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    output = snakemake(tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4",
-                       configfile=str(tmp_path / "config.yaml"))  # fmt: skip
+    output = snakemake(
+        tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4", configfile=str(tmp_path / "config.yaml")
+    )
     commands = [line for line in output.splitlines() if " fit --train " in line]
     assert len(commands) == len(METHODS) * len(KS) * len(SEEDS)
     for command in commands:
@@ -204,7 +233,9 @@ def test_fit_nodes_start_one_torchrun_per_node_under_srun(tmp_path):
     commands = [line for line in output.splitlines() if " fit --train " in line]
     assert commands and all(
         "srun --nodes 2 --ntasks-per-node 1 python -m torch.distributed.run --nnodes 2 --nproc-per-node 4 "
-        "--rdzv-backend c10d --rdzv-id $SLURM_JOB_ID" in c for c in commands)  # fmt: skip
+        "--rdzv-backend c10d --rdzv-id $SLURM_JOB_ID" in c
+        for c in commands
+    )
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
     assert all("nodes=2" in r.split(", ") and "gpu=4" in r.split(", ") for rule, r in jobs if rule == "fit")
 
@@ -212,11 +243,24 @@ def test_fit_nodes_start_one_torchrun_per_node_under_srun(tmp_path):
 def test_an_unknown_method_in_the_grid_is_named(tmp_path):
     config = {**SMOKE, "fit": {**SMOKE["fit"], "methods": ["em", "minibatch_em_polyak"]}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-               "--configfile", str(tmp_path / "config.yaml"), "--dry-run"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "config.yaml"),
+        "--dry-run",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
-    assert "fit.methods ['minibatch_em_polyak'] are neither methods nor names of fit.variants" in result.stdout + result.stderr
+    assert (
+        "fit.methods ['minibatch_em_polyak'] are neither methods nor names of fit.variants"
+        in result.stdout + result.stderr
+    )
 
 
 def test_the_report_command_works_as_documented_without_cores(smoke, tmp_path):
@@ -240,7 +284,9 @@ def test_slurm_profile_asks_one_gpu_per_fit(tmp_path):
     output = snakemake(tmp_path / "run", "--dry-run", "--profile", str(tmp_path / "profile"), "--cores", "4")
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
     resources = {rule: [r for name, r in jobs if name == rule] for rule in ("fit", "kmeans")}
-    assert len(resources["fit"]) == len(METHODS) * len(KS) * len(SEEDS) and len(resources["kmeans"]) == len(KS) * len(SEEDS)
+    assert len(resources["fit"]) == len(METHODS) * len(KS) * len(SEEDS) and len(resources["kmeans"]) == len(KS) * len(
+        SEEDS
+    )
     for rule, lines in resources.items():
         for line in lines:
             assert "gpu=1" in line.split(", ") and "slurm_partition=gpu" in line.split(", "), (rule, line)

@@ -84,8 +84,16 @@ def _mock(args) -> None:
 
 
 def _query(args) -> None:
-    steps.query(args.n_rows, args.out_dir, args.manifest, chunk_rows=args.chunk_rows, tap_url=args.tap_url,
-                retries=args.retries, request_timeout=args.request_timeout, job_timeout=args.job_timeout)  # fmt: skip
+    steps.query(
+        args.n_rows,
+        args.out_dir,
+        args.manifest,
+        chunk_rows=args.chunk_rows,
+        tap_url=args.tap_url,
+        retries=args.retries,
+        request_timeout=args.request_timeout,
+        job_timeout=args.job_timeout,
+    )
 
 
 def _bulk_index(args) -> None:
@@ -97,8 +105,14 @@ def _bulk_check(args) -> None:
 
 
 def _hats_import(args) -> None:
-    steps.hats_catalogue(args.index, args.csv_dir, args.output, pixel_threshold=args.pixel_threshold,
-                         highest_order=args.highest_order, workers=args.workers)  # fmt: skip
+    steps.hats_catalogue(
+        args.index,
+        args.csv_dir,
+        args.output,
+        pixel_threshold=args.pixel_threshold,
+        highest_order=args.highest_order,
+        workers=args.workers,
+    )
 
 
 def _features(args) -> None:
@@ -107,8 +121,17 @@ def _features(args) -> None:
 
 def _kmeans(args) -> None:
     settings = KMeansSettings(epochs=args.epochs, batch_size=args.batch_size)
-    steps.kmeans(args.train, args.n_components, args.seed, settings, args.device, args.dtype, args.output,
-                 threads=args.threads, max_rows=args.max_rows)  # fmt: skip
+    steps.kmeans(
+        args.train,
+        args.n_components,
+        args.seed,
+        settings,
+        args.device,
+        args.dtype,
+        args.output,
+        threads=args.threads,
+        max_rows=args.max_rows,
+    )
 
 
 @contextlib.contextmanager
@@ -139,19 +162,48 @@ def _process_group(device: str):
 
 def _fit(args) -> None:
     with _process_group(args.device) as device:
-        steps.fit(train=args.train, val=args.val, test=args.test, init=args.init, n_components=args.n_components,
-                  seed=args.seed, settings=_settings_of(args, FitSettings, verbose=2, device=device),
-                  output_model=args.output_model, output_metrics=args.output_metrics, checkpoint=args.checkpoint,
-                  references=args.reference or (), tag=args.tag, config_hash=args.config_hash, threads=args.threads,
-                  label=args.label, stream_window=args.stream_window, checkpoint_every=args.checkpoint_every)  # fmt: skip
+        steps.fit(
+            train=args.train,
+            val=args.val,
+            test=args.test,
+            init=args.init,
+            n_components=args.n_components,
+            seed=args.seed,
+            settings=_settings_of(args, FitSettings, verbose=2, device=device),
+            output_model=args.output_model,
+            output_metrics=args.output_metrics,
+            checkpoint=args.checkpoint,
+            references=args.reference or (),
+            tag=args.tag,
+            config_hash=args.config_hash,
+            threads=args.threads,
+            label=args.label,
+            stream_window=args.stream_window,
+            checkpoint_every=args.checkpoint_every,
+        )
 
 
 def _reference(args) -> None:
-    settings = dataclasses.replace(steps.REFERENCE, epochs=args.epochs, tol=args.tol, w=args.w, device=args.device,
-                                   dtype=args.dtype, compile=args.compile)  # fmt: skip
-    steps.reference(train=args.train, test=args.test, init=args.init, n_components=args.n_components,
-                    seed=args.seed, kind=args.kind, settings=settings, output_metrics=args.output_metrics,
-                    threads=args.threads)  # fmt: skip
+    settings = dataclasses.replace(
+        steps.REFERENCE,
+        epochs=args.epochs,
+        tol=args.tol,
+        w=args.w,
+        device=args.device,
+        dtype=args.dtype,
+        compile=args.compile,
+    )
+    steps.reference(
+        train=args.train,
+        test=args.test,
+        init=args.init,
+        n_components=args.n_components,
+        seed=args.seed,
+        kind=args.kind,
+        settings=settings,
+        output_metrics=args.output_metrics,
+        threads=args.threads,
+    )
 
 
 def _table(args) -> None:
@@ -205,8 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .gaia.schema import QUERY_DEFAULTS as query
     from .report.style import SAMPLES
 
-    parser = argparse.ArgumentParser(prog="scalable-xd", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="scalable-xd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,17 +273,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("query", help="download the Gaia DR2 subset random_index < N (resumable)")
     p.add_argument("--n-rows", type=POSITIVE, required=True, help="rows with random_index < n-rows")
     p.add_argument("--out-dir", required=True, help="folder of the chunk files (a rerun fetches what is missing)")
-    p.add_argument("--chunk-rows", type=POSITIVE, default=query["chunk_rows"],
-                   help=f"rows per archive job (default: {query['chunk_rows']})")  # fmt: skip
-    p.add_argument("--tap-url", default=None, help="TAP server root; user:password@ goes as HTTP Basic auth "
-                   "(default: the ESA Gaia archive)")  # fmt: skip
-    p.add_argument("--retries", type=NON_NEGATIVE, default=query["retries"],
-                   help=f"retries per chunk (default: {query['retries']})")  # fmt: skip
-    p.add_argument("--request-timeout", type=float, default=query["request_timeout"],
-                   help=f"seconds any socket operation may wait (default: {query['request_timeout']:g})")  # fmt: skip
-    p.add_argument("--job-timeout", type=float, default=query["job_timeout"],
-                   help="seconds one attempt at a chunk may take, from launch to the last byte of the result "
-                   f"(default: {query['job_timeout']:g})")  # fmt: skip
+    p.add_argument(
+        "--chunk-rows",
+        type=POSITIVE,
+        default=query["chunk_rows"],
+        help=f"rows per archive job (default: {query['chunk_rows']})",
+    )
+    p.add_argument(
+        "--tap-url",
+        default=None,
+        help="TAP server root; user:password@ goes as HTTP Basic auth (default: the ESA Gaia archive)",
+    )
+    p.add_argument(
+        "--retries",
+        type=NON_NEGATIVE,
+        default=query["retries"],
+        help=f"retries per chunk (default: {query['retries']})",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=query["request_timeout"],
+        help=f"seconds any socket operation may wait (default: {query['request_timeout']:g})",
+    )
+    p.add_argument(
+        "--job-timeout",
+        type=float,
+        default=query["job_timeout"],
+        help="seconds one attempt at a chunk may take, from launch to the last byte of the result "
+        f"(default: {query['job_timeout']:g})",
+    )
     p.add_argument("--manifest", default=None, help="JSON listing the chunk files, written when all are done")
     p.set_defaults(run=_query)
 
@@ -250,19 +322,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, help="the index listing the files (scalable-xd bulk-index)")
     p.add_argument("--csv-dir", required=True, help="the folder of the checked files")
     p.add_argument("--output", required=True, help="the catalogue's folder (must not exist)")
-    p.add_argument("--pixel-threshold", type=POSITIVE, default=1_000_000,
-                   help="most stars in one HEALPix partition (default: 1000000)")  # fmt: skip
+    p.add_argument(
+        "--pixel-threshold",
+        type=POSITIVE,
+        default=1_000_000,
+        help="most stars in one HEALPix partition (default: 1000000)",
+    )
     p.add_argument("--highest-order", type=NON_NEGATIVE, default=10, help="finest HEALPix order (default: 10)")
     p.add_argument("--workers", type=POSITIVE, default=1, help="dask worker processes (default: 1)")
     p.set_defaults(run=_hats_import)
 
     p = sub.add_parser("features", help="features, compact noise covariances and the 80/10/10 split")
-    p.add_argument("--input", required=True,
-                   help="raw catalogue: a Parquet file, a directory of chunks, a HATS catalogue or a query manifest "
-                        "(.json)")  # fmt: skip
+    p.add_argument(
+        "--input",
+        required=True,
+        help="raw catalogue: a Parquet file, a directory of chunks, a HATS catalogue or a query manifest (.json)",
+    )
     p.add_argument("--out-dir", required=True, help="folder for train/val/test.parquet and features.json")
-    p.add_argument("--mode", choices=["corrected", "paper"], default="corrected",
-                   help="corrected units and missing colours, or what the paper's code did (default: corrected)")  # fmt: skip
+    p.add_argument(
+        "--mode",
+        choices=["corrected", "paper"],
+        default="corrected",
+        help="corrected units and missing colours, or what the paper's code did (default: corrected)",
+    )
     p.add_argument("--split-seed", type=NON_NEGATIVE, default=0, help="seed of the 80/10/10 split (default: 0)")
     p.set_defaults(run=_features)
 
@@ -273,8 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(p, KMeansSettings)
     _add_settings(p, FitSettings, skip=set(FitSettings.defaults()) - {"device", "dtype"})
     _threads(p)
-    p.add_argument("--max-rows", type=NON_NEGATIVE, default=0,
-                   help="k-means on this many training stars chosen by the seed (default: 0, all of them)")  # fmt: skip
+    p.add_argument(
+        "--max-rows",
+        type=NON_NEGATIVE,
+        default=0,
+        help="k-means on this many training stars chosen by the seed (default: 0, all of them)",
+    )
     p.add_argument("--output", required=True, help="the init file (.npz: weights, means, seconds)")
     p.set_defaults(run=_kmeans)
 
@@ -288,32 +374,56 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(p, FitSettings, skip={"verbose"})
     _threads(p)
     p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
-    p.add_argument("--checkpoint-every", type=NON_NEGATIVE, default=0, metavar="BATCHES",
-                   help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)")  # fmt: skip
+    p.add_argument(
+        "--checkpoint-every",
+        type=NON_NEGATIVE,
+        default=0,
+        metavar="BATCHES",
+        help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)",
+    )
     p.add_argument("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)")
     p.add_argument("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)")
-    p.add_argument("--label", default=None,
-                   help="the name the fit is reported under in tables and figures (a workflow variant; default: "
-                        "the method)")  # fmt: skip
-    p.add_argument("--stream-window", type=NON_NEGATIVE, default=0, metavar="ROWS",
-                   help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading them "
-                        "(0: load; --train etc. may then be folders of Parquet files or HATS catalogues)")  # fmt: skip
+    p.add_argument(
+        "--label",
+        default=None,
+        help="the name the fit is reported under in tables and figures (a workflow variant; default: the method)",
+    )
+    p.add_argument(
+        "--stream-window",
+        type=NON_NEGATIVE,
+        default=0,
+        metavar="ROWS",
+        help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading them "
+        "(0: load; --train etc. may then be folders of Parquet files or HATS catalogues)",
+    )
     p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
     p.add_argument("--config-hash", default=None, help="recorded in the metrics")
-    p.add_argument("--reference", nargs="*", default=None,
-                   help="reference metrics (scalable-xd reference) for the truth metrics' gap closed")  # fmt: skip
+    p.add_argument(
+        "--reference",
+        nargs="*",
+        default=None,
+        help="reference metrics (scalable-xd reference) for the truth metrics' gap closed",
+    )
     p.set_defaults(run=_fit)
 
     p = sub.add_parser("reference", help="a reference fit for the truth metrics (mock data only)")
-    for name, what in (("train", "a features file with true values"), ("test", "the split scored on its true values"),
-                       ("init", "the k-means init file"), ("output-metrics", "the reference's metrics (JSON)")):  # fmt: skip
+    for name, what in (
+        ("train", "a features file with true values"),
+        ("test", "the split scored on its true values"),
+        ("init", "the k-means init file"),
+        ("output-metrics", "the reference's metrics (JSON)"),
+    ):
         p.add_argument(f"--{name}", required=True, help=what)
     p.add_argument("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)")
     p.add_argument("--kind", choices=["oracle", "noisy"], required=True, help="fit the true values or the noisy ones")
     _seed(p, "the reference's seed")
     reference = steps.REFERENCE.as_dict()
-    _add_settings(p, FitSettings, skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "compile"},
-                  defaults=reference)  # fmt: skip
+    _add_settings(
+        p,
+        FitSettings,
+        skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "compile"},
+        defaults=reference,
+    )
     _threads(p)
     p.set_defaults(run=_reference)
 
@@ -339,8 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
     p.set_defaults(run=_plot_curves)
 
-    for name, run, what in (("plot-sky", _plot_sky, "Figure 2: sky density of model samples beside the data"),
-                            ("plot-corner", _plot_corner, "corner plot of model samples over the data")):  # fmt: skip
+    for name, run, what in (
+        ("plot-sky", _plot_sky, "Figure 2: sky density of model samples beside the data"),
+        ("plot-corner", _plot_corner, "corner plot of model samples over the data"),
+    ):
         p = sub.add_parser(name, help=what)
         p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
         p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
@@ -349,8 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
         p.set_defaults(run=run)
         if name == "plot-sky":
-            p.add_argument("--frame", choices=["icrs", "galactic"], default="icrs",
-                           help="sky coordinates: ra, dec or Galactic l, b (default: icrs)")  # fmt: skip
+            p.add_argument(
+                "--frame",
+                choices=["icrs", "galactic"],
+                default="icrs",
+                help="sky coordinates: ra, dec or Galactic l, b (default: icrs)",
+            )
     return parser
 
 
@@ -361,8 +477,7 @@ def _version() -> str:
 
 
 # Arguments that name files a subcommand reads; each must exist before any work starts.
-INPUT_ARGUMENTS = ("input", "train", "val", "test", "init", "metrics", "model", "data", "reference", "index",
-                   "csv_dir")
+INPUT_ARGUMENTS = ("input", "train", "val", "test", "init", "metrics", "model", "data", "reference", "index", "csv_dir")
 
 
 def _missing_inputs(args) -> list[str]:

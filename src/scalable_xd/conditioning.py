@@ -26,8 +26,9 @@ def measured_features(x_given, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """The measured features' mask and values from ``x_given`` (D,), where NaN marks a feature to keep."""
     x_given = np.asarray(x_given, dtype=np.float64)
     if x_given.shape != (dim,):
-        raise ValueError(f"X_given must have shape ({dim},), one entry per feature (NaN for those to keep), "
-                         f"got {x_given.shape}")  # fmt: skip
+        raise ValueError(
+            f"X_given must have shape ({dim},), one entry per feature (NaN for those to keep), got {x_given.shape}"
+        )
     if np.isinf(x_given).any():
         raise ValueError(f"X_given feature {int(np.flatnonzero(np.isinf(x_given))[0])} is infinite")
     measured = ~np.isnan(x_given)
@@ -44,8 +45,10 @@ def measurement_noise(noise, n_measured: int) -> np.ndarray:
     if noise.shape == (n_measured,):
         noise = np.diag(noise)
     if noise.shape != (n_measured, n_measured):
-        raise ValueError(f"Xcov_given must be variances ({n_measured},) or a covariance ({n_measured}, "
-                         f"{n_measured}) of the measured features, got {noise.shape}")  # fmt: skip
+        raise ValueError(
+            f"Xcov_given must be variances ({n_measured},) or a covariance ({n_measured}, "
+            f"{n_measured}) of the measured features, got {noise.shape}"
+        )
     if not np.isfinite(noise).all() or not np.allclose(noise, noise.T) or np.linalg.eigvalsh(noise)[0] < 0:
         raise ValueError("Xcov_given must be a finite, symmetric, positive semi-definite covariance")
     return noise

@@ -16,7 +16,6 @@ import torch
 
 from .batching import Batch, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad_row
-
 from .settings import MISSING_MODES
 
 # The noise variance that marks an entry as missing (the paper's convention: value 0, variance 1e12).
@@ -32,8 +31,17 @@ class Dataset:
     when every entry is observed). ``"variance"``: every entry counts as measured (the paper's
     convention gives missing ones variance 1e12), and NaN is an error."""
 
-    def __init__(self, X, Xcov=None, R=None, *, sample_weight=None, name: str = "X", validate: bool = True,
-                 missing: str = "variance"):  # fmt: skip
+    def __init__(
+        self,
+        X,
+        Xcov=None,
+        R=None,
+        *,
+        sample_weight=None,
+        name: str = "X",
+        validate: bool = True,
+        missing: str = "variance",
+    ):
         if missing not in MISSING_MODES:
             raise ValueError(f"unknown missing {missing!r}: choose one of {', '.join(MISSING_MODES)}")
         self.missing = missing
@@ -73,8 +81,11 @@ class Dataset:
 
     def validate(self, name: str = "X") -> None:
         marginalise = self.missing == "marginalise"  # NaN marks a missing entry
-        check_rows(self.X, lambda v: torch.isinf(v) if marginalise else ~torch.isfinite(v),
-                   f"{name} row {{row}} contains {'inf' if marginalise else 'NaN or inf'}")  # fmt: skip
+        check_rows(
+            self.X,
+            lambda v: torch.isinf(v) if marginalise else ~torch.isfinite(v),
+            f"{name} row {{row}} contains {'inf' if marginalise else 'NaN or inf'}",
+        )
         if self.R is not None:
             check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")
         self.noise.validate()
@@ -89,15 +100,20 @@ class Dataset:
         limit = math.sqrt(torch.finfo(dtype).max / (4 * self.obs_dim))
         cure = "fit in float64 or rescale the features" if dtype != torch.float64 else "rescale the features"
         dtype_name = str(dtype).removeprefix("torch.")
-        check_rows(self.X, lambda v: v.abs() > limit,
-                   f"{name} row {{row}} has a value beyond {limit:.3g}, whose squares overflow {dtype_name}; {cure}")  # fmt: skip
+        check_rows(
+            self.X,
+            lambda v: v.abs() > limit,
+            f"{name} row {{row}} has a value beyond {limit:.3g}, whose squares overflow {dtype_name}; {cure}",
+        )
         for start in range(0, len(self), CHECK_CHUNK):
             S = self.noise.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64)
             bad = S.abs() > limit**2
             if bad.any():
                 row = start + first_bad_row(bad)
-                raise ValueError(f"the noise covariance of {name} row {row} has an entry beyond {limit**2:.3g}, "
-                                 f"where sums of such entries overflow {dtype_name}; {cure}")  # fmt: skip
+                raise ValueError(
+                    f"the noise covariance of {name} row {row} has an entry beyond {limit**2:.3g}, "
+                    f"where sums of such entries overflow {dtype_name}; {cure}"
+                )
 
     def __len__(self) -> int:
         return self.X.shape[0]
@@ -139,15 +155,23 @@ class Dataset:
         for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
             share = group.share(index, size)
-            yield Batch(size, *self.batch(share, device, dtype), self.batch_weights(share, device, dtype),
-                        self.batch_observed(share, device))  # fmt: skip
+            yield Batch(
+                size,
+                *self.batch(share, device, dtype),
+                self.batch_weights(share, device, dtype),
+                self.batch_observed(share, device),
+            )
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, R, weights, observed) over ``rows`` in order, ``batch_size`` rows at a time."""
         for start in range(rows.start, rows.stop, batch_size):
             index = slice(start, min(start + batch_size, rows.stop))
-            yield (start, *self.batch(index, device, dtype), self.batch_weights(index, device, torch.float64),
-                   self.batch_observed(index, device))  # fmt: skip
+            yield (
+                start,
+                *self.batch(index, device, dtype),
+                self.batch_weights(index, device, torch.float64),
+                self.batch_observed(index, device),
+            )
 
     def sample(self, rows: torch.Tensor, name: str) -> Dataset:
         """The rows ``rows`` (sorted indices) as a new data set in memory, in float64."""
@@ -177,8 +201,9 @@ def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:
     and scikit-learn's ``sample_weight`` require; a bad entry is named by its row."""
     weights = torch.as_tensor(as_float_tensor(sample_weight, "sample_weight"), dtype=torch.float64)
     if weights.shape != (n,):
-        raise ValueError(f"sample_weight must have shape ({n},), one weight per row of {name}, "
-                         f"got {tuple(weights.shape)}")  # fmt: skip
+        raise ValueError(
+            f"sample_weight must have shape ({n},), one weight per row of {name}, got {tuple(weights.shape)}"
+        )
     check_rows(weights, lambda v: ~torch.isfinite(v), "sample_weight row {row} is NaN or inf")
     check_rows(weights, lambda v: v < 0, "sample_weight row {row} is negative")
     if not weights.sum() > 0:

@@ -13,8 +13,7 @@ class NotPositiveDefiniteError(ValueError):
         self.row = row
         self.component = component
         super().__init__(
-            message
-            or f"the covariance V_j + S_i of data row {row} and component {component} is not positive definite"
+            message or f"the covariance V_j + S_i of data row {row} and component {component} is not positive definite"
         )
 
 

@@ -19,16 +19,16 @@ from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
 from .fit.checkpoint import Checkpoint
 from .fit.fitters import make_fitter
-from .fit.parallel import Group
-from .fit.updates import FixedParameters
 from .fit.init import initial_mixture
 from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches, total_loglik
+from .fit.parallel import Group
+from .fit.updates import FixedParameters
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, write_model
 from .posterior import posterior_moments
-from .stream import ParquetSource
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
+from .stream import ParquetSource
 
 _FIT, _KMEANS = FitSettings(), KMeansSettings()
 
@@ -51,12 +51,16 @@ def _data(X, Xcov, R, sample_weight, name: str, missing: str):
     if not isinstance(X, ParquetSource):
         return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name, missing=missing)
     if X.missing != missing:
-        raise ValueError(f"{name} is a ParquetSource opened with missing={X.missing!r}, but the model's missing is "
-                         f"{missing!r}: open it with missing={missing!r}")  # fmt: skip
+        raise ValueError(
+            f"{name} is a ParquetSource opened with missing={X.missing!r}, but the model's missing is "
+            f"{missing!r}: open it with missing={missing!r}"
+        )
     given = [arg for arg, value in (("Xcov", Xcov), ("R", R), ("sample_weight", sample_weight)) if value is not None]
     if given:
-        raise ValueError(f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
-                         "given with it (projections and weights are not streamed)")  # fmt: skip
+        raise ValueError(
+            f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
+            "given with it (projections and weights are not streamed)"
+        )
     return X
 
 
@@ -68,8 +72,11 @@ def _judge(data: Dataset, device, dtype, compiled: bool, group: Group):
 
 def _settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
     """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
-    return {"n_components": int(n_components), **settings.as_dict(),
-            **{f"kmeans_{key}": value for key, value in kmeans.as_dict().items()}}  # fmt: skip
+    return {
+        "n_components": int(n_components),
+        **settings.as_dict(),
+        **{f"kmeans_{key}": value for key, value in kmeans.as_dict().items()},
+    }
 
 
 class XDGMM(BaseEstimator):
@@ -251,8 +258,19 @@ class XDGMM(BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
-    def fit(self, X, Xcov=None, *, R=None, sample_weight=None, X_val=None, Xcov_val=None, R_val=None,
-            checkpoint=None, checkpoint_every: int = 0) -> XDGMM:  # fmt: skip
+    def fit(
+        self,
+        X,
+        Xcov=None,
+        *,
+        R=None,
+        sample_weight=None,
+        X_val=None,
+        Xcov_val=None,
+        R_val=None,
+        checkpoint=None,
+        checkpoint_every: int = 0,
+    ) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
         ``stream.ParquetSource``, data read from disk a window at a time (without Xcov, R or weights; k-means
@@ -271,8 +289,9 @@ class XDGMM(BaseEstimator):
         settings, kmeans = self._validated()
         check_count("checkpoint_every", checkpoint_every, minimum=0)
         if checkpoint_every and settings.split_merge:
-            raise ValueError("checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial "
-                             "spans an epoch)")  # fmt: skip
+            raise ValueError(
+                "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
+            )
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype, settings.missing, sample_weight)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
@@ -282,8 +301,12 @@ class XDGMM(BaseEstimator):
             seed = resolve_seed(self.random_state)
         if store is not None:
             # how the fit is logged and which kernel computes it do not change its result: resume across them
-            record = {**_settings_record(self.n_components, settings, kmeans), "verbose": None, "compile": None,
-                      **self._fixed_record()}  # fmt: skip
+            record = {
+                **_settings_record(self.n_components, settings, kmeans),
+                "verbose": None,
+                "compile": None,
+                **self._fixed_record(),
+            }
             store.bind(record, seed, train, val, (self.weights_init, self.means_init, self.covariances_init))
         if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
             mixture = Mixture.placeholder(self.n_components, train.model_dim, device)
@@ -293,24 +316,39 @@ class XDGMM(BaseEstimator):
             kmeans_data = train
             if isinstance(train, ParquetSource) and self.means_init is None:  # k-means on a sample, in memory
                 kmeans_data = train.sample(random_rows(len(train), KMEANS_SAMPLE, seed), "the k-means sample")
-            mixture = initial_mixture(kmeans_data, self.n_components, kmeans, seed, device, dtype,
-                                      weights=self.weights_init, means=self.means_init,
-                                      covariances=self.covariances_init)  # fmt: skip
+            mixture = initial_mixture(
+                kmeans_data,
+                self.n_components,
+                kmeans,
+                seed,
+                device,
+                dtype,
+                weights=self.weights_init,
+                means=self.means_init,
+                covariances=self.covariances_init,
+            )
         batch_method = settings.method in ("em", "stochastic_em")  # sums over all points, one update an epoch
         group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
         judge = None
         if settings.split_merge and not batch_method:
-            judge = _judge(val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile,
-                           group)  # fmt: skip
+            judge = _judge(
+                val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile, group
+            )
         fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture), judge)
         loop = LoopConfig(
             epochs=settings.epochs,
             batch_size=max(settings.batch_size, EVAL_BATCH) if batch_method else settings.batch_size,
-            shuffle=not batch_method, seed=seed, device=device, dtype=dtype,
-            backend=fit_backend(settings.compile, device), w=settings.w,
+            shuffle=not batch_method,
+            seed=seed,
+            device=device,
+            dtype=dtype,
+            backend=fit_backend(settings.compile, device),
+            w=settings.w,
             tol=settings.tol if settings.method == "em" and not settings.split_merge else None,
-            verbose=settings.verbose, group=group, checkpoint_every=checkpoint_every if store is not None else 0,
-        )  # fmt: skip
+            verbose=settings.verbose,
+            group=group,
+            checkpoint_every=checkpoint_every if store is not None else 0,
+        )
         history, converged = run(fitter, train, val, loop, store)
         self._set_fitted(fitter.result, history, converged, settings, kmeans)
         self.n_features_in_ = train.obs_dim
@@ -320,8 +358,10 @@ class XDGMM(BaseEstimator):
         """The fitted parameters as the starting point of the next fit (``warm_start``)."""
         previous = self._mixture
         if (previous.n_components, previous.dim) != (self.n_components, train.model_dim):
-            raise ValueError(f"warm_start: the fitted model has K = {previous.n_components} and D = {previous.dim}, "
-                             f"the new fit K = {self.n_components} and D = {train.model_dim}")  # fmt: skip
+            raise ValueError(
+                f"warm_start: the fitted model has K = {previous.n_components} and D = {previous.dim}, "
+                f"the new fit K = {self.n_components} and D = {train.model_dim}"
+            )
         return previous.to(device, torch.float64)
 
     def _fixed_masks(self) -> dict[str, np.ndarray]:
@@ -334,8 +374,10 @@ class XDGMM(BaseEstimator):
                 continue
             mask = np.asarray(value)
             if mask.dtype != bool or mask.shape != (self.n_components,):
-                raise ValueError(f"{name} must be True, False or a boolean array of length n_components "
-                                 f"({self.n_components}), got {value!r}")  # fmt: skip
+                raise ValueError(
+                    f"{name} must be True, False or a boolean array of length n_components "
+                    f"({self.n_components}), got {value!r}"
+                )
             masks[name] = mask
         return masks
 
@@ -363,8 +405,9 @@ class XDGMM(BaseEstimator):
             val.check_range(dtype, "X_val")
         return train, val
 
-    def _set_fitted(self, mixture: Mixture, history: list, converged: bool, settings: FitSettings,
-                    kmeans: KMeansSettings) -> None:  # fmt: skip
+    def _set_fitted(
+        self, mixture: Mixture, history: list, converged: bool, settings: FitSettings, kmeans: KMeansSettings
+    ) -> None:
         self._mixture = mixture
         self.settings_, self.kmeans_settings_ = settings, kmeans
         self._device, self._dtype = mixture.means.device, resolve_dtype(settings.dtype)
@@ -435,8 +478,7 @@ class XDGMM(BaseEstimator):
         measured, x_b = measured_features(X_given, mixture.dim)
         S_b = measurement_noise(Xcov_given, int(measured.sum()))
         conditioned = condition(mixture, measured, x_b, S_b)
-        model = type(self)(**{**self.get_params(), "weights_init": None, "means_init": None,
-                              "covariances_init": None})  # fmt: skip
+        model = type(self)(**{**self.get_params(), "weights_init": None, "means_init": None, "covariances_init": None})
         model._set_fitted(conditioned, [], True, self.settings_, self.kmeans_settings_)
         model.n_features_in_ = conditioned.dim
         return model
@@ -465,9 +507,17 @@ class XDGMM(BaseEstimator):
 
     def save(self, path) -> None:
         """Write parameters, settings and history to one ``.npz`` file, atomically (see ``model_file``)."""
-        write_model(path, self._fitted(), {"params": self.describe(), "history": self.history_,
-                                           "converged": self.converged_, "dtype": dtype_name(self._dtype),
-                                           "n_features_in": getattr(self, "n_features_in_", None)})  # fmt: skip
+        write_model(
+            path,
+            self._fitted(),
+            {
+                "params": self.describe(),
+                "history": self.history_,
+                "converged": self.converged_,
+                "dtype": dtype_name(self._dtype),
+                "n_features_in": getattr(self, "n_features_in_", None),
+            },
+        )
 
     @classmethod
     def load(cls, path, device: str | None = None) -> XDGMM:
@@ -488,8 +538,9 @@ class XDGMM(BaseEstimator):
         except (TypeError, ValueError) as err:
             raise ValueError(f"model {path} has invalid settings: {err}") from None
         if model.n_components != mixture.n_components:
-            raise ValueError(f"model {path}: n_components is {model.n_components} but it holds "
-                             f"{mixture.n_components} components")  # fmt: skip
+            raise ValueError(
+                f"model {path}: n_components is {model.n_components} but it holds {mixture.n_components} components"
+            )
         model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         return model

@@ -72,4 +72,6 @@ def read_npz(path, keys, not_ours: str) -> dict:
             raise
         if "Object arrays" in str(err):  # numpy's advice (allow_pickle) is exactly what must not be done
             raise ValueError(f"{not_ours}: it holds Python objects, which are never loaded") from None
-        raise ValueError(f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})") from None
+        raise ValueError(
+            f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})"
+        ) from None

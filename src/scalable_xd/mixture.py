@@ -39,8 +39,11 @@ class Mixture:
     def placeholder(cls, k: int, dim: int, device) -> Mixture:
         """Valid float64 parameters of the right shape, to be overwritten by a checkpoint's state."""
         eye = torch.eye(dim, dtype=torch.float64, device=device)
-        return cls(torch.full((k,), 1.0 / k, dtype=torch.float64, device=device),
-                   torch.zeros(k, dim, dtype=torch.float64, device=device), eye.expand(k, dim, dim).clone())  # fmt: skip
+        return cls(
+            torch.full((k,), 1.0 / k, dtype=torch.float64, device=device),
+            torch.zeros(k, dim, dtype=torch.float64, device=device),
+            eye.expand(k, dim, dim).clone(),
+        )
 
     def first_invalid_component(self) -> tuple[int, str] | None:
         """(component, reason) for the first component with non-finite or non-positive-definite parameters."""
@@ -62,11 +65,15 @@ class Mixture:
         None skips it, for weights that are normalised afterwards) and symmetric positive-definite covariances."""
         k = self.weights.shape[0] if self.weights.ndim == 1 else None
         if k is None or self.means.ndim != 2 or self.means.shape[0] != k:
-            raise ValueError(f"{what}: weights {tuple(self.weights.shape)} and means {tuple(self.means.shape)} must "
-                             "have shapes (K,) and (K, D) with the same K")  # fmt: skip
+            raise ValueError(
+                f"{what}: weights {tuple(self.weights.shape)} and means {tuple(self.means.shape)} must "
+                "have shapes (K,) and (K, D) with the same K"
+            )
         if tuple(self.covariances.shape) != (k, self.dim, self.dim):
-            raise ValueError(f"{what}: covariances must have shape (K, D, D) = ({k}, {self.dim}, {self.dim}), "
-                             f"got {tuple(self.covariances.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{what}: covariances must have shape (K, D, D) = ({k}, {self.dim}, {self.dim}), "
+                f"got {tuple(self.covariances.shape)}"
+            )
         for name, value in (("weights", self.weights), ("means", self.means), ("covariances", self.covariances)):
             if not torch.isfinite(value).all():
                 row = int(torch.nonzero(~torch.isfinite(value).reshape(k, -1).all(dim=1))[0, 0])

@@ -30,7 +30,9 @@ def read_model(path) -> tuple[Mixture, dict]:
     try:
         meta = json.loads(str(arrays.pop("meta")))
     except ValueError as err:
-        raise ValueError(f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})") from None
+        raise ValueError(
+            f"{not_ours}: it is empty, truncated or of another format ({err.__class__.__name__})"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version") if isinstance(meta, dict) else None
         raise ValueError(f"{path}: unsupported model format version {version!r} (this version reads {FORMAT_VERSION})")

@@ -11,8 +11,8 @@ Every container here answers ``batch(index, device, dtype) -> (B, d, d)`` and ``
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -250,5 +250,7 @@ def as_noise(Xcov, n: int, dim: int):
         else:
             raise ValueError(f"Xcov must have shape (N, d, d) or (N, d), got an array with {ndim} dimensions")
     if len(noise) != n or noise.dim != dim:
-        raise ValueError(f"Xcov describes {len(noise)} points of dimension {noise.dim}, but X has {n} of dimension {dim}")
+        raise ValueError(
+            f"Xcov describes {len(noise)} points of dimension {noise.dim}, but X has {n} of dimension {dim}"
+        )
     return noise

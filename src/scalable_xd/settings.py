@@ -26,8 +26,10 @@ DTYPES = ("float32", "float64")
 def setting(default, help: str, *, choices=None, low=None, high=None, low_open=False, nullable=False):
     """A dataclass field with its constraint: one of ``choices``, or a number in [low, high] (``low_open``:
     (low, high]); ``nullable``: None is allowed too."""
-    return field(default=default, metadata=dict(help=help, choices=choices, low=low, high=high, low_open=low_open,
-                                                 nullable=nullable))  # fmt: skip
+    return field(
+        default=default,
+        metadata=dict(help=help, choices=choices, low=low, high=high, low_open=low_open, nullable=nullable),
+    )
 
 
 def _check(name: str, value, meta: dict, kind: type) -> None:
@@ -82,61 +84,105 @@ def _kind(f) -> type:
 class FitSettings(_Settings):
     """How a mixture is fitted (everything but K, the seed and explicit initial parameters)."""
 
-    method: str = setting("em", "em (Bovy et al. 2011 batch EM), minibatch_em (online EM), sgd (Adam), or "
-                          "stochastic EM: stochastic_em (batch) or stochastic_minibatch_em", choices=METHODS)  # fmt: skip
+    method: str = setting(
+        "em",
+        "em (Bovy et al. 2011 batch EM), minibatch_em (online EM), sgd (Adam), or "
+        "stochastic EM: stochastic_em (batch) or stochastic_minibatch_em",
+        choices=METHODS,
+    )
     epochs: int = setting(20, "passes over the training data (for em: the maximum number of iterations)", low=1)
     batch_size: int = setting(500, "points per minibatch for minibatch_em and sgd (em sums over all points)", low=1)
     step_size: float = setting(0.1, "minibatch EM's first step size (the paper: 0.01)", low=0, high=1, low_open=True)
-    step_schedule: str = setting("cappe_moulines", "minibatch EM steps: (t0 + t)^-kappa from step_size, the "
-                                 "paper's step_size times step_decay after decay_epoch, or step_size r^-kappa for "
-                                 "update r (power)", choices=SCHEDULES)  # fmt: skip
-    step_decay: float = setting(0.5, "factor on the step size after decay_epoch (schedule 'step')", low=0, high=1,
-                                low_open=True)  # fmt: skip
+    step_schedule: str = setting(
+        "cappe_moulines",
+        "minibatch EM steps: (t0 + t)^-kappa from step_size, the "
+        "paper's step_size times step_decay after decay_epoch, or step_size r^-kappa for "
+        "update r (power)",
+        choices=SCHEDULES,
+    )
+    step_decay: float = setting(
+        0.5, "factor on the step size after decay_epoch (schedule 'step')", low=0, high=1, low_open=True
+    )
     kappa: float = setting(0.6, "exponent of the cappe_moulines and power schedules", low=0.5, high=1, low_open=True)
     lr: float = setting(1e-2, "SGD (Adam) learning rate", low=0, low_open=True)
     lr_decay: float = setting(0.1, "factor on the learning rate after decay_epoch", low=0, high=1, low_open=True)
     decay_epoch: int = setting(10, "epochs before the step size or learning rate decays", low=0)
-    sgd_scaling: str = setting("none", "SGD parameters in the features' own units (the paper) or in units of each "
-                               "feature's spread", choices=SGD_SCALINGS)  # fmt: skip
-    w: float = setting(1e-3, "covariance regularisation (em: Bovy et al.'s w; minibatch_em: added after each "
-                       "update; sgd: the penalty w / tr V)", low=0)  # fmt: skip
-    tol: float | None = setting(1e-6, "em stops once an iteration improves the mean training log-likelihood by "
-                                "less (None: run every epoch)", low=0, nullable=True)  # fmt: skip
-    averaging: str = setting("none", "polyak: report the running mean of the parameters over all updates "
-                             "(minibatch methods; the updates themselves unchanged)", choices=AVERAGING)  # fmt: skip
-    truncation: bool = setting(False, "minibatch EM restarts from the initial parameters whenever they leave "
-                               "the growing compact sets of Nguyen, Forbes & McLachlan")  # fmt: skip
-    truncation_bound: float = setting(1000.0, "c1 = c2 = c3 of the truncation sets, in the features' units",
-                                      low=1, low_open=True)  # fmt: skip
-    split_merge: bool = setting(False, "split-and-merge moves (Ueda et al.): em after convergence, each kept only "
-                                "if the converged log-likelihood improves; minibatch methods one per epoch, "
-                                "judged on a fixed validation sample")  # fmt: skip
+    sgd_scaling: str = setting(
+        "none",
+        "SGD parameters in the features' own units (the paper) or in units of each feature's spread",
+        choices=SGD_SCALINGS,
+    )
+    w: float = setting(
+        1e-3,
+        "covariance regularisation (em: Bovy et al.'s w; minibatch_em: added after each "
+        "update; sgd: the penalty w / tr V)",
+        low=0,
+    )
+    tol: float | None = setting(
+        1e-6,
+        "em stops once an iteration improves the mean training log-likelihood by less (None: run every epoch)",
+        low=0,
+        nullable=True,
+    )
+    averaging: str = setting(
+        "none",
+        "polyak: report the running mean of the parameters over all updates "
+        "(minibatch methods; the updates themselves unchanged)",
+        choices=AVERAGING,
+    )
+    truncation: bool = setting(
+        False,
+        "minibatch EM restarts from the initial parameters whenever they leave "
+        "the growing compact sets of Nguyen, Forbes & McLachlan",
+    )
+    truncation_bound: float = setting(
+        1000.0, "c1 = c2 = c3 of the truncation sets, in the features' units", low=1, low_open=True
+    )
+    split_merge: bool = setting(
+        False,
+        "split-and-merge moves (Ueda et al.): em after convergence, each kept only "
+        "if the converged log-likelihood improves; minibatch methods one per epoch, "
+        "judged on a fixed validation sample",
+    )
     split_merge_tries: int = setting(5, "split-and-merge moves tried at most", low=1)
-    covariance_update: str = setting("stable", "minibatch EM's covariance update: the centred form or the paper's "
-                                     "eq. 7", choices=COVARIANCE_UPDATES)  # fmt: skip
-    missing: str = setting("variance", "missing entries: the paper's convention, value 0 with variance 1e12 scored as "
-                           "measured (variance), or marginalised exactly, NaN or variance >= 1e12 marking them "
-                           "(marginalise)", choices=MISSING_MODES)  # fmt: skip
+    covariance_update: str = setting(
+        "stable", "minibatch EM's covariance update: the centred form or the paper's eq. 7", choices=COVARIANCE_UPDATES
+    )
+    missing: str = setting(
+        "variance",
+        "missing entries: the paper's convention, value 0 with variance 1e12 scored as "
+        "measured (variance), or marginalised exactly, NaN or variance >= 1e12 marking them "
+        "(marginalise)",
+        choices=MISSING_MODES,
+    )
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
-    dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)",
-                         choices=DTYPES)  # fmt: skip
-    compile: bool = setting(False, "run the statistics pass through torch.compile on CUDA (on CPU the numba "
-                                   "kernel runs either way, and torch.compile only where numba is missing)")
-    verbose: int = setting(0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per "
-                           "epoch", low=0, high=2)  # fmt: skip
-
+    dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)", choices=DTYPES)
+    compile: bool = setting(
+        False,
+        "run the statistics pass through torch.compile on CUDA (on CPU the numba "
+        "kernel runs either way, and torch.compile only where numba is missing)",
+    )
+    verbose: int = setting(
+        0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per epoch", low=0, high=2
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.averaging != "none" and self.method not in MINIBATCH_METHODS:
-            raise ValueError(f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} "
-                             f"makes one update per epoch (use one of {', '.join(MINIBATCH_METHODS)})")  # fmt: skip
+            raise ValueError(
+                f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} "
+                f"makes one update per epoch (use one of {', '.join(MINIBATCH_METHODS)})"
+            )
         if self.split_merge and self.method == "em" and self.tol is None:
-            raise ValueError("split_merge with method 'em' needs a tolerance tol (moves are tried once EM has "
-                             "converged), got tol None")  # fmt: skip
+            raise ValueError(
+                "split_merge with method 'em' needs a tolerance tol (moves are tried once EM has "
+                "converged), got tol None"
+            )
         if self.split_merge and (self.method == "stochastic_em" or self.averaging != "none" or self.truncation):
-            raise ValueError("split_merge works with em, minibatch_em, stochastic_minibatch_em and sgd, without "
-                             "averaging or truncation")  # fmt: skip
+            raise ValueError(
+                "split_merge works with em, minibatch_em, stochastic_minibatch_em and sgd, without "
+                "averaging or truncation"
+            )
         if self.truncation and self.method not in ("minibatch_em", "stochastic_minibatch_em"):
             raise ValueError(f"truncation applies to minibatch_em and stochastic_minibatch_em, not {self.method!r}")
 
@@ -161,8 +207,9 @@ def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) 
 def check_seed(name: str, value) -> None:
     """Integer seeds must lie in [0, 2**63): what torch's and numpy's generators both accept."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
-        raise ValueError(f"{name} must be None, an integer in [0, 2**63), a numpy RandomState or Generator, "
-                         f"got {value!r}")  # fmt: skip
+        raise ValueError(
+            f"{name} must be None, an integer in [0, 2**63), a numpy RandomState or Generator, got {value!r}"
+        )
 
 
 def resolve_seed(random_state, name: str = "random_state") -> int:

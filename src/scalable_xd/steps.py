@@ -37,13 +37,17 @@ def check_writable(*paths) -> None:
             with tempfile.TemporaryFile(dir=parent):
                 pass
         except OSError as err:
-            raise OSError(f"cannot write {path}: {parent} is not a writable directory ({err.strerror or err})") from None
+            raise OSError(
+                f"cannot write {path}: {parent} is not a writable directory ({err.strerror or err})"
+            ) from None
 
 
 def read_init(path, n_components: int) -> dict:
     """The arrays of a k-means init file (``kmeans``), checked to hold ``n_components`` components; a
     ValueError names the file otherwise."""
-    init = read_npz(path, ("weights", "means", "seconds"), f"{path} is not an init file written by `scalable-xd kmeans`")
+    init = read_npz(
+        path, ("weights", "means", "seconds"), f"{path} is not an init file written by `scalable-xd kmeans`"
+    )
     if len(init["weights"]) != n_components:
         raise ValueError(f"{path} holds an init of K = {len(init['weights'])} components, not {n_components}")
     return init
@@ -112,8 +116,17 @@ def features(raw, out_dir, mode: str, split_seed: int) -> None:
 # ------------------------------------------------------------------------------------------- fitting
 
 
-def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device: str, dtype: str, output,
-           threads: int = 0, max_rows: int = 0) -> None:  # fmt: skip
+def kmeans(
+    train,
+    n_components: int,
+    seed: int,
+    settings: KMeansSettings,
+    device: str,
+    dtype: str,
+    output,
+    threads: int = 0,
+    max_rows: int = 0,
+) -> None:
     """The shared initial weights and means of every method's fit at (K, seed), from all the training stars
     or, where there are more than ``max_rows`` (> 0), from that many chosen by the seed (read a row group
     at a time: the full catalogue's training split does not fit in memory)."""
@@ -139,9 +152,26 @@ def kmeans(train, n_components: int, seed: int, settings: KMeansSettings, device
     log.info("k-means K=%d seed=%d: %.1f s", n_components, seed, seconds)
 
 
-def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSettings, output_model,
-        output_metrics, checkpoint=None, references=(), tag=None, config_hash=None, threads: int = 0,
-        label: str | None = None, stream_window: int = 0, checkpoint_every: int = 0) -> None:  # fmt: skip
+def fit(
+    *,
+    train,
+    val,
+    test,
+    init,
+    n_components: int,
+    seed: int,
+    settings: FitSettings,
+    output_model,
+    output_metrics,
+    checkpoint=None,
+    references=(),
+    tag=None,
+    config_hash=None,
+    threads: int = 0,
+    label: str | None = None,
+    stream_window: int = 0,
+    checkpoint_every: int = 0,
+) -> None:
     """One fit from a k-means init: the model, and its metrics record (``report.metrics``), reported under
     ``label`` (a workflow variant's name) or the method's name. ``stream_window`` > 0 streams the splits
     from disk a window of that many rows at a time (``stream``) instead of loading them; the test split is
@@ -164,8 +194,12 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
             source = features_source(path, stream_window, name, missing=settings.missing)
             return (source, None), split_facts(path), None
         split = read_features(path)
-        facts = {"n": len(split), "missing_entries": int(split.n_missing.sum()), "mode": split.mode,
-                 "true_values": split.true is not None}  # fmt: skip
+        facts = {
+            "n": len(split),
+            "missing_entries": int(split.n_missing.sum()),
+            "mode": split.mode,
+            "true_values": split.true is not None,
+        }
         return (split.X, split.covariance()), facts, split
 
     _set_threads(threads)
@@ -175,8 +209,9 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     (X_val, Xcov_val), val_facts = (None, None), None
     if val is not None:
         (X_val, Xcov_val), val_facts, _ = data(val, "X_val")
-    model = XDGMM(n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"],
-                  means_init=start["means"])  # fmt: skip
+    model = XDGMM(
+        n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
+    )
     tick, cpu_tick = time.perf_counter(), time.process_time()
     model.fit(X, Xcov, X_val=X_val, Xcov_val=Xcov_val, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
@@ -192,32 +227,63 @@ def fit(*, train, val, test, init, n_components: int, seed: int, settings: FitSe
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
     device = model._device
     metrics = FitMetrics(
-        method=label or settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash,
-        settings=model.describe(), train_seconds=last["seconds"], kmeans_seconds=float(start["seconds"]),
-        wall_seconds=wall, cpu_seconds=cpu, threads=torch.get_num_threads(), n_iter=model.n_iter_, converged=model.converged_, history=model.history_,
+        method=label or settings.method,
+        n_components=n_components,
+        seed=seed,
+        tag=tag,
+        config_hash=config_hash,
+        settings=model.describe(),
+        train_seconds=last["seconds"],
+        kmeans_seconds=float(start["seconds"]),
+        wall_seconds=wall,
+        cpu_seconds=cpu,
+        threads=torch.get_num_threads(),
+        n_iter=model.n_iter_,
+        converged=model.converged_,
+        history=model.history_,
         covariance_mode=train_facts["mode"],
         device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
-        versions={"scalable_xd": scalable_xd.__version__, "torch": torch.__version__, "numpy": np.__version__,
-                  "python": platform.python_version()},
+        versions={
+            "scalable_xd": scalable_xd.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
         train=loglik_summary(last["train_loglik"], train_facts["n"], train_facts["missing_entries"]),
         val=None if val is None else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
         test=test_summary,
         true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(_read_json, references)}),
-    )  # fmt: skip
+    )
     if group.writes:
         metrics.write(output_metrics)
         if checkpoint:
             Path(checkpoint).unlink(missing_ok=True)
-    log.info("%s K=%d seed=%d: train %.4f in %.1f s", settings.method, n_components, seed, last["train_loglik"],
-             metrics.train_seconds)  # fmt: skip
+    log.info(
+        "%s K=%d seed=%d: train %.4f in %.1f s",
+        settings.method,
+        n_components,
+        seed,
+        last["train_loglik"],
+        metrics.train_seconds,
+    )
 
 
 def _read_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def reference(*, train, test, init, n_components: int, seed: int, kind: str, settings: FitSettings, output_metrics,
-              threads: int = 0) -> None:  # fmt: skip
+def reference(
+    *,
+    train,
+    test,
+    init,
+    n_components: int,
+    seed: int,
+    kind: str,
+    settings: FitSettings,
+    output_metrics,
+    threads: int = 0,
+) -> None:
     """A reference fit for the truth metrics (see ``truth``): batch EM from the shared k-means init on the
     true values (``oracle``) or on the noisy values with their noise ignored (``noisy``)."""
     from .estimator import XDGMM
@@ -230,11 +296,21 @@ def reference(*, train, test, init, n_components: int, seed: int, kind: str, set
     train_split, test_split = read_features(train), read_features(test)
     test_true = require_truth(test_split, test)
     X, variances = reference_data(train_split, kind)
-    model = XDGMM(n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"],
-                  means_init=start["means"]).fit(X, variances)  # fmt: skip
-    write_json(output_metrics, {
-        "kind": kind, "n_components": n_components, "seed": seed, "test_true_loglik": true_loglik(model, test_true),
-        "train_loglik": model.history_[-1]["train_loglik"], "train_seconds": model.history_[-1]["seconds"],
-        "n_iter": model.n_iter_, "converged": model.converged_, "settings": model.describe(),
-    })  # fmt: skip
+    model = XDGMM(
+        n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
+    ).fit(X, variances)
+    write_json(
+        output_metrics,
+        {
+            "kind": kind,
+            "n_components": n_components,
+            "seed": seed,
+            "test_true_loglik": true_loglik(model, test_true),
+            "train_loglik": model.history_[-1]["train_loglik"],
+            "train_seconds": model.history_[-1]["seconds"],
+            "n_iter": model.n_iter_,
+            "converged": model.converged_,
+            "settings": model.describe(),
+        },
+    )
     log.info("reference %s K=%d: after %d iterations", kind, n_components, model.n_iter_)

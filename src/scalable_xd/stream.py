@@ -62,8 +62,11 @@ def parquet_files(path) -> list[str]:
         raise FileNotFoundError(f"no Parquet data at {path}")
     if (path / "dataset").is_dir() and any((path / name).exists() for name in ("properties", "hats.properties")):
         path = path / "dataset"
-    files = sorted(str(p) for p in path.rglob("*.parquet")
-                   if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts))  # fmt: skip
+    files = sorted(
+        str(p)
+        for p in path.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
+    )
     if not files:
         raise FileNotFoundError(f"no Parquet files under {path}")
     return files
@@ -79,9 +82,19 @@ class ParquetSource:
     data set and by its file.
     """
 
-    def __init__(self, path, x_columns, sigma_columns=None, corr_columns=(), pairs=(), *,
-                 window_rows: int = DEFAULT_WINDOW, name: str = "X", validate: bool = True,
-                 missing: str = "variance"):  # fmt: skip
+    def __init__(
+        self,
+        path,
+        x_columns,
+        sigma_columns=None,
+        corr_columns=(),
+        pairs=(),
+        *,
+        window_rows: int = DEFAULT_WINDOW,
+        name: str = "X",
+        validate: bool = True,
+        missing: str = "variance",
+    ):
         import pyarrow.dataset as ds
 
         if int(window_rows) < 1:
@@ -98,8 +111,10 @@ class ParquetSource:
         dataset = ds.dataset(parquet_files(path), format="parquet")
         missing = [column for column in self._columns if column not in dataset.schema.names]
         if missing:
-            raise ValueError(f"{path} lacks the columns {', '.join(missing[:5])}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))  # fmt: skip
+            raise ValueError(
+                f"{path} lacks the columns {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            )
         self._pieces = []
         start = 0
         for fragment in dataset.get_fragments():
@@ -240,6 +255,7 @@ class ParquetSource:
 
     def epoch_rows(self, batch_size: int, epoch: int, seed: int, shuffle: bool = True):
         """Yield the row numbers (in the whole data set) of each batch of an epoch, reading no data."""
+
         def rows_only(piece):
             return {"row": np.arange(piece.start, piece.start + piece.rows)}
 

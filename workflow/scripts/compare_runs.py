@@ -13,8 +13,19 @@ import sys
 from pathlib import Path
 
 # Keys that describe how or when a run happened, not what it found.
-IGNORED = {"seconds", "train_seconds", "kmeans_seconds", "wall_seconds", "cpu_seconds", "threads", "config_hash",
-           "versions", "settings", "device", "tag"}  # fmt: skip
+IGNORED = {
+    "seconds",
+    "train_seconds",
+    "kmeans_seconds",
+    "wall_seconds",
+    "cpu_seconds",
+    "threads",
+    "config_hash",
+    "versions",
+    "settings",
+    "device",
+    "tag",
+}
 
 
 def differences(a, b, where: str, rtol: float):
@@ -44,8 +55,9 @@ def main(argv=None) -> int:
     parser.add_argument("reference_run", type=Path)
     parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance on numbers (default: 0, exact)")
     args = parser.parse_args(argv)
-    files = sorted(p.relative_to(args.reference_run) for p in args.reference_run.glob("**/*.json")
-                   if "logs" not in p.parts)  # fmt: skip
+    files = sorted(
+        p.relative_to(args.reference_run) for p in args.reference_run.glob("**/*.json") if "logs" not in p.parts
+    )
     found, compared = [], 0
     for rel in files:
         if not (args.run / rel).exists():
@@ -55,7 +67,9 @@ def main(argv=None) -> int:
         found += [f"{rel}:{d}" for d in differences(a, b, "", args.rtol)]
         compared += 1
     for table in ("tables/loglik.md",):
-        if (args.reference_run / table).exists() and (args.run / table).read_text() != (args.reference_run / table).read_text():
+        if (args.reference_run / table).exists() and (args.run / table).read_text() != (
+            args.reference_run / table
+        ).read_text():
             found.append(f"{table}: differs")
     print(f"{compared} JSON files and the table compared; {len(found)} differences")
     print("\n".join(found[:50]))

@@ -26,7 +26,7 @@ One YAML file per run of the workflow, passed as `snakemake --cores all --config
 | `mock.yaml` | the same grid offline on a 2,000,000-row DR2-like mock, scored against its true values |
 | `midscale.yaml` | the paper's protocol on a 500,000-row mock, K in {64, 128}, two seeds (~55 min on 2 cores) |
 | `demo.yaml` | the quick start: a 100,000-row mock, K in {16, 32, 64}, three seeds (~15 min on 2 cores) |
-| `methods.yaml` | the seeds' methods beside the paper's (stochastic EM, Polyak averaging) on the demo's mock at K = 64 |
+| `methods.yaml` | stochastic EM and Polyak averaging beside the paper's methods, on the demo's mock at K = 64 |
 | `split_merge.yaml` | each method with and without split-and-merge on the demo's mock at K = 64 |
 | `smoke.yaml` | the CI smoke run: 3,000 rows, two epochs |
 

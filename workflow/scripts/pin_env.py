@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+import tomllib
 import yaml
 from packaging.version import Version
 

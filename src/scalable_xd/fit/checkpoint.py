@@ -59,12 +59,29 @@ def array_digest(*arrays) -> str:
     return digest.hexdigest()[:16]
 
 
-def save(path: Path, *, fingerprint: dict, epoch: int, history: list, converged: bool, fitter_state: dict,
-         batch: int = 0, epoch_seconds: float = 0.0) -> None:  # fmt: skip
+def save(
+    path: Path,
+    *,
+    fingerprint: dict,
+    epoch: int,
+    history: list,
+    converged: bool,
+    fitter_state: dict,
+    batch: int = 0,
+    epoch_seconds: float = 0.0,
+) -> None:
     """``epoch``: the last epoch completed; ``batch``: the batches of the next one already done (0 at an
     epoch's end), which took ``epoch_seconds``."""
-    state = {"format": FORMAT, "fingerprint": fingerprint, "epoch": epoch, "history": history,
-             "converged": converged, "fitter": fitter_state, "batch": batch, "epoch_seconds": epoch_seconds}  # fmt: skip
+    state = {
+        "format": FORMAT,
+        "fingerprint": fingerprint,
+        "epoch": epoch,
+        "history": history,
+        "converged": converged,
+        "fitter": fitter_state,
+        "batch": batch,
+        "epoch_seconds": epoch_seconds,
+    }
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
@@ -107,7 +124,9 @@ def check_matches(state: dict, fingerprint: dict, path) -> None:
     differing = [key for key in sorted(set(saved) | set(fingerprint)) if saved.get(key) != fingerprint.get(key)]
     if differing:
         what = "other data" if DATA_KEYS & set(differing) else "other settings"
-        details = "; ".join(f"{key} {saved.get(key)!r} in the checkpoint, {fingerprint.get(key)!r} now" for key in differing)
+        details = "; ".join(
+            f"{key} {saved.get(key)!r} in the checkpoint, {fingerprint.get(key)!r} now" for key in differing
+        )
         raise CheckpointError(
             f"checkpoint {path} was written by a different fit ({what}: {details}); "
             "delete it or choose another checkpoint path to start fresh"
@@ -130,13 +149,29 @@ class Checkpoint:
     def bind(self, settings: dict, seed: int, train: Dataset, val: Dataset | None, init_arrays=()) -> None:
         """Fingerprint this fit (settings, seed, shapes, digests of the data and of explicit initial arrays;
         one pass over X) and refuse a saved state from any other fit."""
-        self.fingerprint = {**settings, "seed": seed, "n": len(train), "d": train.obs_dim, "D": train.model_dim,
-                            "data": data_digest(train), "val_data": None if val is None else data_digest(val),
-                            "init": array_digest(*init_arrays)}  # fmt: skip
+        self.fingerprint = {
+            **settings,
+            "seed": seed,
+            "n": len(train),
+            "d": train.obs_dim,
+            "D": train.model_dim,
+            "data": data_digest(train),
+            "val_data": None if val is None else data_digest(val),
+            "init": array_digest(*init_arrays),
+        }
         if self.saved is not None:
             check_matches(self.saved, self.fingerprint, self.path)
 
-    def save(self, epoch: int, history: list, converged: bool, fitter_state: dict, batch: int = 0,
-             epoch_seconds: float = 0.0) -> None:  # fmt: skip
-        save(self.path, fingerprint=self.fingerprint, epoch=epoch, history=history, converged=converged,
-             fitter_state=fitter_state, batch=batch, epoch_seconds=epoch_seconds)  # fmt: skip
+    def save(
+        self, epoch: int, history: list, converged: bool, fitter_state: dict, batch: int = 0, epoch_seconds: float = 0.0
+    ) -> None:
+        save(
+            self.path,
+            fingerprint=self.fingerprint,
+            epoch=epoch,
+            history=history,
+            converged=converged,
+            fitter_state=fitter_state,
+            batch=batch,
+            epoch_seconds=epoch_seconds,
+        )

@@ -63,8 +63,12 @@ class Fitter(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-def make_fitter(settings: FitSettings, mixture: Mixture, fixed: FixedParameters | None = None,
-                judge: Callable[[Mixture], float] | None = None) -> Fitter:  # fmt: skip
+def make_fitter(
+    settings: FitSettings,
+    mixture: Mixture,
+    fixed: FixedParameters | None = None,
+    judge: Callable[[Mixture], float] | None = None,
+) -> Fitter:
     """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held;
     ``judge`` scores a mixture on a fixed validation sample (stochastic split-and-merge)."""
     s = settings
@@ -78,19 +82,32 @@ def make_fitter(settings: FitSettings, mixture: Mixture, fixed: FixedParameters 
         if fixed is not None and fixed.any():
             raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
         plain = dataclasses.replace(s, split_merge=False)
-        return StochasticSplitMerge(make_fitter(plain, mixture), judge=judge, tries=s.split_merge_tries,
-                                    make_fitter=lambda start, held: make_fitter(plain, start, held))  # fmt: skip
+        return StochasticSplitMerge(
+            make_fitter(plain, mixture),
+            judge=judge,
+            tries=s.split_merge_tries,
+            make_fitter=lambda start, held: make_fitter(plain, start, held),
+        )
     if s.method in ("em", "stochastic_em"):
         fitter = BatchEM(mixture, w=s.w, fixed=fixed, stochastic=s.method == "stochastic_em")
     elif s.method in ("minibatch_em", "stochastic_minibatch_em"):
-        fitter = MinibatchEM(mixture, w=s.w, step_size=s.step_size, schedule=s.step_schedule,
-                             step_decay=s.step_decay, decay_epoch=s.decay_epoch, kappa=s.kappa,
-                             covariance_update=s.covariance_update, fixed=fixed,
-                             stochastic=s.method == "stochastic_minibatch_em",
-                             truncation=s.truncation_bound if s.truncation else None)  # fmt: skip
+        fitter = MinibatchEM(
+            mixture,
+            w=s.w,
+            step_size=s.step_size,
+            schedule=s.step_schedule,
+            step_decay=s.step_decay,
+            decay_epoch=s.decay_epoch,
+            kappa=s.kappa,
+            covariance_update=s.covariance_update,
+            fixed=fixed,
+            stochastic=s.method == "stochastic_minibatch_em",
+            truncation=s.truncation_bound if s.truncation else None,
+        )
     else:
-        fitter = SGD(mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch,
-                     scaling=s.sgd_scaling, fixed=fixed)  # fmt: skip
+        fitter = SGD(
+            mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
+        )
     return PolyakAverage(fitter) if s.averaging == "polyak" else fitter
 
 
@@ -285,8 +302,12 @@ class MinibatchEM:
         self.fixed = None
 
     def state_dict(self) -> dict:
-        return {"state": _mixture_state(self.state), "initial": _mixture_state(self.initial),
-                "n_updates": self.n_updates, "restarts": self.restarts}  # fmt: skip
+        return {
+            "state": _mixture_state(self.state),
+            "initial": _mixture_state(self.initial),
+            "n_updates": self.n_updates,
+            "restarts": self.restarts,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.state = _mixture_from_state(state["state"], self.state)
@@ -301,8 +322,12 @@ def inside_compact_set(mixture: Mixture, bound: float) -> bool:
     """Whether the parameters lie in the truncation set of bound c: weights >= 1/c, |mean entries| <= c,
     covariance eigenvalues in [1/c, c] (seed 004, section 3.2)."""
     eigenvalues = torch.linalg.eigvalsh(mixture.covariances)
-    return bool((mixture.weights >= 1.0 / bound).all() and (mixture.means.abs() <= bound).all()
-                and (eigenvalues >= 1.0 / bound).all() and (eigenvalues <= bound).all())  # fmt: skip
+    return bool(
+        (mixture.weights >= 1.0 / bound).all()
+        and (mixture.means.abs() <= bound).all()
+        and (eigenvalues >= 1.0 / bound).all()
+        and (eigenvalues <= bound).all()
+    )
 
 
 class SGD:
@@ -321,8 +346,17 @@ class SGD:
     shadow = None
     scores_its_pass = False
 
-    def __init__(self, mixture: Mixture, *, w: float, lr: float, lr_decay: float, decay_epoch: int, scaling: str,
-                 fixed: FixedParameters | None = None):  # fmt: skip
+    def __init__(
+        self,
+        mixture: Mixture,
+        *,
+        w: float,
+        lr: float,
+        lr_decay: float,
+        decay_epoch: int,
+        scaling: str,
+        fixed: FixedParameters | None = None,
+    ):
         self.params = CholeskyParameters(mixture, feature_scale(mixture) if scaling == "spread" else None, fixed)
         self.w = w
         self.base_lr = lr
@@ -366,8 +400,12 @@ class SGD:
         self.params.fixed = FixedParameters.none(self.mixture.n_components, self.mixture.means.device)
 
     def state_dict(self) -> dict:
-        return {"params": [t.clone() for t in self.params.tensors()], "scale": self.params.scale.clone(),
-                "optimizer": self.optimizer.state_dict(), "initial": _mixture_state(self.params.initial)}  # fmt: skip
+        return {
+            "params": [t.clone() for t in self.params.tensors()],
+            "scale": self.params.scale.clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "initial": _mixture_state(self.params.initial),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.params.scale = state["scale"].to(self.params.scale)
@@ -416,8 +454,12 @@ class PolyakAverage:
         self.n_averaged += 1
         rate = 1.0 / self.n_averaged
         new, avg = self.inner.result, self.average
-        self.average = Mixture(*(a + rate * (b - a) for a, b in zip((avg.weights, avg.means, avg.covariances),
-                                                                    (new.weights, new.means, new.covariances))))
+        self.average = Mixture(
+            *(
+                a + rate * (b - a)
+                for a, b in zip((avg.weights, avg.means, avg.covariances), (new.weights, new.means, new.covariances))
+            )
+        )
 
     def end_epoch(self) -> None:
         self.inner.end_epoch()
@@ -426,8 +468,11 @@ class PolyakAverage:
         return self.inner.diagnostics()
 
     def state_dict(self) -> dict:
-        return {"inner": self.inner.state_dict(), "average": _mixture_state(self.average),
-                "n_averaged": self.n_averaged}  # fmt: skip
+        return {
+            "inner": self.inner.state_dict(),
+            "average": _mixture_state(self.average),
+            "n_averaged": self.n_averaged,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state["inner"])

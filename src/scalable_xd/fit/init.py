@@ -15,8 +15,9 @@ from .kmeans import minibatch_kmeans, weights_from_counts
 def kmeans_init(X: torch.Tensor, n_components: int, kmeans: KMeansSettings, seed: int, device, dtype):
     """Minibatch k-means on X in ``dtype`` on ``device``: weights from the last epoch's counts and the
     centres as means, both float64 on the CPU."""
-    centres, counts = minibatch_kmeans(X.to(dtype), n_components, epochs=kmeans.epochs,
-                                       batch_size=kmeans.batch_size, seed=seed, device=device)  # fmt: skip
+    centres, counts = minibatch_kmeans(
+        X.to(dtype), n_components, epochs=kmeans.epochs, batch_size=kmeans.batch_size, seed=seed, device=device
+    )
     return weights_from_counts(counts), centres.to("cpu", torch.float64)
 
 
@@ -27,8 +28,18 @@ def _kmeans_points(data: Dataset, k: int):
     return complete if len(complete) >= k else torch.nan_to_num(data.X, nan=0.0)
 
 
-def initial_mixture(data: Dataset, n_components: int, kmeans: KMeansSettings, seed: int, device, dtype, *,
-                    weights=None, means=None, covariances=None) -> Mixture:  # fmt: skip
+def initial_mixture(
+    data: Dataset,
+    n_components: int,
+    kmeans: KMeansSettings,
+    seed: int,
+    device,
+    dtype,
+    *,
+    weights=None,
+    means=None,
+    covariances=None,
+) -> Mixture:
     """The mixture a fit starts from, in float64 on ``device``: the given arrays where there are any,
     k-means for the means (and then the weights) where not, identity covariances by default."""
     k, dim = n_components, data.model_dim
@@ -46,8 +57,11 @@ def initial_mixture(data: Dataset, n_components: int, kmeans: KMeansSettings, se
         covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()
     else:
         covariances = torch.as_tensor(np.asarray(covariances), dtype=f64)
-    for name, value, shape in (("weights_init", weights, (k,)), ("means_init", means, (k, dim)),
-                               ("covariances_init", covariances, (k, dim, dim))):  # fmt: skip
+    for name, value, shape in (
+        ("weights_init", weights, (k,)),
+        ("means_init", means, (k, dim)),
+        ("covariances_init", covariances, (k, dim, dim)),
+    ):
         if tuple(value.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
         if not torch.isfinite(value).all():

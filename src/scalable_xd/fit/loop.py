@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 from .._torch import synchronize
 from ..batching import Batch, generator
 from ..errors import FitDivergedError, NotPositiveDefiniteError
-from .checkpoint import Checkpoint
-from .fitters import Fitter
 from ..kernel.dispatch import batch_statistics, log_densities
 from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
+from .checkpoint import Checkpoint
+from .fitters import Fitter
 from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
 
 log = logging.getLogger("scalable_xd.fit")
@@ -38,8 +38,9 @@ log = logging.getLogger("scalable_xd.fit")
 EVAL_BATCH = 8192
 
 
-def scored_batches(data, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH,
-                   rows: slice | None = None):  # fmt: skip
+def scored_batches(
+    data, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH, rows: slice | None = None
+):
     """Yield (first row, log p(x) (B,), log alpha_j N_ij (B, K), weights (B,) or None) over a data set (or
     its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set."""
     for start, x, S, R, weights, observed in data.scan(rows or slice(0, len(data)), batch_size, device, dtype):
@@ -100,8 +101,9 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     val = "" if entry["val_loglik"] is None else f"  val {entry['val_loglik']:.5f}"
-    log.info("epoch %3d/%d  %9.2f s  train %.5f%s", entry["epoch"], cfg.epochs, entry["seconds"],
-             entry["train_loglik"], val)  # fmt: skip
+    log.info(
+        "epoch %3d/%d  %9.2f s  train %.5f%s", entry["epoch"], cfg.epochs, entry["seconds"], entry["train_loglik"], val
+    )
 
 
 def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with_criteria: bool) -> Statistics:
@@ -110,8 +112,17 @@ def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with
     if len(batch.x) == 0:  # a batch smaller than the number of processes
         stats = Statistics.zeros(mixture.n_components, mixture.dim, cfg.device, with_criteria)
     else:
-        stats = batch_statistics(batch.x, batch.S, mixture, batch.R, backend=cfg.backend, point_weights=batch.weights,
-                                 uniforms=uniforms, with_criteria=with_criteria, observed=batch.observed)  # fmt: skip
+        stats = batch_statistics(
+            batch.x,
+            batch.S,
+            mixture,
+            batch.R,
+            backend=cfg.backend,
+            point_weights=batch.weights,
+            uniforms=uniforms,
+            with_criteria=with_criteria,
+            observed=batch.observed,
+        )
     return reduce_statistics(stats, cfg.group, with_criteria)
 
 
@@ -155,8 +166,9 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         fitter.start_epoch(epoch - 1)
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
             fitter.load_state_dict(checkpoint.saved["fitter"])
-        _train_epoch(fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history,
-                     converged)  # fmt: skip
+        _train_epoch(
+            fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history, converged
+        )
         synchronize(cfg.device)
         seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
         done, done_seconds = 0, 0.0
@@ -192,14 +204,31 @@ def _mean_loglik(data, mixture: Mixture, cfg: LoopConfig) -> float:
     return total_loglik(data, mixture, cfg.device, cfg.dtype, cfg.backend, cfg.group) / data.total_weight
 
 
-def _train_epoch(fitter: Fitter, train, cfg: LoopConfig, epoch: int, done: int, done_seconds: float, tick: float,
-                 checkpoint: Checkpoint | None, history: list, converged: bool) -> None:  # fmt: skip
+def _train_epoch(
+    fitter: Fitter,
+    train,
+    cfg: LoopConfig,
+    epoch: int,
+    done: int,
+    done_seconds: float,
+    tick: float,
+    checkpoint: Checkpoint | None,
+    history: list,
+    converged: bool,
+) -> None:
     """One epoch's batches from batch ``done`` on (those before it are in the checkpoint): the kernel's
     statistics of each, observed by the fitter; a checkpoint every ``cfg.checkpoint_every`` batches."""
-    batches = train.epoch_batches(cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype,
-                                  skip=done)  # fmt: skip
-    progress = tqdm(batches, disable=cfg.verbose < 2, leave=False, desc=f"epoch {epoch}", unit="batch",
-                    mininterval=1.0 if sys.stderr.isatty() else 30.0)  # fmt: skip
+    batches = train.epoch_batches(
+        cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype, skip=done
+    )
+    progress = tqdm(
+        batches,
+        disable=cfg.verbose < 2,
+        leave=False,
+        desc=f"epoch {epoch}",
+        unit="batch",
+        mininterval=1.0 if sys.stderr.isatty() else 30.0,
+    )
     for number, batch in enumerate(progress, start=done):
         uniforms = None
         if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
@@ -216,5 +245,11 @@ def _train_epoch(fitter: Fitter, train, cfg: LoopConfig, epoch: int, done: int, 
         fitter.observe(stats)
         if checkpoint is not None and cfg.checkpoint_every and (number + 1) % cfg.checkpoint_every == 0:
             synchronize(cfg.device)
-            checkpoint.save(epoch - 1, history, converged, fitter.state_dict(), batch=number + 1,
-                            epoch_seconds=done_seconds + time.perf_counter() - tick)  # fmt: skip
+            checkpoint.save(
+                epoch - 1,
+                history,
+                converged,
+                fitter.state_dict(),
+                batch=number + 1,
+                epoch_seconds=done_seconds + time.perf_counter() - tick,
+            )

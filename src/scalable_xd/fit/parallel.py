@@ -79,8 +79,14 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
     if not group.parallel:
         return stats
     k, d = stats.U.shape
-    parts = [torch.tensor([float(stats.n_points)], dtype=torch.float64, device=stats.q.device), stats.q, stats.U,
-             _upper(stats.UU), _upper(stats.P), stats.loglik.reshape(1)]  # fmt: skip
+    parts = [
+        torch.tensor([float(stats.n_points)], dtype=torch.float64, device=stats.q.device),
+        stats.q,
+        stats.U,
+        _upper(stats.UU),
+        _upper(stats.P),
+        stats.loglik.reshape(1),
+    ]
     if with_criteria:
         c = stats.criteria
         parts += [c.overlap, c.r_log_r, c.r_log_n]
@@ -89,8 +95,15 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
     sizes = [1, k, k * d, k * d * (d + 1) // 2, k * d * (d + 1) // 2, 1] + ([k * k, k, k] if with_criteria else [])
     n, q, U, UU, P, loglik, *criteria = torch.split(flat, sizes)
     criteria = Criteria(criteria[0].reshape(k, k), criteria[1], criteria[2]) if criteria else None
-    return Statistics(float(n), q, U.reshape(k, d), _symmetric(UU.reshape(k, -1), d),
-                      _symmetric(P.reshape(k, -1), d), loglik[0], criteria)  # fmt: skip
+    return Statistics(
+        float(n),
+        q,
+        U.reshape(k, d),
+        _symmetric(UU.reshape(k, -1), d),
+        _symmetric(P.reshape(k, -1), d),
+        loglik[0],
+        criteria,
+    )
 
 
 def reduce_sum(value: float, group: Group, device) -> float:
@@ -106,5 +119,7 @@ def _all_reduce(tensor: torch.Tensor, group: Group) -> None:
     try:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     except (RuntimeError, dist.DistBackendError) as err:
-        raise RuntimeError(f"rank {group.rank} of {group.size}: lost contact with the other processes of the "
-                           f"fit (one of them failed or was killed): {err}") from None  # fmt: skip
+        raise RuntimeError(
+            f"rank {group.rank} of {group.size}: lost contact with the other processes of the "
+            f"fit (one of them failed or was killed): {err}"
+        ) from None

@@ -170,14 +170,20 @@ class SplitMergeEM(EpochSums):
     def state_dict(self) -> dict:
         none = {"weights": torch.zeros(0), "means": torch.zeros(0), "covariances": torch.zeros(0)}
         return {
-            "mixture": _mixture_state(self.mixture), "phase": self.phase, "previous": self.previous,
+            "mixture": _mixture_state(self.mixture),
+            "phase": self.phase,
+            "previous": self.previous,
             "incumbent": none if self.incumbent is None else _mixture_state(self.incumbent),
-            "incumbent_loglik": self.incumbent_loglik, "trial_loglik": self.trial_loglik,
+            "incumbent_loglik": self.incumbent_loglik,
+            "trial_loglik": self.trial_loglik,
             "incumbent_q": torch.zeros(0) if self.incumbent_q is None else self.incumbent_q,
-            "moves": [list(m) for m in self.moves], "move": None if self.move is None else list(self.move),
-            "partial_left": self.partial_left, "tried": self.tried, "accepted": self.accepted,
+            "moves": [list(m) for m in self.moves],
+            "move": None if self.move is None else list(self.move),
+            "partial_left": self.partial_left,
+            "tried": self.tried,
+            "accepted": self.accepted,
             "wants_criteria": self.wants_criteria,
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.mixture = _mixture_from_state(state["mixture"], self.mixture)
@@ -211,8 +217,15 @@ class StochasticSplitMerge:
 
     samples_assignments = finished = scores_its_pass = False
 
-    def __init__(self, incumbent, *, make_fitter: Callable, judge: Callable[[Mixture], float], tries: int,
-                 partial_fraction: float = 0.1):  # fmt: skip
+    def __init__(
+        self,
+        incumbent,
+        *,
+        make_fitter: Callable,
+        judge: Callable[[Mixture], float],
+        tries: int,
+        partial_fraction: float = 0.1,
+    ):
         self.incumbent, self.make_fitter, self.judge = incumbent, make_fitter, judge
         self.samples_assignments = incumbent.samples_assignments
         self.tries, self.partial_fraction = tries, partial_fraction
@@ -302,10 +315,16 @@ class StochasticSplitMerge:
         """Checkpoints are written after ``end_epoch``: a trial then has just been proposed and has taken no
         batch yet, so the move and the q it was built with recreate it exactly."""
         pending = self.trial is not None
-        return {"incumbent": self.incumbent.state_dict(), "tried": self.tried, "accepted": self.accepted,
-                "last_scores": None if self.last_scores is None else list(self.last_scores),
-                "move": list(self.move) if pending else None, "q": self._q if pending else torch.zeros(0),
-                "batches": self._batches, "epoch": self._epoch}  # fmt: skip
+        return {
+            "incumbent": self.incumbent.state_dict(),
+            "tried": self.tried,
+            "accepted": self.accepted,
+            "last_scores": None if self.last_scores is None else list(self.last_scores),
+            "move": list(self.move) if pending else None,
+            "q": self._q if pending else torch.zeros(0),
+            "batches": self._batches,
+            "epoch": self._epoch,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.incumbent.load_state_dict(state["incumbent"])

@@ -145,8 +145,11 @@ def regularised(state: Mixture, w: float, fixed: FixedParameters | None = None) 
         if w == 0:
             return state
         return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
-    return Mixture(share_weights(state.weights, fixed.weight_values, fixed.weights), state.means,
-                   state.covariances + _ridge(w, fixed, state.covariances))  # fmt: skip
+    return Mixture(
+        share_weights(state.weights, fixed.weight_values, fixed.weights),
+        state.means,
+        state.covariances + _ridge(w, fixed, state.covariances),
+    )
 
 
 def _ridge(w: float, fixed: FixedParameters, covariances: torch.Tensor) -> torch.Tensor:
@@ -154,8 +157,9 @@ def _ridge(w: float, fixed: FixedParameters, covariances: torch.Tensor) -> torch
     return (w * (~fixed.covariances).to(covariances.dtype))[:, None, None] * _eye_like(covariances)
 
 
-def online_em_update(state: Mixture, stats: Statistics, step: float, w: float,
-                     fixed: FixedParameters | None = None) -> Mixture:  # fmt: skip
+def online_em_update(
+    state: Mixture, stats: Statistics, step: float, w: float, fixed: FixedParameters | None = None
+) -> Mixture:
     """One minibatch (online) EM step in the centred form above; returns the new running state.
 
     ``state`` holds the running weights, means and unregularised covariances Vr; the statistics were

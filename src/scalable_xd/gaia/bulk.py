@@ -86,12 +86,24 @@ def csv_reader(chunksize: int = 500_000):
     from hats_import.catalog.file_readers import CsvReader
 
     dtypes = {name: dtype for name, (dtype, _) in QUERY_COLUMNS.items()}
-    return CsvReader(chunksize=chunksize, usecols=list(QUERY_COLUMNS), type_map=dtypes, compression="gzip",
-                     float_precision="round_trip")  # fmt: skip
+    return CsvReader(
+        chunksize=chunksize,
+        usecols=list(QUERY_COLUMNS),
+        type_map=dtypes,
+        compression="gzip",
+        float_precision="round_trip",
+    )
 
 
-def import_hats(files, output, *, pixel_threshold: int = 1_000_000, highest_order: int = 10, workers: int = 1,
-                progress: bool = False) -> Path:  # fmt: skip
+def import_hats(
+    files,
+    output,
+    *,
+    pixel_threshold: int = 1_000_000,
+    highest_order: int = 10,
+    workers: int = 1,
+    progress: bool = False,
+) -> Path:
     """Convert the checked bulk files into one HATS catalogue at ``output`` (a folder), partitioned so that
     no HEALPix pixel holds more than ``pixel_threshold`` stars. Written beside ``output`` and moved into
     place when complete, so a failed import leaves nothing that looks finished."""
@@ -106,13 +118,23 @@ def import_hats(files, output, *, pixel_threshold: int = 1_000_000, highest_orde
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         args = ImportArguments(
-            output_artifact_name=output.name, output_path=staging, input_file_list=[str(f) for f in files],
-            file_reader=csv_reader(), ra_column="ra", dec_column="dec", sort_columns="source_id",
-            pixel_threshold=pixel_threshold, highest_healpix_order=highest_order, progress_bar=progress,
-            resume=False, tmp_dir=staging / "tmp", dask_tmp=staging / "dask",
-        )  # fmt: skip
-        with Client(n_workers=workers, threads_per_worker=1, local_directory=str(staging / "dask"),
-                    dashboard_address=":0") as client:  # fmt: skip
+            output_artifact_name=output.name,
+            output_path=staging,
+            input_file_list=[str(f) for f in files],
+            file_reader=csv_reader(),
+            ra_column="ra",
+            dec_column="dec",
+            sort_columns="source_id",
+            pixel_threshold=pixel_threshold,
+            highest_healpix_order=highest_order,
+            progress_bar=progress,
+            resume=False,
+            tmp_dir=staging / "tmp",
+            dask_tmp=staging / "dask",
+        )
+        with Client(
+            n_workers=workers, threads_per_worker=1, local_directory=str(staging / "dask"), dashboard_address=":0"
+        ) as client:
             pipeline_with_client(args, client)
         os.replace(staging / output.name, output)
     finally:

@@ -38,8 +38,14 @@ import pandas as pd
 
 from ..noise import CompactCovariance
 from .schema import (
-    ASTROMETRY, CORRELATION_PAIRS, CORRELATIONS, FEATURES, FLUX_OVER_ERROR, MAS_PER_DEG, ZERO_POINT_ERROR,
-)  # fmt: skip
+    ASTROMETRY,
+    CORRELATION_PAIRS,
+    CORRELATIONS,
+    FEATURES,
+    FLUX_OVER_ERROR,
+    MAS_PER_DEG,
+    ZERO_POINT_ERROR,
+)
 
 MODES = ("corrected", "paper")
 TRUE_COLUMNS = tuple(f"true_{name}" for name in FEATURES)
@@ -74,9 +80,16 @@ class Features:
 
     def subset(self, rows) -> Features:
         return Features(
-            self.X[rows], self.sigma[rows], self.corr[rows], self.n_missing[rows], self.source_id[rows],
-            self.random_index[rows], self.mode, {}, None if self.true is None else self.true[rows],
-        )  # fmt: skip
+            self.X[rows],
+            self.sigma[rows],
+            self.corr[rows],
+            self.n_missing[rows],
+            self.source_id[rows],
+            self.random_index[rows],
+            self.mode,
+            {},
+            None if self.true is None else self.true[rows],
+        )
 
 
 def _as_frame(table) -> pd.DataFrame:
@@ -185,5 +198,9 @@ def loglik_summary(mean_loglik: float, n: int, missing_entries: int) -> dict:
     observed entries alone: each missing entry adds ``MISSING_LOGLIK_CONSTANT``, so the latter is the former
     less that constant times the mean number of missing entries (``missing_entries`` over the n stars)."""
     missing = missing_entries / n
-    return {"loglik": mean_loglik, "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
-            "n": n, "mean_missing_entries": missing}  # fmt: skip
+    return {
+        "loglik": mean_loglik,
+        "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
+        "n": n,
+        "mean_missing_entries": missing,
+    }

@@ -32,9 +32,15 @@ import pandas as pd
 
 from .galaxy import POPULATIONS, draw_true_values
 from .schema import (
-    ASTROMETRY, CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, FLUX_OVER_ERROR, MAS_PER_DEG, QUERY_COLUMNS,
+    ASTROMETRY,
+    CORRELATIONS,
+    FEATURES,
+    FIVE_PARAMETER_ONLY,
+    FLUX_OVER_ERROR,
+    MAS_PER_DEG,
+    QUERY_COLUMNS,
     ZERO_POINT_ERROR,
-)  # fmt: skip
+)
 
 # Parallax error (mas) against G: log-linear through the medians of real DR2 five-parameter stars.
 _PLX_ERR_G = np.array([6.0, 13.0, 15.0, 17.0, 18.75, 20.0, 21.0, 22.0])
@@ -43,9 +49,18 @@ _ERROR_RATIOS = {"ra": 0.80, "dec": 0.78, "parallax": 1.0, "pmra": 1.70, "pmdec"
 
 # Fisher-z location and spread of each correlation (real DR2 sample medians and spreads), and the
 # amplitude of its ecliptic-longitude pattern.
-_CORR_MEDIAN = {"ra_dec_corr": 0.11, "ra_parallax_corr": -0.03, "ra_pmra_corr": -0.21, "ra_pmdec_corr": -0.11,
-                "dec_parallax_corr": -0.08, "dec_pmra_corr": -0.07, "dec_pmdec_corr": -0.25,
-                "parallax_pmra_corr": -0.09, "parallax_pmdec_corr": 0.07, "pmra_pmdec_corr": 0.12}  # fmt: skip
+_CORR_MEDIAN = {
+    "ra_dec_corr": 0.11,
+    "ra_parallax_corr": -0.03,
+    "ra_pmra_corr": -0.21,
+    "ra_pmdec_corr": -0.11,
+    "dec_parallax_corr": -0.08,
+    "dec_pmra_corr": -0.07,
+    "dec_pmdec_corr": -0.25,
+    "parallax_pmra_corr": -0.09,
+    "parallax_pmdec_corr": 0.07,
+    "pmra_pmdec_corr": 0.12,
+}
 _CORR_SPREAD = 0.26
 _CORR_PATTERN = 0.15
 
@@ -167,7 +182,7 @@ def _observe(rng, true: dict, population: np.ndarray) -> pd.DataFrame:
 
 def _source_ids(ra, dec):
     """Unique, sky-ordered int64 ids: a 1x1 degree cell number times 2^35 plus a serial within the cell."""
-    cell = (np.floor(np.clip(dec, -90, 89.999999) + 90).astype(np.int64) * 360 + np.floor(ra).astype(np.int64) % 360)
+    cell = np.floor(np.clip(dec, -90, 89.999999) + 90).astype(np.int64) * 360 + np.floor(ra).astype(np.int64) % 360
     order = np.lexsort((np.arange(len(cell)), cell))
     serial = np.empty(len(cell), dtype=np.int64)
     sorted_cells = cell[order]

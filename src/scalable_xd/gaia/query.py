@@ -131,8 +131,9 @@ def _check_chunk(frame: pd.DataFrame, lo: int, hi: int) -> None:
         )
 
 
-def download_chunk(client, connections: Connections, lo: int, hi: int, *, retries: int, backoff: float,
-                   job_timeout: float, poll: float) -> pd.DataFrame:  # fmt: skip
+def download_chunk(
+    client, connections: Connections, lo: int, hi: int, *, retries: int, backoff: float, job_timeout: float, poll: float
+) -> pd.DataFrame:
     """One random_index range as a validated DataFrame. Failures are retried after exponential backoff or
     the server's Retry-After; a refusal (HTTP 401/403) raises ArchiveRefusedError at once."""
     for attempt in range(retries + 1):
@@ -154,8 +155,9 @@ def download_chunk(client, connections: Connections, lo: int, hi: int, *, retrie
             failure = _describe(err)
         except Exception as err:  # ERROR jobs, timeouts, resets, truncated, empty or wrong results
             if attempt == retries:
-                raise ChunkError(f"chunk [{lo}, {hi}) failed after {retries + 1} attempts: "
-                                 f"{err.__class__.__name__}: {err}") from err  # fmt: skip
+                raise ChunkError(
+                    f"chunk [{lo}, {hi}) failed after {retries + 1} attempts: {err.__class__.__name__}: {err}"
+                ) from err
             delay = backoff * 2**attempt
             failure = _describe(err)
         log.warning("chunk [%d, %d) attempt %d failed (%s); retrying in %.1f s", lo, hi, attempt + 1, failure, delay)
@@ -174,12 +176,15 @@ def write_manifest(path, chunks, *, n_rows: int, tap_url: str | None) -> None:
     from ..io import write_json
 
     base = Path(path).resolve().parent
-    write_json(path, {
-        "table": GAIA_TABLE,
-        "n_rows": n_rows,
-        "tap_url": redact_url(tap_url or DEFAULT_TAP_URL),
-        "chunks": [str(Path(c).resolve().relative_to(base)) for c in chunks],
-    })  # fmt: skip
+    write_json(
+        path,
+        {
+            "table": GAIA_TABLE,
+            "n_rows": n_rows,
+            "tap_url": redact_url(tap_url or DEFAULT_TAP_URL),
+            "chunks": [str(Path(c).resolve().relative_to(base)) for c in chunks],
+        },
+    )
 
 
 def query_gaia(
@@ -202,8 +207,13 @@ def query_gaia(
     ``job_timeout`` bounds each attempt at a chunk from launch to the last byte, ``request_timeout`` each
     socket operation (see the module docstring).
     """
-    for name, value in (("request_timeout", request_timeout), ("job_timeout", job_timeout),
-                        ("connect_timeout", connect_timeout), ("poll", poll), ("backoff", backoff)):  # fmt: skip
+    for name, value in (
+        ("request_timeout", request_timeout),
+        ("job_timeout", job_timeout),
+        ("connect_timeout", connect_timeout),
+        ("poll", poll),
+        ("backoff", backoff),
+    ):
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
     if retries < 0:
@@ -228,8 +238,9 @@ def query_gaia(
         check_reachable(tap_url, connect_timeout)
         client, connections = make_client(tap_url, request_timeout)
         for lo, hi in tqdm(todo, desc="gaia query", unit="chunk", disable=not progress or None):
-            frame = download_chunk(client, connections, lo, hi, retries=retries, backoff=backoff,
-                                   job_timeout=job_timeout, poll=poll)  # fmt: skip
+            frame = download_chunk(
+                client, connections, lo, hi, retries=retries, backoff=backoff, job_timeout=job_timeout, poll=poll
+            )
             with atomic_path(chunk_path(out_dir, lo, hi)) as tmp:
                 frame.to_parquet(tmp, index=False)
     return [chunk_path(out_dir, lo, hi) for lo, hi in ranges]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import atomic_path, write_json
-from .features import REPAIRS, FEATURES, TRUE_COLUMNS, Features, compute_features
+from .features import FEATURES, REPAIRS, TRUE_COLUMNS, Features, compute_features
 from .schema import CORRELATION_PAIRS, CORRELATIONS, QUERY_COLUMNS
 
 SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
@@ -39,11 +39,13 @@ def split_of(random_index: np.ndarray, seed: int) -> np.ndarray:
     return out
 
 
-
 # The columns of a features file, as ``features_to_arrow`` writes them (the truth columns only on a mock).
 FEATURE_FILE_COLUMNS = (
-    ("source_id", "random_index") + tuple(f"x_{name}" for name in FEATURES) + tuple(f"sigma_{name}" for name in FEATURES)
-    + tuple(name for name, _, _ in CORRELATIONS) + ("n_missing",)
+    ("source_id", "random_index")
+    + tuple(f"x_{name}" for name in FEATURES)
+    + tuple(f"sigma_{name}" for name in FEATURES)
+    + tuple(name for name, _, _ in CORRELATIONS)
+    + ("n_missing",)
 )
 
 
@@ -97,15 +99,24 @@ def read_features(path) -> Features:
     )
 
 
-def features_source(path, window_rows: int | None = None, name: str = "X", validate: bool = True,
-                    missing: str = "variance"):  # fmt: skip
+def features_source(
+    path, window_rows: int | None = None, name: str = "X", validate: bool = True, missing: str = "variance"
+):
     """Features files (one split's Parquet file, a folder of them or a HATS catalogue of features) as a
     ``stream.ParquetSource``: a fit reads them a window of ``window_rows`` rows at a time."""
     from ..stream import DEFAULT_WINDOW, ParquetSource
 
-    return ParquetSource(path, [f"x_{n}" for n in FEATURES], [f"sigma_{n}" for n in FEATURES],
-                         [n for n, _, _ in CORRELATIONS], CORRELATION_PAIRS, window_rows=window_rows or DEFAULT_WINDOW,
-                         name=name, validate=validate, missing=missing)  # fmt: skip
+    return ParquetSource(
+        path,
+        [f"x_{n}" for n in FEATURES],
+        [f"sigma_{n}" for n in FEATURES],
+        [n for n, _, _ in CORRELATIONS],
+        CORRELATION_PAIRS,
+        window_rows=window_rows or DEFAULT_WINDOW,
+        name=name,
+        validate=validate,
+        missing=missing,
+    )
 
 
 def split_facts(path) -> dict:
@@ -116,15 +127,20 @@ def split_facts(path) -> dict:
     from ..stream import parquet_files
 
     dataset = ds.dataset(parquet_files(path), format="parquet")
-    _require_columns(path, "a features file written by `scalable-xd features`", dataset.schema.names, ("n_missing",),
-                     None)  # fmt: skip
+    _require_columns(
+        path, "a features file written by `scalable-xd features`", dataset.schema.names, ("n_missing",), None
+    )
     rows = missing = 0
     for batch in dataset.to_batches(columns=["n_missing"]):
         rows += batch.num_rows
         missing += int(np.asarray(batch.column(0), dtype=np.int64).sum())
     meta = json.loads((dataset.schema.metadata or {}).get(b"scalable_xd", b"{}"))
-    return {"n": rows, "missing_entries": missing, "mode": meta.get("mode", "unknown"),
-            "true_values": TRUE_COLUMNS[0] in dataset.schema.names}  # fmt: skip
+    return {
+        "n": rows,
+        "missing_entries": missing,
+        "mode": meta.get("mode", "unknown"),
+        "true_values": TRUE_COLUMNS[0] in dataset.schema.names,
+    }
 
 
 def _raw_dataset(path):
@@ -206,5 +222,14 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
 
 def _empty_features(mode: str, has_truth: bool) -> Features:
     empty = np.empty((0, len(FEATURES)))
-    return Features(empty, empty, np.empty((0, len(CORRELATIONS))), np.empty(0, np.int8), np.empty(0, np.int64),
-                    np.empty(0, np.int64), mode, {}, empty if has_truth else None)  # fmt: skip
+    return Features(
+        empty,
+        empty,
+        np.empty((0, len(CORRELATIONS))),
+        np.empty(0, np.int8),
+        np.empty(0, np.int64),
+        np.empty(0, np.int64),
+        mode,
+        {},
+        empty if has_truth else None,
+    )

@@ -20,8 +20,7 @@ from urllib.parse import unquote, urlparse
 
 DEFAULT_TAP_URL = "https://gea.esac.esa.int/"
 OFFLINE_HINT = (
-    "To run offline, use the DR2-like mock instead: `snakemake --configfile config/mock.yaml` "
-    "(or `scalable-xd mock`)."
+    "To run offline, use the DR2-like mock instead: `snakemake --configfile config/mock.yaml` (or `scalable-xd mock`)."
 )
 
 
@@ -143,13 +142,24 @@ def make_client(tap_url: str, request_timeout: float):
         secret = f"{unquote(parsed.username)}:{unquote(parsed.password or '')}".encode()
         authorization = "Basic " + base64.b64encode(secret).decode()
     connections = Connections(parsed.hostname, port, https, request_timeout, authorization)
-    tap = TapConn(https, parsed.hostname, server_context="tap-server", tap_context="tap", upload_context="Upload",
-                  table_edit_context="TableTool", data_context="data", datalink_context="datalink", port=port,
-                  sslport=port, connhandler=connections)  # fmt: skip
+    tap = TapConn(
+        https,
+        parsed.hostname,
+        server_context="tap-server",
+        tap_context="tap",
+        upload_context="Upload",
+        table_edit_context="TableTool",
+        data_context="data",
+        datalink_context="datalink",
+        port=port,
+        sslport=port,
+        connhandler=connections,
+    )
     bare_url = f"{parsed.scheme}://{parsed.hostname}:{port}/"
     with contextlib.redirect_stdout(io.StringIO()):
-        client = GaiaClass(tap_plus_conn_handler=tap, gaia_tap_server=bare_url, gaia_data_server=bare_url,
-                           show_server_messages=False)  # fmt: skip
+        client = GaiaClass(
+            tap_plus_conn_handler=tap, gaia_tap_server=bare_url, gaia_data_server=bare_url, show_server_messages=False
+        )
     return client, connections
 
 

@@ -36,12 +36,12 @@ from functools import cache
 
 import torch
 
+from ..errors import NotPositiveDefiniteError
+from ..mixture import Mixture
 from .fused import fused_chunk
 from .linalg import linalg_chunk
-from .unrolled import unrolled_chunk, unrolled_terms
-from ..mixture import Mixture
-from ..errors import NotPositiveDefiniteError
 from .statistics import Statistics, assign, n_points
+from .unrolled import unrolled_chunk, unrolled_terms
 
 BACKENDS = ("auto", "fused", "unrolled", "compiled", "linalg")
 log = logging.getLogger(__name__)
@@ -50,9 +50,15 @@ log = logging.getLogger(__name__)
 # unrolled pass is fastest on CPU between ~2^16 and ~2^18 pairs (its ~100 (K, B) temporaries then stay
 # in cache); on a GPU far larger chunks amortise kernel launches. The LAPACK path holds several
 # (pairs, d, d) stacks, ~25 MB each in float64 at 2^16 pairs.
-_MAX_PAIRS = {("fused", "cpu"): 1 << 20, ("unrolled", "cpu"): 1 << 17, ("unrolled", "cuda"): 1 << 22,
-              ("compiled", "cpu"): 1 << 17, ("compiled", "cuda"): 1 << 22, ("linalg", "cpu"): 1 << 16,
-              ("linalg", "cuda"): 1 << 20}  # fmt: skip
+_MAX_PAIRS = {
+    ("fused", "cpu"): 1 << 20,
+    ("unrolled", "cpu"): 1 << 17,
+    ("unrolled", "cuda"): 1 << 22,
+    ("compiled", "cpu"): 1 << 17,
+    ("compiled", "cuda"): 1 << 22,
+    ("linalg", "cpu"): 1 << 16,
+    ("linalg", "cuda"): 1 << 20,
+}
 
 
 def choose_backend(name: str, R, device: torch.device | None = None) -> str:
@@ -89,8 +95,12 @@ def _have_numba() -> bool:
 def _numba_or_say_why() -> bool:
     """Whether numba is installed; if not, say so once, since the fallback is several times slower."""
     if not _have_numba():
-        warnings.warn("numba is not installed: the CPU statistics pass falls back to the torch kernel, 2-5x slower "
-                      "(pip install numba)", RuntimeWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            "numba is not installed: the CPU statistics pass falls back to the torch kernel, 2-5x slower "
+            "(pip install numba)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return False
     return True
 
@@ -119,8 +129,18 @@ def _chunk(backend: str, x, S, mixture: Mixture, R, with_stats: bool, start: int
     return unrolled_chunk(x, S, mixture, with_stats, start, terms=terms, **extra)
 
 
-def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs: int | None, point_weights=None,
-            uniforms=None, with_criteria: bool = False):  # fmt: skip
+def _passes(
+    x,
+    S,
+    mixture: Mixture,
+    R,
+    with_stats: bool,
+    backend: str,
+    max_pairs: int | None,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+):
     """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk.
 
     A float32 chunk in which some V_j + S_i cannot be factorised is computed again in float64 (from the
@@ -131,8 +151,11 @@ def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs
     given, mixture = mixture, mixture.to(dtype=x.dtype)
     max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
-        extra = {"point_weights": None if point_weights is None else point_weights[part],
-                 "uniforms": None if uniforms is None else uniforms[part], "with_criteria": with_criteria}  # fmt: skip
+        extra = {
+            "point_weights": None if point_weights is None else point_weights[part],
+            "uniforms": None if uniforms is None else uniforms[part],
+            "with_criteria": with_criteria,
+        }
         xs, Ss, Rs = x[part], S[part], None if R is None else R[part]
         try:
             out = _chunk(backend, xs, Ss, mixture, Rs, with_stats, part.start, extra)
@@ -141,22 +164,35 @@ def _passes(x, S, mixture: Mixture, R, with_stats: bool, backend: str, max_pairs
                 raise
             _say_float64(err)
             wide = {key: value.double() if torch.is_tensor(value) else value for key, value in extra.items()}
-            loglik, log_dens, stats = _chunk(backend, xs.double(), Ss.double(), given.to(dtype=torch.float64),
-                                             None if Rs is None else Rs.double(), with_stats, part.start, wide)  # fmt: skip
+            loglik, log_dens, stats = _chunk(
+                backend,
+                xs.double(),
+                Ss.double(),
+                given.to(dtype=torch.float64),
+                None if Rs is None else Rs.double(),
+                with_stats,
+                part.start,
+                wide,
+            )
             out = (loglik.to(x.dtype), log_dens.to(x.dtype), None if stats is None else stats.to(x.dtype))
         yield out
 
 
 def _say_float64(err: NotPositiveDefiniteError) -> None:
-    log.debug("float32 could not factorise V_j + S_i of chunk row %d, component %d: the chunk runs in float64",
-              err.row, err.component)  # fmt: skip
+    log.debug(
+        "float32 could not factorise V_j + S_i of chunk row %d, component %d: the chunk runs in float64",
+        err.row,
+        err.component,
+    )
     _say_float64_once()
 
 
 @cache
 def _say_float64_once() -> None:
-    log.warning("float32 could not factorise some V_j + S_i: a covariance is too ill-conditioned for float32 "
-                "(condition number beyond ~1e7), so the chunks holding such pairs are computed in float64")  # fmt: skip
+    log.warning(
+        "float32 could not factorise some V_j + S_i: a covariance is too ill-conditioned for float32 "
+        "(condition number beyond ~1e7), so the chunks holding such pairs are computed in float64"
+    )
 
 
 def patterns(observed: torch.Tensor):
@@ -174,8 +210,9 @@ def _marginal(x, S, mixture: Mixture, rows, dims):
     return x[rows][:, dims], S[rows][:, dims][:, :, dims], sub
 
 
-def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None,
-                  observed=None):  # fmt: skip
+def log_densities(
+    x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None, observed=None
+):
     """Per-point log-likelihood (B,) and log alpha_j N(x_i | R_i m_j, T_ij) (B, K) for one batch (of the
     ``observed`` entries only, where given)."""
     if observed is not None:
@@ -183,32 +220,44 @@ def log_densities(x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_
         log_dens = mixture.log_weights.to(x.dtype).expand(x.shape[0], -1).clone()  # nothing observed: alpha_j
         for rows, dims in patterns(observed):
             if len(dims):
-                loglik[rows], log_dens[rows] = log_densities(*_marginal(x, S, mixture, rows, dims), backend=backend,
-                                                             max_pairs=max_pairs)  # fmt: skip
+                loglik[rows], log_dens[rows] = log_densities(
+                    *_marginal(x, S, mixture, rows, dims), backend=backend, max_pairs=max_pairs
+                )
         return loglik, log_dens
     parts = list(_passes(x, S, mixture, R, False, backend, max_pairs))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def batch_statistics(
-    x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None, point_weights=None,
-    uniforms=None, with_criteria: bool = False, observed=None,
+    x,
+    S,
+    mixture: Mixture,
+    R=None,
+    *,
+    backend: str = "auto",
+    max_pairs: int | None = None,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+    observed=None,
 ) -> Statistics:
     """The per-component sums q, U, UU, P for one batch; ``point_weights`` (B,) weight each point's
     responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``);
     ``with_criteria`` adds the split-and-merge sums (``statistics.Criteria``); ``observed`` (B, d)
     marginalises the other entries (see the module)."""
     if observed is not None:
-        return _marginalised_statistics(x, S, mixture, backend, max_pairs, point_weights, uniforms, with_criteria,
-                                        observed)  # fmt: skip
+        return _marginalised_statistics(
+            x, S, mixture, backend, max_pairs, point_weights, uniforms, with_criteria, observed
+        )
     total = None
     for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs, point_weights, uniforms, with_criteria):
         total = stats if total is None else total.combine(stats)
     return total
 
 
-def _marginalised_statistics(x, S, mixture: Mixture, backend, max_pairs, point_weights, uniforms, with_criteria,
-                             observed) -> Statistics:  # fmt: skip
+def _marginalised_statistics(
+    x, S, mixture: Mixture, backend, max_pairs, point_weights, uniforms, with_criteria, observed
+) -> Statistics:
     """``batch_statistics`` over groups of stars that share a pattern of observed dimensions, each group's
     sums put back in the model's dimensions."""
     k, dim = mixture.n_components, mixture.dim
@@ -218,12 +267,21 @@ def _marginalised_statistics(x, S, mixture: Mixture, backend, max_pairs, point_w
         draws = None if uniforms is None else uniforms[rows]
         if len(dims) == 0:  # p(x) = 1 and r_ij = alpha_j: a share of the weights, nothing else
             resp = assign(mixture.weights.to(x.dtype).expand(len(rows), -1), weights, draws, dim=1)
-            only_weights = dataclasses.replace(Statistics.zeros(k, dim, x.device, with_criteria),
-                                               n_points=n_points(x[rows], weights), q=resp.sum(0).double())  # fmt: skip
+            only_weights = dataclasses.replace(
+                Statistics.zeros(k, dim, x.device, with_criteria),
+                n_points=n_points(x[rows], weights),
+                q=resp.sum(0).double(),
+            )
             total = total.combine(only_weights)
             continue
-        part = batch_statistics(*_marginal(x, S, mixture, rows, dims), backend=backend, max_pairs=max_pairs,
-                                point_weights=weights, uniforms=draws, with_criteria=with_criteria).double()  # fmt: skip
+        part = batch_statistics(
+            *_marginal(x, S, mixture, rows, dims),
+            backend=backend,
+            max_pairs=max_pairs,
+            point_weights=weights,
+            uniforms=draws,
+            with_criteria=with_criteria,
+        ).double()
         U = torch.zeros(k, dim, dtype=torch.float64, device=x.device)
         UU = torch.zeros(k, dim, dim, dtype=torch.float64, device=x.device)
         P = torch.zeros_like(UU)

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..mixture import Mixture
 from ..errors import NotPositiveDefiniteError
+from ..mixture import Mixture
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
@@ -52,10 +52,24 @@ def layout(dim: int) -> dict[str, int]:
     (q, U, UU's and P's lower triangles)."""
     n_tri = dim * (dim + 1) // 2
     n_det = (dim + 1) // 2
-    return {"V": 0, "means": n_tri, "log_weights": n_tri + dim, "n_params": n_tri + dim + 1,
-            "maha": 0, "lo": 1, "hi": 2, "det": 3, "u": 3 + n_det, "t_inv": 3 + n_det + dim,
-            "n_scratch": 3 + n_det + dim + n_tri,
-            "q": 0, "U": 1, "UU": 1 + dim, "P": 1 + dim + n_tri, "n_sums": 1 + dim + 2 * n_tri}  # fmt: skip
+    return {
+        "V": 0,
+        "means": n_tri,
+        "log_weights": n_tri + dim,
+        "n_params": n_tri + dim + 1,
+        "maha": 0,
+        "lo": 1,
+        "hi": 2,
+        "det": 3,
+        "u": 3 + n_det,
+        "t_inv": 3 + n_det + dim,
+        "n_scratch": 3 + n_det + dim + n_tri,
+        "q": 0,
+        "U": 1,
+        "UU": 1 + dim,
+        "P": 1 + dim + n_tri,
+        "n_sums": 1 + dim + 2 * n_tri,
+    }
 
 
 def _par(row: int) -> str:
@@ -142,9 +156,12 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     span = lambda rows, first="t": f"{first} * {rows * TILE}:({first} + 1) * {rows * TILE}"  # noqa: E731
     # Each tile's arrays are views, indexed from 0 by literal offsets: with a computed base, numba's
     # negative-index wraparound turns every access into a select, and nothing vectorises.
-    views = {"par": f"tile_par = par[{span(at['n_params'])}]", "scr": f"tile_scr = scr[{span(at['n_scratch'])}]",
-             "acc": f"tile_acc = acc[{span(at['n_sums'], '(blk * n_tiles + t)')}]",
-             "resp": f"tile_resp = resp[{span(1)}]"}  # fmt: skip
+    views = {
+        "par": f"tile_par = par[{span(at['n_params'])}]",
+        "scr": f"tile_scr = scr[{span(at['n_scratch'])}]",
+        "acc": f"tile_acc = acc[{span(at['n_sums'], '(blk * n_tiles + t)')}]",
+        "resp": f"tile_resp = resp[{span(1)}]",
+    }
 
     def tiles(body: list[str], names: list[str], loop: bool = True) -> list[str]:
         """``body`` for every tile (inside a loop over the tile's components c where ``loop``)."""
@@ -198,10 +215,19 @@ def _module_source(dim: int, with_stats: bool, dtype: str) -> str:
     """A module defining the kernel, compiled with numba's on-disk cache."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
-        "import math", "", "import numpy as np", "from numba import njit, prange", "", f"TILE = {TILE}",
-        f"EXP_CUTOFF = {EXP_CUTOFF!r}", "", "",
-        "@njit(parallel=True, fastmath={" + ", ".join(map(repr, sorted(FASTMATH))) + "}, error_model='numpy', cache=True)",
-    ]  # fmt: skip
+        "import math",
+        "",
+        "import numpy as np",
+        "from numba import njit, prange",
+        "",
+        f"TILE = {TILE}",
+        f"EXP_CUTOFF = {EXP_CUTOFF!r}",
+        "",
+        "",
+        "@njit(parallel=True, fastmath={"
+        + ", ".join(map(repr, sorted(FASTMATH)))
+        + "}, error_model='numpy', cache=True)",
+    ]
     return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}")
 
 
@@ -221,7 +247,8 @@ def compiled_kernel(dim: int, with_stats: bool, dtype: str):
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
     folder cannot be written it is compiled in memory, a few seconds per process."""
     source = _module_source(dim, with_stats, dtype)
-    name = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    name = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}_{digest}"
     path = cache_folder() / "kernels" / f"{name}.py"
     try:
         if not path.exists():
@@ -275,8 +302,16 @@ def _unpack_sums(acc: np.ndarray, n_blocks: int, dim: int, k: int, dtype) -> tup
     return sums[at["q"]].copy(), np.ascontiguousarray(sums[at["U"] : at["U"] + dim].T), full[0], full[1]
 
 
-def fused_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, point_weights=None, uniforms=None,
-                with_criteria: bool = False):  # fmt: skip
+def fused_chunk(
+    x,
+    S,
+    mixture: Mixture,
+    with_stats: bool,
+    row_offset: int,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+):
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I."""
     import numba
 
@@ -291,9 +326,18 @@ def fused_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, point
     loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.zeros(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)
-    compiled_kernel(dim, with_stats, str(x_np.dtype))(x_np, S_np, pack_parameters(mixture, x_np.dtype),
-                                                      as_array(point_weights), as_array(uniforms), loglik, log_dens,
-                                                      failed, acc, n_blocks)  # fmt: skip
+    compiled_kernel(dim, with_stats, str(x_np.dtype))(
+        x_np,
+        S_np,
+        pack_parameters(mixture, x_np.dtype),
+        as_array(point_weights),
+        as_array(uniforms),
+        loglik,
+        log_dens,
+        failed,
+        acc,
+        n_blocks,
+    )
     bad = np.flatnonzero(failed >= 0)
     if len(bad):
         raise NotPositiveDefiniteError(row_offset + int(bad[0]), int(failed[bad[0]]))

@@ -41,8 +41,17 @@ def convolved_terms(x, S, mixture: Mixture, R=None, row_offset: int = 0):
     return chol, u, log_dens
 
 
-def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, point_weights=None, uniforms=None,
-                 with_criteria: bool = False):  # fmt: skip
+def linalg_chunk(
+    x,
+    S,
+    mixture: Mixture,
+    R,
+    with_stats: bool,
+    row_offset: int,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+):
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk (``point_weights`` and
     ``uniforms`` as in ``statistics.assign``)."""
     chol, u, log_dens = convolved_terms(x, S, mixture, R, row_offset)
@@ -62,7 +71,8 @@ def linalg_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, p
         torch.einsum("bki,bkj->kij", ru, u),
         torch.einsum("bk,bkij->kij", resp, t_inv),
         summed_loglik(loglik, point_weights),
-        Criteria(*criteria_sums(log_dens, loglik, mixture.log_weights, point_weights, dim=1)) if with_criteria
+        Criteria(*criteria_sums(log_dens, loglik, mixture.log_weights, point_weights, dim=1))
+        if with_criteria
         else None,
     )
     return loglik, log_dens, stats

@@ -48,9 +48,15 @@ class Statistics:
 
     def to(self, dtype: torch.dtype) -> Statistics:
         """The sums in ``dtype``; the summed log-likelihood is float64 whatever the sums' dtype."""
-        return Statistics(self.n_points, self.q.to(dtype), self.U.to(dtype), self.UU.to(dtype), self.P.to(dtype),
-                          None if self.loglik is None else self.loglik.double(),
-                          None if self.criteria is None else self.criteria.to(dtype))  # fmt: skip
+        return Statistics(
+            self.n_points,
+            self.q.to(dtype),
+            self.U.to(dtype),
+            self.UU.to(dtype),
+            self.P.to(dtype),
+            None if self.loglik is None else self.loglik.double(),
+            None if self.criteria is None else self.criteria.to(dtype),
+        )
 
     def double(self) -> Statistics:
         """The sums in float64, the precision every parameter update works in."""
@@ -59,8 +65,15 @@ class Statistics:
     def combine(self, other: Statistics) -> Statistics:
         loglik = None if self.loglik is None or other.loglik is None else self.loglik + other.loglik
         criteria = None if self.criteria is None or other.criteria is None else self.criteria.combine(other.criteria)
-        return Statistics(self.n_points + other.n_points, self.q + other.q, self.U + other.U, self.UU + other.UU,
-                          self.P + other.P, loglik, criteria)  # fmt: skip
+        return Statistics(
+            self.n_points + other.n_points,
+            self.q + other.q,
+            self.U + other.U,
+            self.UU + other.UU,
+            self.P + other.P,
+            loglik,
+            criteria,
+        )
 
 
 @dataclass

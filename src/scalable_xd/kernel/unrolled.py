@@ -73,13 +73,23 @@ def _triangular_inverse(L, inv_diag):
     return W
 
 
-def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, point_weights=None, uniforms=None,
-                   with_criteria: bool = False):  # fmt: skip
+def unrolled_terms(
+    x,
+    S,
+    log_weights,
+    means,
+    covariances,
+    with_stats: bool,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+):
     """The pass over one chunk as plain tensors, so that ``torch.compile`` can fuse it (see ``kernel``).
 
     The points come entry-major, x (D, B) and S (D, D, B) contiguous, so that each entry is contiguous
     across the chunk's points: the compiled loops over points then load with unit stride and vectorise
-    (with the natural (B, D, D) layout they gather with stride D^2 and stay scalar). Returns (failed (K, B), log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
+    (with the natural (B, D, D) layout they gather with stride D^2 and stay scalar). Returns (failed (K, B),
+    log p (B,), log alpha N (K, B)) and, with ``with_stats``, also
     (q (K,), U (K, D), UU (K, D, D), lower triangle of P (K, D(D+1)/2) in row-major order), whose
     responsibilities are first replaced by sampled one-hot assignments (``uniforms``) and weighted per
     point (``point_weights``) where given (see ``statistics.assign``); with ``with_criteria`` also the
@@ -124,15 +134,32 @@ def unrolled_terms(x, S, log_weights, means, covariances, with_stats: bool, poin
     return out
 
 
-def unrolled_chunk(x, S, mixture: Mixture, with_stats: bool, row_offset: int, terms=unrolled_terms,
-                   point_weights=None, uniforms=None, with_criteria: bool = False):  # fmt: skip
+def unrolled_chunk(
+    x,
+    S,
+    mixture: Mixture,
+    with_stats: bool,
+    row_offset: int,
+    terms=unrolled_terms,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+):
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I.
 
     ``terms`` is ``unrolled_terms`` itself or a compiled version of it.
     """
     entry_major = x.T.contiguous(), S.permute(1, 2, 0).contiguous()  # (D, B), (D, D, B): see ``unrolled_terms``
-    out = terms(*entry_major, mixture.log_weights, mixture.means, mixture.covariances, with_stats, point_weights,
-                uniforms, with_criteria)  # fmt: skip
+    out = terms(
+        *entry_major,
+        mixture.log_weights,
+        mixture.means,
+        mixture.covariances,
+        with_stats,
+        point_weights,
+        uniforms,
+        with_criteria,
+    )
     failed, loglik, log_dens = out[:3]
     raise_for_failed_pairs(failed.T, row_offset)
     if not with_stats:

@@ -62,8 +62,10 @@ def claim_sgd_best(runs):
     best = val.idxmax(axis=1)
     margin = val["sgd"] - val.drop(columns="sgd").max(axis=1)
     verdict = HOLDS if (best == "sgd").all() else FAILS
-    return verdict, (f"best method per K: {', '.join(f'K={k}: {_name(m)}' for k, m in best.items())}; "
-                     f"SGD minus the best other method (nats/star): {_fmt(margin, 3)}")  # fmt: skip
+    return verdict, (
+        f"best method per K: {', '.join(f'K={k}: {_name(m)}' for k, m in best.items())}; "
+        f"SGD minus the best other method (nats/star): {_fmt(margin, 3)}"
+    )
 
 
 def claim_comparable(runs):
@@ -86,8 +88,9 @@ def claim_faster(runs):
         return UNMEASURED, "needs batch EM and a minibatch method"
     ok = all(bool((seconds[m] < seconds["em"]).all()) for m in minibatch)
     detail = "; ".join(f"{_name(m)}: {_fmt(seconds[m], 1)} s" for m in ["em"] + minibatch)
-    return (HOLDS if ok else FAILS), (f"seconds to come within {CONVERGED_NATS} nats/star of the final training "
-                                      f"log-likelihood, {detail}")  # fmt: skip
+    return (HOLDS if ok else FAILS), (
+        f"seconds to come within {CONVERGED_NATS} nats/star of the final training log-likelihood, {detail}"
+    )
 
 
 def claim_sublinear(runs, device_note):
@@ -109,7 +112,8 @@ def claim_modes(runs):
         return UNMEASURED, f"this run used one covariance mode ({', '.join(modes) or 'unknown'}); run both to compare"
     val = runs.groupby(["mode", "method", "K"])["val_observed"].mean().unstack("mode")
     diff = (val[modes[0]] - val[modes[1]]).abs()
-    return HOLDS, f"|{modes[0]} - {modes[1]}| validation (observed entries, nats/star): max {diff.max():.3f}, mean {diff.mean():.3f}"
+    what = f"|{modes[0]} - {modes[1]}| validation (observed entries, nats/star)"
+    return HOLDS, f"{what}: max {diff.max():.3f}, mean {diff.mean():.3f}"
 
 
 def claim_truth(runs):
@@ -138,8 +142,9 @@ def claim_split_merge(runs):
         parts.append(f"{_name(method)}: {_fmt(gain, 3)} (moves kept per fit: {accepted:.1f})")
     if not parts:
         return UNMEASURED, "needs a method run both with and without split_merge"
-    return (HOLDS if ok else FAILS), (f"validation gain of split-and-merge (nats/star), allowed loss "
-                                      f"{SPLIT_MERGE_SLACK}: " + "; ".join(parts))  # fmt: skip
+    return (HOLDS if ok else FAILS), (
+        f"validation gain of split-and-merge (nats/star), allowed loss {SPLIT_MERGE_SLACK}: " + "; ".join(parts)
+    )
 
 
 def claims(paths, device_note: str | None = None) -> list[tuple[str, str, str]]:
@@ -158,8 +163,12 @@ def claims(paths, device_note: str | None = None) -> list[tuple[str, str, str]]:
 
 def write_claims(paths, output, device_note: str | None = None) -> None:
     """``claims.md``: one numbered line per claim with its verdict and evidence."""
-    lines = ["# The paper's claims on this run", "",
-             "Validation log-likelihoods are of the observed entries alone (nats per star), means over seeds.", ""]  # fmt: skip
+    lines = [
+        "# The paper's claims on this run",
+        "",
+        "Validation log-likelihoods are of the observed entries alone (nats per star), means over seeds.",
+        "",
+    ]
     for number, (claim, verdict, evidence) in enumerate(claims(paths, device_note), start=1):
         lines.append(f"{number}. {claim}: **{verdict}**. {evidence}.")
     write_text(output, "\n".join(lines) + "\n")

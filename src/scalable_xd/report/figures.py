@@ -10,10 +10,29 @@ import numpy as np
 
 from .metrics import FitMetrics, metrics_frame
 from .style import (
-    SAMPLES, COLOURS, COLUMN, colour, COLUMN_HEIGHT, DATA_COLOUR, PAGE, TRUE_COLOUR, in_paper_order, method_name, pyplot, save,
-)  # fmt: skip
+    COLOURS,
+    COLUMN,
+    COLUMN_HEIGHT,
+    DATA_COLOUR,
+    PAGE,
+    SAMPLES,
+    TRUE_COLOUR,
+    colour,
+    in_paper_order,
+    method_name,
+    pyplot,
+    save,
+)
 
-FEATURE_LABELS = ["ra [deg]", "dec [deg]", "parallax [mas]", "pmra [mas/yr]", "pmdec [mas/yr]", "BP-RP [mag]", "G [mag]"]
+FEATURE_LABELS = [
+    "ra [deg]",
+    "dec [deg]",
+    "parallax [mas]",
+    "pmra [mas/yr]",
+    "pmdec [mas/yr]",
+    "BP-RP [mag]",
+    "G [mag]",
+]
 CONTOUR_LEVELS = (0.39, 0.86)  # the mass inside 1 and 2 sigma of a 2-D Gaussian
 LAST_EPOCHS = 10  # the training curves' y axis spans these last epochs of every method
 
@@ -45,8 +64,16 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
         log_t = np.log(rows.train_seconds).groupby(rows.K).agg(["mean", "std"]).fillna(0.0)
         centre, spread = np.exp(log_t["mean"].to_numpy()), np.exp(log_t["std"].to_numpy())
         low, high = centre / spread, centre * spread
-        ax.errorbar(log_t.index, centre, yerr=[centre - low, high - centre], marker="o", markersize=3, capsize=3,
-                    color=colour(method, frame.method), label=method_name(method))  # fmt: skip
+        ax.errorbar(
+            log_t.index,
+            centre,
+            yerr=[centre - low, high - centre],
+            marker="o",
+            markersize=3,
+            capsize=3,
+            color=colour(method, frame.method),
+            label=method_name(method),
+        )
         drawn[method] = {"K": list(log_t.index), "centre": centre, "low": low, "high": high}
     ks = sorted(frame.K.unique())
     ax.set_xscale("log", base=2)
@@ -85,8 +112,14 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
         loglik = np.array([[e["train_loglik"] for e in h[:length]] for h in runs])
         seconds = np.array([[e["seconds"] for e in h[:length]] for h in runs]).mean(axis=0)
         mean, sd = loglik.mean(axis=0), loglik.std(axis=0)
-        ax.plot(seconds, mean, marker=".", markersize=3, color=colour(method, curves),
-                label=f"{method_name(method)} ({len(runs)} seeds)")  # fmt: skip
+        ax.plot(
+            seconds,
+            mean,
+            marker=".",
+            markersize=3,
+            color=colour(method, curves),
+            label=f"{method_name(method)} ({len(runs)} seeds)",
+        )
         ax.fill_between(seconds, mean - sd, mean + sd, color=colour(method, curves), alpha=0.3, linewidth=0)
         last = slice(max(1, length - LAST_EPOCHS), length) if length > 1 else slice(0, 1)
         shown.append(np.concatenate([(mean - sd)[last], (mean + sd)[last]]))
@@ -96,8 +129,10 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     ax.set_ylim(low - pad, high + pad)
     ax.set_xlabel("training time [s] (epochs rescaled)")
     ax.set_ylabel("mean training log-likelihood per star")
-    ax.set_title(f"Training curves, K = {n_components}: mean ± 1 sd over seeds\n"
-                 f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})")  # fmt: skip
+    ax.set_title(
+        f"Training curves, K = {n_components}: mean ± 1 sd over seeds\n"
+        f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})"
+    )
     ax.legend(loc="best", frameon=False)
     save(fig, outputs)
     return {"ylim": ax.get_ylim(), "methods": list(curves)}
@@ -140,30 +175,53 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
     observed = data_rows(data, n_samples, seed, complete=True)  # x = 0 stands for "missing": leave out
     true = None if data.true is None else _subsample(data.true, n_samples, seed)
     ranges = [tuple(np.percentile(observed[:, k], [0.5, 99.5])) for k in range(observed.shape[1])]
-    style = dict(range=ranges, bins=40, plot_datapoints=False, plot_density=False, levels=CONTOUR_LEVELS,
-                 label_kwargs={"fontsize": 8})  # fmt: skip
+    style = dict(
+        range=ranges,
+        bins=40,
+        plot_datapoints=False,
+        plot_density=False,
+        levels=CONTOUR_LEVELS,
+        label_kwargs={"fontsize": 8},
+    )
     colour = COLOURS.get(model.method, "tab:red")
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, PAGE))
     corner.corner(observed, fig=fig, labels=FEATURE_LABELS, color=DATA_COLOUR, hist_kwargs={"density": True}, **style)
     corner.corner(samples, fig=fig, color=colour, hist_kwargs={"density": True}, **style)
-    handles = [Line2D([], [], color=DATA_COLOUR, label=f"data: {len(observed):,} stars with every feature measured"),
-               Line2D([], [], color=colour, label=f"model: {len(samples):,} samples")]  # fmt: skip
+    handles = [
+        Line2D([], [], color=DATA_COLOUR, label=f"data: {len(observed):,} stars with every feature measured"),
+        Line2D([], [], color=colour, label=f"model: {len(samples):,} samples"),
+    ]
     if true is not None:
-        corner.corner(true, fig=fig, color=TRUE_COLOUR, contour_kwargs={"linestyles": "dashed"},
-                      hist_kwargs={"density": True, "linestyle": "dashed"}, **style)  # fmt: skip
+        corner.corner(
+            true,
+            fig=fig,
+            color=TRUE_COLOUR,
+            contour_kwargs={"linestyles": "dashed"},
+            hist_kwargs={"density": True, "linestyle": "dashed"},
+            **style,
+        )
         handles.append(Line2D([], [], color=TRUE_COLOUR, linestyle="dashed", label=f"true values: {len(true):,} stars"))
-    outside = {label: float(np.mean((samples[:, k] < lo) | (samples[:, k] > hi)))
-               for k, (label, (lo, hi)) in enumerate(zip(FEATURE_LABELS, ranges))}  # fmt: skip
+    outside = {
+        label: float(np.mean((samples[:, k] < lo) | (samples[:, k] > hi)))
+        for k, (label, (lo, hi)) in enumerate(zip(FEATURE_LABELS, ranges))
+    }
     fig.subplots_adjust(top=0.98, left=0.08, bottom=0.07, right=0.98)
     # the legend and notes sit in the empty upper-right triangle, clear of every panel
     fig.text(0.97, 0.975, f"{method_name(model.method)}, K = {model.n_components}", ha="right", va="top", fontsize=10)
     fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(0.97, 0.945), frameon=False, fontsize=7)
-    fig.text(0.97, 0.83, "1-D histograms: normalised to unit area\n"
-             "contours: 39% and 86% of each set (1 and 2 sigma in 2-D)\n"
-             "panels: the data's 0.5-99.5 percentiles; model samples beyond them:\n"
-             f"{100 * outside['G [mag]']:.1f}% in G (past the survey's limits), "
-             f"{100 * max(outside.values()):.1f}% at most in any feature", ha="right", va="top", fontsize=7,
-             linespacing=1.4)  # fmt: skip
+    fig.text(
+        0.97,
+        0.83,
+        "1-D histograms: normalised to unit area\n"
+        "contours: 39% and 86% of each set (1 and 2 sigma in 2-D)\n"
+        "panels: the data's 0.5-99.5 percentiles; model samples beyond them:\n"
+        f"{100 * outside['G [mag]']:.1f}% in G (past the survey's limits), "
+        f"{100 * max(outside.values()):.1f}% at most in any feature",
+        ha="right",
+        va="top",
+        fontsize=7,
+        linespacing=1.4,
+    )
     save(fig, outputs)
     return {"legend": [h.get_label() for h in handles], "outside": outside}

@@ -58,8 +58,9 @@ class FitMetrics:
             known = {f.name for f in fields(cls)}
             return cls(**{key: value for key, value in data.items() if key in known})
         except (ValueError, TypeError, AttributeError) as err:  # not UTF-8, not JSON, keys missing
-            raise ValueError(f"{path} is not a metrics file written by `scalable-xd fit` "
-                             f"({err.__class__.__name__}: {err})") from None  # fmt: skip
+            raise ValueError(
+                f"{path} is not a metrics file written by `scalable-xd fit` ({err.__class__.__name__}: {err})"
+            ) from None
 
 
 def time_to_converge(history: list[dict], within: float = CONVERGED_NATS) -> float:
@@ -81,13 +82,25 @@ def metrics_frame(paths) -> pd.DataFrame:
     rows = []
     for path in paths:
         m = FitMetrics.read(path)
-        row = {"method": m.method, "K": m.n_components, "seed": m.seed, "mode": m.covariance_mode,
-               "device": m.device, "threads": m.threads, "cpu_seconds": m.cpu_seconds, "wall_seconds": m.wall_seconds, "train_seconds": m.train_seconds, "kmeans_seconds": m.kmeans_seconds,
-               "converge_seconds": time_to_converge(m.history),
-               "true_test": m.true.get("test_true_loglik", np.nan), "gap_closed": m.true.get("true_gap_closed", np.nan),
-               "has_truth": bool(m.true.get("available", False)),
-               "fitted_with": m.settings.get("method", m.method), "split_merge": bool(m.settings.get("split_merge")),
-               "moves_accepted": m.history[-1].get("moves_accepted", 0) if m.history else 0}  # fmt: skip
+        row = {
+            "method": m.method,
+            "K": m.n_components,
+            "seed": m.seed,
+            "mode": m.covariance_mode,
+            "device": m.device,
+            "threads": m.threads,
+            "cpu_seconds": m.cpu_seconds,
+            "wall_seconds": m.wall_seconds,
+            "train_seconds": m.train_seconds,
+            "kmeans_seconds": m.kmeans_seconds,
+            "converge_seconds": time_to_converge(m.history),
+            "true_test": m.true.get("test_true_loglik", np.nan),
+            "gap_closed": m.true.get("true_gap_closed", np.nan),
+            "has_truth": bool(m.true.get("available", False)),
+            "fitted_with": m.settings.get("method", m.method),
+            "split_merge": bool(m.settings.get("split_merge")),
+            "moves_accepted": m.history[-1].get("moves_accepted", 0) if m.history else 0,
+        }
         for name, split in (("train", m.train), ("val", m.val), ("test", m.test)):
             row[name], row[f"{name}_observed"] = _score(split, "loglik"), _score(split, "loglik_observed")
         rows.append(row)
@@ -96,5 +109,7 @@ def metrics_frame(paths) -> pd.DataFrame:
         raise ValueError("no metrics files given")
     duplicated = frame.duplicated(["method", "K", "seed", "mode"])
     if duplicated.any():
-        raise ValueError(f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}")
+        raise ValueError(
+            f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}"
+        )
     return frame

@@ -49,11 +49,13 @@ def to_galactic(ra_deg, dec_deg):
     return galactic.l.deg, galactic.b.deg
 
 
-def plot_sky_density(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0,
-                     frame: str = "icrs") -> dict:  # fmt: skip
+def plot_sky_density(
+    model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0, frame: str = "icrs"
+) -> dict:
     """Mollweide maps of the data's and the model samples' stars per square degree (Figure 2), in ``frame``
     ``"icrs"`` (ra, dec) or ``"galactic"`` (l, b). Samples that fall off the sky (a Gaussian does not know
-    that |dec| <= 90 or that ra is periodic) are left out and their fraction stated. Returns the maps and their scale."""
+    that |dec| <= 90 or that ra is periodic) are left out and their fraction stated. Returns the maps and
+    their scale."""
     import healpy as hp
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LogNorm
@@ -69,31 +71,51 @@ def plot_sky_density(model_path, data_path, outputs, n_samples: int = SAMPLES, s
     if frame == "galactic":
         points = {name: np.column_stack(to_galactic(p[:, 0], p[:, 1])) for name, p in points.items()}
     nside = resolution(points["data"][:, 0], points["data"][:, 1])
-    maps = {"data": density_map(points["data"][:, 0], points["data"][:, 1], nside),
-            "model": density_map(points["model"][:, 0], points["model"][:, 1] , nside,
-                                 scale=len(stars) / len(samples))}  # fmt: skip
+    maps = {
+        "data": density_map(points["data"][:, 0], points["data"][:, 1], nside),
+        "model": density_map(points["model"][:, 0], points["model"][:, 1], nside, scale=len(stars) / len(samples)),
+    }
     positive = np.concatenate([m[m > 0] for m in maps.values()])
     vmin, vmax = positive.min(), positive.max()
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, 0.46 * PAGE))
     axis = "l, b (Galactic)" if frame == "galactic" else "ra, dec (ICRS)"
-    titles = {"data": f"data: {len(stars):,} stars",
-              "model": f"model: {len(samples):,} samples of the K = {model.n_components} {method_name(model.method)}\n"
-                       f"fit, scaled to the data ({100 * (1 - on_sky.mean()):.1f}% off the sky, not shown)"}  # fmt: skip
+    titles = {
+        "data": f"data: {len(stars):,} stars",
+        "model": f"model: {len(samples):,} samples of the K = {model.n_components} {method_name(model.method)}\n"
+        f"fit, scaled to the data ({100 * (1 - on_sky.mean()):.1f}% off the sky, not shown)",
+    }
     cmap = plt.get_cmap("magma").with_extremes(bad=EMPTY, under=EMPTY)
     for i, name in enumerate(("data", "model")):
         shown = np.where(maps[name] > 0, maps[name], hp.UNSEEN)
-        hp.mollview(shown, fig=fig.number, sub=(1, 2, i + 1), title=titles[name], norm="log", min=vmin, max=vmax,
-                    cmap=cmap, flip="astro", cbar=False, badcolor=EMPTY, hold=False,
-                    margins=(0.01, 0.2, 0.01, 0.1))  # fmt: skip
+        hp.mollview(
+            shown,
+            fig=fig.number,
+            sub=(1, 2, i + 1),
+            title=titles[name],
+            norm="log",
+            min=vmin,
+            max=vmax,
+            cmap=cmap,
+            flip="astro",
+            cbar=False,
+            badcolor=EMPTY,
+            hold=False,
+            margins=(0.01, 0.2, 0.01, 0.1),
+        )
         hp.graticule(dpar=30, dmer=60, alpha=0.3)
     for ax in fig.axes:
         ax.title.set_fontsize(8)
     norm = LogNorm(vmin=vmin, vmax=vmax)
-    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes((0.3, 0.16, 0.4, 0.035)),
-                       orientation="horizontal")  # fmt: skip
+    bar = fig.colorbar(
+        ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes((0.3, 0.16, 0.4, 0.035)), orientation="horizontal"
+    )
     bar.set_label("stars per square degree (grey: none)")
-    fig.suptitle(f"Equal-area Mollweide projection in {axis}; HEALPix nside {nside} "
-                 f"({hp.nside2pixarea(nside, degrees=True):.0f} sq. deg pixels)", fontsize=8, y=0.97)  # fmt: skip
+    fig.suptitle(
+        f"Equal-area Mollweide projection in {axis}; HEALPix nside {nside} "
+        f"({hp.nside2pixarea(nside, degrees=True):.0f} sq. deg pixels)",
+        fontsize=8,
+        y=0.97,
+    )
     save(fig, outputs)
     return {"maps": maps, "nside": nside, "norm": norm, "on_sky": float(on_sky.mean())}

@@ -9,19 +9,38 @@ DPI = 200
 SAMPLES = 100_000  # model samples drawn for the sky and corner figures
 COLUMN, PAGE = 3.5, 7.1  # inches: one column and the full width of a two-column paper
 COLUMN_HEIGHT = 2.9
-COLOURS = {"em": "#1f77b4", "minibatch_em": "#ff7f0e", "sgd": "#2ca02c", "stochastic_em": "#8c564b",
-           "stochastic_minibatch_em": "#e377c2"}  # fmt: skip
+COLOURS = {
+    "em": "#1f77b4",
+    "minibatch_em": "#ff7f0e",
+    "sgd": "#2ca02c",
+    "stochastic_em": "#8c564b",
+    "stochastic_minibatch_em": "#e377c2",
+}
 # Workflow variants (fit.variants) take these in the order they are first drawn.
 SPARE_COLOURS = ("#d62728", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939")
 DATA_COLOUR, TRUE_COLOUR = "black", "#9467bd"
-METHOD_NAMES = {"em": "Batch EM (Bovy et al. 2011)", "minibatch_em": "Minibatch EM", "sgd": "SGD",
-                "stochastic_em": "Stochastic EM", "stochastic_minibatch_em": "Stochastic minibatch EM"}  # fmt: skip
+METHOD_NAMES = {
+    "em": "Batch EM (Bovy et al. 2011)",
+    "minibatch_em": "Minibatch EM",
+    "sgd": "SGD",
+    "stochastic_em": "Stochastic EM",
+    "stochastic_minibatch_em": "Stochastic minibatch EM",
+}
 METHOD_ORDER = list(METHOD_NAMES)
 RC = {
-    "font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8,
-    "legend.fontsize": 7, "xtick.labelsize": 7, "ytick.labelsize": 7, "lines.linewidth": 1.2,
-    "axes.spines.top": False, "axes.spines.right": False, "savefig.dpi": DPI, "figure.dpi": DPI,
-}  # fmt: skip
+    "font.family": "DejaVu Sans",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "lines.linewidth": 1.2,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "savefig.dpi": DPI,
+    "figure.dpi": DPI,
+}
 
 
 def pyplot():

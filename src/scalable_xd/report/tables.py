@@ -21,7 +21,6 @@ from .metrics import metrics_frame
 from .style import METHOD_NAMES, in_paper_order
 
 
-
 def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean and standard deviation over seeds per (method, K); test scores at each method's best K."""
     stats = ["val", "val_observed", "test", "test_observed", "true_test", "gap_closed", "train_seconds"]
@@ -36,8 +35,9 @@ def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
         for agg in ("mean", "std"):
             table.loc[~table.best_K, f"{name}_{agg}"] = np.nan
     order = {m: i for i, m in enumerate(in_paper_order(table.method))}
-    return table.sort_values(["method", "K"], key=lambda s: s.map(order) if s.name == "method" else s,
-                             ignore_index=True)  # fmt: skip
+    return table.sort_values(
+        ["method", "K"], key=lambda s: s.map(order) if s.name == "method" else s, ignore_index=True
+    )
 
 
 def _pm(mean: float, sd: float, digits: int = 2, missing: str = "-", scale: float = 1.0, unit: str = "") -> str:
@@ -49,10 +49,14 @@ def _pm(mean: float, sd: float, digits: int = 2, missing: str = "-", scale: floa
 def _cells(row) -> list[str]:
     """Validation, test, both for the observed entries alone, the test stars' true values and the gap
     closed, as "mean ± sd" ("-" where not reported, "n/a" where the data have no truth)."""
-    return [_pm(row.val_mean, row.val_std), _pm(row.test_mean, row.test_std),
-            _pm(row.val_observed_mean, row.val_observed_std), _pm(row.test_observed_mean, row.test_observed_std),
-            _pm(row.true_test_mean, row.true_test_std, missing="n/a"),
-            _pm(row.gap_closed_mean, row.gap_closed_std, digits=0, missing="n/a", scale=100, unit="%")]  # fmt: skip
+    return [
+        _pm(row.val_mean, row.val_std),
+        _pm(row.test_mean, row.test_std),
+        _pm(row.val_observed_mean, row.val_observed_std),
+        _pm(row.test_observed_mean, row.test_observed_std),
+        _pm(row.true_test_mean, row.true_test_std, missing="n/a"),
+        _pm(row.gap_closed_mean, row.gap_closed_std, digits=0, missing="n/a", scale=100, unit="%"),
+    ]
 
 
 def to_markdown(table: pd.DataFrame) -> str:
