@@ -66,7 +66,7 @@ def test_the_schema_states_the_same_defaults_and_choices():
             if f.metadata["choices"] is not None:
                 assert tuple(fit[f.name]["enum"]) == f.metadata["choices"], f.name
     variant_methods = SCHEMA["fit"]["properties"]["variants"]["additionalProperties"]["properties"]["method"]["enum"]
-    assert tuple(variant_methods) == dataclasses.fields(FitSettings)[0].metadata["choices"]
+    assert tuple(variant_methods) == tuple(dataclasses.fields(FitSettings)[0].metadata["choices"])  # fit.methods
     init = SCHEMA["init"]["properties"]
     assert {k: v["default"] for k, v in init.items() if k not in WORKFLOW_INIT_KEYS} == {
         f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()

@@ -18,9 +18,9 @@ from .batching import random_rows
 from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
 from .fit.checkpoint import Checkpoint
-from .fit.fitters import make_fitter
 from .fit.init import initial_mixture
 from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches, total_loglik
+from .fit.methods import make_fitter, method
 from .fit.parallel import Group
 from .fit.updates import FixedParameters
 from .kernel.dispatch import fit_backend
@@ -327,24 +327,24 @@ class XDGMM(BaseEstimator):
                 means=self.means_init,
                 covariances=self.covariances_init,
             )
-        batch_method = settings.method in ("em", "stochastic_em")  # sums over all points, one update an epoch
+        row = method(settings.method)
         group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
         judge = None
-        if settings.split_merge and not batch_method:
+        if settings.split_merge and row.split_merge == "epoch":
             judge = _judge(
                 val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile, group
             )
         fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture), judge)
         loop = LoopConfig(
             epochs=settings.epochs,
-            batch_size=max(settings.batch_size, EVAL_BATCH) if batch_method else settings.batch_size,
-            shuffle=not batch_method,
+            batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
+            shuffle=row.per_batch,
             seed=seed,
             device=device,
             dtype=dtype,
             backend=fit_backend(settings.compile, device),
             w=settings.w,
-            tol=settings.tol if settings.method == "em" and not settings.split_merge else None,
+            tol=settings.tol if row.uses_tol and not settings.split_merge else None,
             verbose=settings.verbose,
             group=group,
             checkpoint_every=checkpoint_every if store is not None else 0,

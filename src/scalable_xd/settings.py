@@ -12,9 +12,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 
-METHODS = ("em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_em")
-# Methods that update after every minibatch (and so can be averaged); the batch ones update once an epoch.
-MINIBATCH_METHODS = ("minibatch_em", "sgd", "stochastic_minibatch_em")
+from .fit.methods import METHODS
+
 SCHEDULES = ("step", "cappe_moulines", "power")
 AVERAGING = ("none", "polyak")
 MISSING_MODES = ("variance", "marginalise")
@@ -168,23 +167,26 @@ class FitSettings(_Settings):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.averaging != "none" and self.method not in MINIBATCH_METHODS:
+        row = METHODS[self.method]
+        if self.averaging != "none" and not row.per_batch:
             raise ValueError(
-                f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} "
-                f"makes one update per epoch (use one of {', '.join(MINIBATCH_METHODS)})"
+                f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} makes one update "
+                f"per epoch (use one of {_methods_where('per_batch')})"
             )
-        if self.split_merge and self.method == "em" and self.tol is None:
+        if self.split_merge and row.split_merge == "converged" and self.tol is None:
             raise ValueError(
-                "split_merge with method 'em' needs a tolerance tol (moves are tried once EM has "
+                f"split_merge with method {self.method!r} needs a tolerance tol (moves are tried once the fit has "
                 "converged), got tol None"
             )
-        if self.split_merge and (self.method == "stochastic_em" or self.averaging != "none" or self.truncation):
-            raise ValueError(
-                "split_merge works with em, minibatch_em, stochastic_minibatch_em and sgd, without "
-                "averaging or truncation"
-            )
-        if self.truncation and self.method not in ("minibatch_em", "stochastic_minibatch_em"):
-            raise ValueError(f"truncation applies to minibatch_em and stochastic_minibatch_em, not {self.method!r}")
+        if self.split_merge and (row.split_merge is None or self.averaging != "none" or self.truncation):
+            raise ValueError(f"split_merge works with {_methods_where('split_merge')}, without averaging or truncation")
+        if self.truncation and not row.truncation:
+            raise ValueError(f"truncation applies to {_methods_where('truncation')}, not {self.method!r}")
+
+
+def _methods_where(fact: str) -> str:
+    """The names of the methods whose row has ``fact``, for error messages."""
+    return ", ".join(m.name for m in METHODS.values() if getattr(m, fact))
 
 
 @dataclass(frozen=True)

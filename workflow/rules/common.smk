@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 
+import yaml
+
 NAME = config["name"]
 RESULTS = f"results/{NAME}"
 DATA = f"{RESULTS}/data"
@@ -23,8 +25,11 @@ ENV = "../envs/scalable_xd.yaml"
 wildcard_constraints:
     method="|".join(METHODS),
 
-_unknown = [m for m in METHODS if m not in VARIANTS and m not in ("em", "minibatch_em", "sgd", "stochastic_em",
-                                                                  "stochastic_minibatch_em")]
+# The methods the schema allows a variant (tests/test_settings.py holds them equal to scalable_xd.fit.methods).
+with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as _schema:
+    FIT_METHODS = yaml.safe_load(_schema)["properties"]["fit"]["properties"]["variants"]["additionalProperties"][
+        "properties"]["method"]["enum"]
+_unknown = [m for m in METHODS if m not in VARIANTS and m not in FIT_METHODS]
 if _unknown:
     raise ValueError(f"fit.methods {_unknown} are neither methods nor names of fit.variants {sorted(VARIANTS)}")
 if FIGURE_K not in KS:

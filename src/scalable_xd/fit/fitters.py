@@ -1,4 +1,4 @@
-"""The three fitting methods as small state machines driven by the training loop.
+"""The fitting methods as small state machines driven by the training loop (``methods`` says which runs which).
 
 Each fitter sees the same stream of kernel statistics: ``start_epoch(epoch)``, then ``observe(stats)``
 for every batch, then ``end_epoch()``. Batch EM sums the statistics over the whole data set and updates
@@ -13,14 +13,12 @@ than on the sky, a condition number float32 cannot even store as a positive-defi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
-from ..settings import FitSettings
 from .updates import (
     CholeskyParameters,
     FixedParameters,
@@ -62,60 +60,33 @@ class Fitter(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def pass_loglik(self) -> float:
+        """(Called where ``scores_its_pass``.) The summed training log-likelihood of the model the epoch's
+        pass used."""
 
-def make_fitter(
-    settings: FitSettings,
-    mixture: Mixture,
-    fixed: FixedParameters | None = None,
-    judge: Callable[[Mixture], float] | None = None,
-) -> Fitter:
-    """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held;
-    ``judge`` scores a mixture on a fixed validation sample (stochastic split-and-merge)."""
-    s = settings
-    if s.split_merge and s.method == "em":
-        from .split_merge import SplitMergeEM
-
-        return SplitMergeEM(mixture, w=s.w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
-    if s.split_merge:
-        from .split_merge import StochasticSplitMerge
-
-        if fixed is not None and fixed.any():
-            raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
-        plain = dataclasses.replace(s, split_merge=False)
-        return StochasticSplitMerge(
-            make_fitter(plain, mixture),
-            judge=judge,
-            tries=s.split_merge_tries,
-            make_fitter=lambda start, held: make_fitter(plain, start, held),
-        )
-    if s.method in ("em", "stochastic_em"):
-        fitter = BatchEM(mixture, w=s.w, fixed=fixed, stochastic=s.method == "stochastic_em")
-    elif s.method in ("minibatch_em", "stochastic_minibatch_em"):
-        fitter = MinibatchEM(
-            mixture,
-            w=s.w,
-            step_size=s.step_size,
-            schedule=s.step_schedule,
-            step_decay=s.step_decay,
-            decay_epoch=s.decay_epoch,
-            kappa=s.kappa,
-            covariance_update=s.covariance_update,
-            fixed=fixed,
-            stochastic=s.method == "stochastic_minibatch_em",
-            truncation=s.truncation_bound if s.truncation else None,
-        )
-    else:
-        fitter = SGD(
-            mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
-        )
-    return PolyakAverage(fitter) if s.averaging == "polyak" else fitter
+    def observe_shadow(self, stats: Statistics) -> None:
+        """(Called where ``shadow`` is not None.) The statistics of the trial model's pass over the batch."""
 
 
-def _mixture_state(mixture: Mixture) -> dict:
+class TrialFitter(Fitter, Protocol):
+    """What stochastic split-and-merge asks of a minibatch fitter to run a trial copy beside it."""
+
+    @property
+    def starting_point(self) -> Mixture:
+        """The parameters a copy of this fit starts from."""
+
+    def continue_schedule(self, other: TrialFitter) -> None:
+        """Take up ``other``'s step-size schedule where it is."""
+
+    def release_fixed(self) -> None:
+        """Let every parameter move again (the trial's partial updates are over)."""
+
+
+def mixture_state(mixture: Mixture) -> dict:
     return {"weights": mixture.weights, "means": mixture.means, "covariances": mixture.covariances}
 
 
-def _mixture_from_state(state: dict, like: Mixture) -> Mixture:
+def mixture_from_state(state: dict, like: Mixture) -> Mixture:
     device = like.means.device
     return Mixture(*(state[k].to(device=device, dtype=torch.float64) for k in ("weights", "means", "covariances")))
 
@@ -186,10 +157,10 @@ class BatchEM(EpochSums):
         return {}
 
     def state_dict(self) -> dict:
-        return {"mixture": _mixture_state(self.mixture), "sums": self._sums_state()}
+        return {"mixture": mixture_state(self.mixture), "sums": self._sums_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mixture = _mixture_from_state(state["mixture"], self.mixture)
+        self.mixture = mixture_from_state(state["mixture"], self.mixture)
         self._load_sums(state["sums"], self.mixture.means.device)
 
 
@@ -303,15 +274,15 @@ class MinibatchEM:
 
     def state_dict(self) -> dict:
         return {
-            "state": _mixture_state(self.state),
-            "initial": _mixture_state(self.initial),
+            "state": mixture_state(self.state),
+            "initial": mixture_state(self.initial),
             "n_updates": self.n_updates,
             "restarts": self.restarts,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.state = _mixture_from_state(state["state"], self.state)
-        self.initial = _mixture_from_state(state["initial"], self.state)
+        self.state = mixture_from_state(state["state"], self.state)
+        self.initial = mixture_from_state(state["initial"], self.state)
         if self.fixed is not None:  # the fixed weights are the initial ones, not the placeholder's
             self.fixed = dataclasses.replace(self.fixed, weight_values=self.initial.weights)
         self.n_updates = int(state["n_updates"])
@@ -404,12 +375,12 @@ class SGD:
             "params": [t.clone() for t in self.params.tensors()],
             "scale": self.params.scale.clone(),
             "optimizer": self.optimizer.state_dict(),
-            "initial": _mixture_state(self.params.initial),
+            "initial": mixture_state(self.params.initial),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.params.scale = state["scale"].to(self.params.scale)
-        self.params.initial = _mixture_from_state(state["initial"], self.params.initial)
+        self.params.initial = mixture_from_state(state["initial"], self.params.initial)
         self.params.fixed = dataclasses.replace(self.params.fixed, weight_values=self.params.initial.weights)
         for tensor, saved in zip(self.params.tensors(), state["params"]):
             tensor.copy_(saved)
@@ -470,11 +441,11 @@ class PolyakAverage:
     def state_dict(self) -> dict:
         return {
             "inner": self.inner.state_dict(),
-            "average": _mixture_state(self.average),
+            "average": mixture_state(self.average),
             "n_averaged": self.n_averaged,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state["inner"])
-        self.average = _mixture_from_state(state["average"], self.average)
+        self.average = mixture_from_state(state["average"], self.average)
         self.n_averaged = int(state["n_averaged"])

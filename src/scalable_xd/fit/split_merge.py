@@ -26,7 +26,7 @@ import torch
 
 from ..kernel.statistics import Criteria, Statistics
 from ..mixture import Mixture
-from .fitters import EpochSums, _mixture_from_state, _mixture_state
+from .fitters import EpochSums, TrialFitter, mixture_from_state, mixture_state
 from .updates import FixedParameters, em_update
 
 # Partial-EM iterations on the three moved components before full EM resumes.
@@ -170,10 +170,10 @@ class SplitMergeEM(EpochSums):
     def state_dict(self) -> dict:
         none = {"weights": torch.zeros(0), "means": torch.zeros(0), "covariances": torch.zeros(0)}
         return {
-            "mixture": _mixture_state(self.mixture),
+            "mixture": mixture_state(self.mixture),
             "phase": self.phase,
             "previous": self.previous,
-            "incumbent": none if self.incumbent is None else _mixture_state(self.incumbent),
+            "incumbent": none if self.incumbent is None else mixture_state(self.incumbent),
             "incumbent_loglik": self.incumbent_loglik,
             "trial_loglik": self.trial_loglik,
             "incumbent_q": torch.zeros(0) if self.incumbent_q is None else self.incumbent_q,
@@ -186,10 +186,10 @@ class SplitMergeEM(EpochSums):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.mixture = _mixture_from_state(state["mixture"], self.mixture)
+        self.mixture = mixture_from_state(state["mixture"], self.mixture)
         self.phase, self.previous = state["phase"], state["previous"]
         has_incumbent = state["incumbent"]["means"].numel() > 0
-        self.incumbent = _mixture_from_state(state["incumbent"], self.mixture) if has_incumbent else None
+        self.incumbent = mixture_from_state(state["incumbent"], self.mixture) if has_incumbent else None
         self.incumbent_loglik = float(state["incumbent_loglik"])
         self.trial_loglik = float(state["trial_loglik"])
         self.incumbent_q = state["incumbent_q"].to(self.mixture.means) if has_incumbent else None
@@ -219,9 +219,9 @@ class StochasticSplitMerge:
 
     def __init__(
         self,
-        incumbent,
+        incumbent: TrialFitter,
         *,
-        make_fitter: Callable,
+        make_fitter: Callable[[Mixture, FixedParameters], TrialFitter],
         judge: Callable[[Mixture], float],
         tries: int,
         partial_fraction: float = 0.1,

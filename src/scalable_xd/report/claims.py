@@ -28,18 +28,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..fit.methods import paper_methods
 from ..io import write_text
 from .metrics import CONVERGED_NATS, metrics_frame
-from .style import METHOD_NAMES
+from .style import method_name
 
 COMPARABLE_NATS = 0.25
 GAP_GOAL = 0.8
 SPLIT_MERGE_SLACK = 0.01  # nats/star: a kept move is judged on training or validation data, not the test
 HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured"
-
-
-def _name(method: str) -> str:
-    return METHOD_NAMES.get(method, method)
 
 
 def _means(runs: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -51,7 +48,8 @@ def _fmt(values: pd.Series, digits: int = 2) -> str:
     return ", ".join(f"K={k}: {v:.{digits}f}" for k, v in values.items())
 
 
-PAPER_METHODS = ("em", "minibatch_em", "sgd")
+PAPER_METHODS = paper_methods()
+PAPER_MINIBATCH = paper_methods(per_batch=True)  # the paper's claims set these against batch EM
 
 
 def claim_sgd_best(runs):
@@ -63,31 +61,31 @@ def claim_sgd_best(runs):
     margin = val["sgd"] - val.drop(columns="sgd").max(axis=1)
     verdict = HOLDS if (best == "sgd").all() else FAILS
     return verdict, (
-        f"best method per K: {', '.join(f'K={k}: {_name(m)}' for k, m in best.items())}; "
+        f"best method per K: {', '.join(f'K={k}: {method_name(m)}' for k, m in best.items())}; "
         f"SGD minus the best other method (nats/star): {_fmt(margin, 3)}"
     )
 
 
 def claim_comparable(runs):
     val = _means(runs, "val_observed")
-    if "em" not in val or not ({"minibatch_em", "sgd"} & set(val)):
+    if "em" not in val or not (set(PAPER_MINIBATCH) & set(val)):
         return UNMEASURED, "needs batch EM and a minibatch method"
     parts, ok = [], True
-    for method in ("minibatch_em", "sgd"):
+    for method in PAPER_MINIBATCH:
         if method in val:
             diff = val[method] - val["em"]
             ok &= bool((diff.abs() <= COMPARABLE_NATS).all())
-            parts.append(f"{_name(method)} minus batch EM (nats/star): {_fmt(diff, 3)}")
+            parts.append(f"{method_name(method)} minus batch EM (nats/star): {_fmt(diff, 3)}")
     return (HOLDS if ok else FAILS), f"margin {COMPARABLE_NATS} nats/star; " + "; ".join(parts)
 
 
 def claim_faster(runs):
     seconds = _means(runs, "converge_seconds")
-    minibatch = [m for m in ("minibatch_em", "sgd") if m in seconds]
+    minibatch = [m for m in PAPER_MINIBATCH if m in seconds]
     if "em" not in seconds or not minibatch:
         return UNMEASURED, "needs batch EM and a minibatch method"
     ok = all(bool((seconds[m] < seconds["em"]).all()) for m in minibatch)
-    detail = "; ".join(f"{_name(m)}: {_fmt(seconds[m], 1)} s" for m in ["em"] + minibatch)
+    detail = "; ".join(f"{method_name(m)}: {_fmt(seconds[m], 1)} s" for m in ["em"] + minibatch)
     return (HOLDS if ok else FAILS), (
         f"seconds to come within {CONVERGED_NATS} nats/star of the final training log-likelihood, {detail}"
     )
@@ -95,14 +93,14 @@ def claim_faster(runs):
 
 def claim_sublinear(runs, device_note):
     seconds = _means(runs, "train_seconds")
-    minibatch = [m for m in ("minibatch_em", "sgd") if m in seconds]
+    minibatch = [m for m in PAPER_MINIBATCH if m in seconds]
     if len(seconds) < 2 or not minibatch:
         return UNMEASURED, "needs a minibatch method at two or more K"
     logk = np.log(seconds.index.to_numpy(dtype=float))
     slopes = {m: float(np.polyfit(logk, np.log(seconds[m].to_numpy()), 1)[0]) for m in minibatch}
     device = device_note or ", ".join(sorted(runs.device.unique()))
     verdict = HOLDS if all(s < 1.0 for s in slopes.values()) else FAILS
-    detail = "; ".join(f"{_name(m)}: {s:.2f}" for m, s in slopes.items())
+    detail = "; ".join(f"{method_name(m)}: {s:.2f}" for m, s in slopes.items())
     return verdict, f"log-log slope of training time against K (1 is linear), {detail}; timed on {device}"
 
 
@@ -123,7 +121,7 @@ def claim_truth(runs):
     if gap.isna().all().all():
         return UNMEASURED, "the fits have no reference log-likelihoods to compare with"
     ok = bool((gap >= GAP_GOAL).all().all())
-    detail = "; ".join(f"{_name(m)}: {_fmt(100 * gap[m], 0)} %" for m in gap)
+    detail = "; ".join(f"{method_name(m)}: {_fmt(100 * gap[m], 0)} %" for m in gap)
     return (HOLDS if ok else FAILS), f"fraction of the gap closed, goal {100 * GAP_GOAL:.0f} %: {detail}"
 
 
@@ -139,7 +137,7 @@ def claim_split_merge(runs):
         gain = val[method, True] - val[method, False]
         ok &= bool((gain >= -SPLIT_MERGE_SLACK).all())
         accepted = runs[(runs.fitted_with == method) & runs.split_merge].moves_accepted.mean()
-        parts.append(f"{_name(method)}: {_fmt(gain, 3)} (moves kept per fit: {accepted:.1f})")
+        parts.append(f"{method_name(method)}: {_fmt(gain, 3)} (moves kept per fit: {accepted:.1f})")
     if not parts:
         return UNMEASURED, "needs a method run both with and without split_merge"
     return (HOLDS if ok else FAILS), (

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fit.methods import METHODS
 from .metrics import FitMetrics, metrics_frame
 from .style import (
-    COLOURS,
     COLUMN,
     COLUMN_HEIGHT,
     DATA_COLOUR,
@@ -183,7 +183,7 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         levels=CONTOUR_LEVELS,
         label_kwargs={"fontsize": 8},
     )
-    colour = COLOURS.get(model.method, "tab:red")
+    colour = METHODS[model.method].colour if model.method in METHODS else "tab:red"
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, PAGE))
     corner.corner(observed, fig=fig, labels=FEATURE_LABELS, color=DATA_COLOUR, hist_kwargs={"density": True}, **style)

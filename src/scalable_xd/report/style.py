@@ -1,32 +1,18 @@
 """The look every figure shares: sizes that read in a two-column paper, one font, one colour per method
-(the same in every figure), and each figure written as PNG and PDF, atomically."""
+(the same in every figure, from ``fit.methods``), and each figure written as PNG and PDF, atomically."""
 
 from __future__ import annotations
 
+from ..fit.methods import METHODS
 from ..io import atomic_path
 
 DPI = 200
 SAMPLES = 100_000  # model samples drawn for the sky and corner figures
 COLUMN, PAGE = 3.5, 7.1  # inches: one column and the full width of a two-column paper
 COLUMN_HEIGHT = 2.9
-COLOURS = {
-    "em": "#1f77b4",
-    "minibatch_em": "#ff7f0e",
-    "sgd": "#2ca02c",
-    "stochastic_em": "#8c564b",
-    "stochastic_minibatch_em": "#e377c2",
-}
 # Workflow variants (fit.variants) take these in the order they are first drawn.
 SPARE_COLOURS = ("#d62728", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939")
 DATA_COLOUR, TRUE_COLOUR = "black", "#9467bd"
-METHOD_NAMES = {
-    "em": "Batch EM (Bovy et al. 2011)",
-    "minibatch_em": "Minibatch EM",
-    "sgd": "SGD",
-    "stochastic_em": "Stochastic EM",
-    "stochastic_minibatch_em": "Stochastic minibatch EM",
-}
-METHOD_ORDER = list(METHOD_NAMES)
 RC = {
     "font.family": "DejaVu Sans",
     "font.size": 8,
@@ -64,19 +50,19 @@ def save(fig, outputs) -> None:
 
 
 def method_name(method: str) -> str:
-    return METHOD_NAMES.get(method, method)
+    return METHODS[method].label if method in METHODS else method
 
 
 def in_paper_order(methods) -> list[str]:
-    """The given method names in the paper's order (EM, minibatch EM, SGD), then the seeds' methods, then
-    any workflow variants by name."""
+    """The given method names in the methods table's order (the paper's three first), then any workflow
+    variants by name."""
     present = set(methods)
-    return [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
+    return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
 
 
 def colour(method: str, methods) -> str:
     """The method's colour: its own, or for a variant the spare colour of its place among ``methods``."""
-    if method in COLOURS:
-        return COLOURS[method]
-    variants = [m for m in in_paper_order(methods) if m not in COLOURS]
+    if method in METHODS:
+        return METHODS[method].colour
+    variants = [m for m in in_paper_order(methods) if m not in METHODS]
     return SPARE_COLOURS[variants.index(method) % len(SPARE_COLOURS)]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..io import atomic_path, write_text
 from .metrics import metrics_frame
-from .style import METHOD_NAMES, in_paper_order
+from .style import in_paper_order, method_name
 
 
 def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     ]
     previous = None
     for row in table.itertuples():
-        name = METHOD_NAMES.get(row.method, row.method) if row.method != previous else ""
+        name = method_name(row.method) if row.method != previous else ""
         previous = row.method
         lines.append(f"| {name} | {row.K} | " + " | ".join(_cells(row)) + f" | {row.n_seeds} |")
     return "\n".join(lines) + "\n"
@@ -84,7 +84,7 @@ def to_latex(table: pd.DataFrame) -> str:
     for row in table.itertuples():
         if previous is not None and row.method != previous:
             lines.append(r"\midrule")
-        name = METHOD_NAMES.get(row.method, row.method) if row.method != previous else ""
+        name = method_name(row.method) if row.method != previous else ""
         previous = row.method
         cells = [_latex_cell(c) for c in _cells(row)]
         lines.append(f"{name} & {row.K} & " + " & ".join(cells) + r" \\")

@@ -1,0 +1,166 @@
+"""The table of fitting methods: everything the rest of the code asks about a method, written once.
+
+A row says how the method runs (an update per batch or per epoch, whether ``tol`` stops it), which options
+it takes (split-and-merge, Polyak averaging, truncation), how it is shown (label and colour) and which
+fitter runs it. The settings' choices and cross-checks, the loop's configuration, the workflow schema's
+method list (held equal by a test), the report's labels, colours and order, and the claims' method set
+all come from here. Adding a method is one ``Method`` in ``METHODS`` plus its fitter class (see
+``fitters.Fitter``).
+
+The table itself imports no torch (the settings and the command line's help read it); the fitters are
+imported when one is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..mixture import Mixture
+    from ..settings import FitSettings
+    from .fitters import SGD, BatchEM, Fitter, MinibatchEM
+    from .updates import FixedParameters
+
+
+@dataclass(frozen=True)
+class Method:
+    """One fitting method.
+
+    ``per_batch``: it updates after every minibatch (batches shuffled each epoch, of ``batch_size``), and
+    so can be averaged; otherwise it sums the statistics of an epoch for one update (in-order batches of
+    the evaluation size). ``uses_tol``: ``tol`` stops it once an iteration improves the training
+    log-likelihood by less. ``split_merge``: how it takes split-and-merge moves, ``"converged"`` (after
+    convergence by ``tol``, Bovy et al. 2011), ``"epoch"`` (one trial an epoch, judged on a validation
+    sample) or None (not at all). ``truncation``: it can run Nguyen, Forbes & McLachlan's truncated form.
+    ``in_paper``: one of the three methods Ritchie & Murray (2019) compare, whose claims the report checks.
+    ``build(settings, mixture, fixed)`` returns its fitter.
+    """
+
+    name: str
+    label: str
+    colour: str
+    per_batch: bool
+    build: Callable[[FitSettings, Mixture, FixedParameters | None], Fitter]
+    uses_tol: bool = False
+    split_merge: str | None = "epoch"
+    truncation: bool = False
+    in_paper: bool = False
+
+
+def _batch_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> BatchEM:
+    from .fitters import BatchEM
+
+    return BatchEM(mixture, w=s.w, fixed=fixed, stochastic=stochastic)
+
+
+def _online_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> MinibatchEM:
+    from .fitters import MinibatchEM
+
+    return MinibatchEM(
+        mixture,
+        w=s.w,
+        step_size=s.step_size,
+        schedule=s.step_schedule,
+        step_decay=s.step_decay,
+        decay_epoch=s.decay_epoch,
+        kappa=s.kappa,
+        covariance_update=s.covariance_update,
+        fixed=fixed,
+        stochastic=stochastic,
+        truncation=s.truncation_bound if s.truncation else None,
+    )
+
+
+def _adam(s: FitSettings, mixture: Mixture, fixed) -> SGD:
+    from .fitters import SGD
+
+    return SGD(
+        mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
+    )
+
+
+# In the order the report shows them: the paper's three, then stochastic EM (Celeux & Diebolt 1985).
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "em",
+            "Batch EM (Bovy et al. 2011)",
+            "#1f77b4",
+            per_batch=False,
+            build=lambda s, mixture, fixed: _batch_em(s, mixture, fixed, stochastic=False),
+            uses_tol=True,
+            split_merge="converged",
+            in_paper=True,
+        ),
+        Method(
+            "minibatch_em",
+            "Minibatch EM",
+            "#ff7f0e",
+            per_batch=True,
+            build=lambda s, mixture, fixed: _online_em(s, mixture, fixed, stochastic=False),
+            truncation=True,
+            in_paper=True,
+        ),
+        Method("sgd", "SGD", "#2ca02c", per_batch=True, build=_adam, in_paper=True),
+        Method(
+            "stochastic_em",
+            "Stochastic EM",
+            "#8c564b",
+            per_batch=False,
+            build=lambda s, mixture, fixed: _batch_em(s, mixture, fixed, stochastic=True),
+            split_merge=None,
+        ),
+        Method(
+            "stochastic_minibatch_em",
+            "Stochastic minibatch EM",
+            "#e377c2",
+            per_batch=True,
+            build=lambda s, mixture, fixed: _online_em(s, mixture, fixed, stochastic=True),
+            truncation=True,
+        ),
+    )
+}
+
+
+def method(name: str) -> Method:
+    """The row of ``name``, or a ValueError listing the methods."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def paper_methods(per_batch: bool | None = None) -> list[str]:
+    """The paper's methods (only its minibatch ones, or only its batch one, where ``per_batch`` says)."""
+    return [m.name for m in METHODS.values() if m.in_paper and per_batch in (None, m.per_batch)]
+
+
+def make_fitter(
+    settings: FitSettings,
+    mixture: Mixture,
+    fixed: FixedParameters | None = None,
+    judge: Callable[[Mixture], float] | None = None,
+) -> Fitter:
+    """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held;
+    ``judge`` scores a mixture on a fixed validation sample (split-and-merge of the ``"epoch"`` kind)."""
+    from .fitters import PolyakAverage
+    from .split_merge import SplitMergeEM, StochasticSplitMerge
+
+    s, row = settings, method(settings.method)
+    if s.split_merge and row.split_merge == "converged":
+        return SplitMergeEM(mixture, w=s.w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
+    if s.split_merge:
+        if fixed is not None and fixed.any():
+            raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
+        plain = dataclasses.replace(s, split_merge=False)
+        return StochasticSplitMerge(
+            row.build(plain, mixture, None),
+            judge=judge,
+            tries=s.split_merge_tries,
+            make_fitter=lambda start, held: make_fitter(plain, start, held),
+        )
+    fitter = row.build(s, mixture, fixed)
+    return PolyakAverage(fitter) if s.averaging == "polyak" else fitter
