@@ -80,13 +80,17 @@ threading.Thread(target=sample, daemon=True).start()
 
 @contextmanager
 def forced_kernel(backend: str):
-    """Fits inside run the statistics pass on ``backend`` ("fused", "unrolled", "compiled"), whatever the
-    estimator would choose (``kernel.dispatch.fit_backend``)."""
+    """Fits inside run the statistics pass (and the fitted model scores) on ``backend`` ("fused",
+    "unrolled", "compiled"), whatever the fit would choose (``kernel.dispatch.fit_backend``)."""
     import scalable_xd.estimator
+    import scalable_xd.fit.driver
 
-    chosen = scalable_xd.estimator.fit_backend
-    scalable_xd.estimator.fit_backend = lambda compile, device: backend
+    modules = (scalable_xd.fit.driver, scalable_xd.estimator)
+    chosen = [module.fit_backend for module in modules]
+    for module in modules:
+        module.fit_backend = lambda compile, device: backend
     try:
         yield
     finally:
-        scalable_xd.estimator.fit_backend = chosen
+        for module, original in zip(modules, chosen):
+            module.fit_backend = original

@@ -10,6 +10,7 @@ from sklearn.exceptions import NotFittedError
 
 import scalable_xd.dataset
 import scalable_xd.estimator
+import scalable_xd.fit.driver
 import scalable_xd.fit.loop
 from scalable_xd import XDGMM, FitDivergedError
 
@@ -237,7 +238,7 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_pa
     settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
     _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
     seed = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
-    monkeypatch.setattr(scalable_xd.estimator, "initial_mixture", None)  # resuming must not re-run the init
+    monkeypatch.setattr(scalable_xd.fit.driver, "initial_mixture", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
     assert [h["epoch"] for h in resumed.history_] == list(range(5))
     monkeypatch.undo()

@@ -29,8 +29,8 @@ class OneStepEM(BatchEM):
 def test_a_method_is_one_row_and_one_fitter(monkeypatch):
     """A row added here (and nowhere in the package) is accepted by the settings, checked by their
     cross-checks, run by the estimator as its row says, and labelled and coloured by the report."""
-    row = Method("toy_em", "Toy EM", "#123456", per_batch=False, split_merge=None, uses_tol=True,
-                 build=lambda s, mixture, fixed: OneStepEM(mixture, w=s.w, fixed=fixed))  # fmt: skip
+    build = lambda s, mixture, fixed: OneStepEM(mixture, w=s.w, fixed=fixed)  # noqa: E731
+    row = Method("toy_em", "Toy EM", "#123456", per_batch=False, build=build, uses_tol=True, split_merge=None)
     monkeypatch.setitem(METHODS, "toy_em", row)
     assert FitSettings(method="toy_em").method == "toy_em"
     with pytest.raises(ValueError, match="averages minibatch updates"):

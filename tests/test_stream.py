@@ -10,6 +10,7 @@ import torch
 
 import scalable_xd.dataset
 import scalable_xd.fit.checkpoint
+import scalable_xd.fit.driver
 from scalable_xd import XDGMM, CompactCovariance
 from scalable_xd.batching import batch_bounds
 from scalable_xd.fit.checkpoint import CheckpointError
@@ -154,11 +155,13 @@ def test_k_means_sees_a_sample_and_the_fit_runs_from_a_hats_layout(tmp_path, mon
     (root / "properties").write_text("dataproduct_type=object\n")
     (root / "dataset" / "_metadata").write_bytes(b"not read")  # HATS's summary files are skipped
     (root / "partition_info.csv").write_text("Norder,Npix\n0,1\n")
-    monkeypatch.setattr(scalable_xd.estimator, "KMEANS_SAMPLE", 250)
+    monkeypatch.setattr(scalable_xd.fit.driver, "KMEANS_SAMPLE", 250)
     seen = []
-    real = scalable_xd.estimator.initial_mixture
+    real = scalable_xd.fit.driver.initial_mixture
     monkeypatch.setattr(
-        scalable_xd.estimator, "initial_mixture", lambda data, *a, **k: (seen.append(len(data)), real(data, *a, **k))[1]
+        scalable_xd.fit.driver,
+        "initial_mixture",
+        lambda data, *a, **k: (seen.append(len(data)), real(data, *a, **k))[1],
     )
     model = XDGMM(n_components=3, method="em", epochs=3, dtype="float64", device="cpu", random_state=0)
     model.fit(_source(root))

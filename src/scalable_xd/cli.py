@@ -16,10 +16,8 @@ choices); ``scalable-xd <step> --help`` lists them. Every bad input ends in one 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -134,34 +132,10 @@ def _kmeans(args) -> None:
     )
 
 
-@contextlib.contextmanager
-def _process_group(device: str):
-    """Under torchrun (WORLD_SIZE > 1 in the environment) join the process group for the block: NCCL with
-    one GPU per process where the fit runs on CUDA, gloo on CPU; yields the device this process fits on.
-    The group is destroyed on the way out: a process that exits with it alive can abort in gloo's threads
-    ("terminate called without an active exception") while the others are still writing."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        yield device
-        return
-    import torch
-    import torch.distributed as dist
-
-    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if cuda:
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-        torch.cuda.set_device(device)
-    joined = not dist.is_initialized()
-    if joined:
-        dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        yield device
-    finally:
-        if joined:
-            dist.destroy_process_group()
-
-
 def _fit(args) -> None:
-    with _process_group(args.device) as device:
+    from .fit.parallel import process_group  # torch: not imported for --help
+
+    with process_group(args.device) as device:
         steps.fit(
             train=args.train,
             val=args.val,

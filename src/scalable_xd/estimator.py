@@ -1,7 +1,7 @@
 """``XDGMM``: the user-facing estimator, in scikit-learn's style (fit / score / sample / save / load).
 
-``fit`` reads as: validate the settings and the data, open the checkpoint, initialise, run the loop,
-store the result. Everything else uses a fitted model.
+``fit`` validates the settings and the data and hands them to ``fit.driver.fit_mixture``, which runs the
+fit; everything else uses a fitted model.
 """
 
 from __future__ import annotations
@@ -14,69 +14,17 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
-from .batching import random_rows
 from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
-from .fit.checkpoint import Checkpoint
-from .fit.init import initial_mixture
-from .fit.loop import EVAL_BATCH, LoopConfig, run, scored_batches, total_loglik
-from .fit.methods import make_fitter, method
-from .fit.parallel import Group
-from .fit.updates import FixedParameters
+from .fit.driver import Start, data_source, fit_mixture, settings_record
+from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, write_model
 from .posterior import posterior_moments
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
-from .stream import ParquetSource
 
 _FIT, _KMEANS = FitSettings(), KMeansSettings()
-
-
-# Training stars that judge stochastic split-and-merge moves when no validation data are given.
-JUDGE_SAMPLE = 20_000
-# Training stars that k-means sees when the training data are streamed (``ParquetSource``) from disk.
-KMEANS_SAMPLE = 1_000_000
-
-
-def _judge_sample(train, seed: int) -> Dataset:
-    """A fixed random sample of the training data (``JUDGE_SAMPLE`` stars at most), chosen by the seed."""
-    if len(train) <= JUDGE_SAMPLE and isinstance(train, Dataset):
-        return train
-    return train.sample(random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
-
-
-def _data(X, Xcov, R, sample_weight, name: str, missing: str):
-    """Arrays as a validated ``Dataset``; a ``ParquetSource`` as it is (it validated itself)."""
-    if not isinstance(X, ParquetSource):
-        return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name, missing=missing)
-    if X.missing != missing:
-        raise ValueError(
-            f"{name} is a ParquetSource opened with missing={X.missing!r}, but the model's missing is "
-            f"{missing!r}: open it with missing={missing!r}"
-        )
-    given = [arg for arg, value in (("Xcov", Xcov), ("R", R), ("sample_weight", sample_weight)) if value is not None]
-    if given:
-        raise ValueError(
-            f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
-            "given with it (projections and weights are not streamed)"
-        )
-    return X
-
-
-def _judge(data: Dataset, device, dtype, compiled: bool, group: Group):
-    """Mean log-likelihood of a mixture on ``data``: what decides a stochastic split-and-merge move."""
-    backend = fit_backend(compiled, device)
-    return lambda mixture: total_loglik(data, mixture, device, dtype, backend, group) / data.total_weight
-
-
-def _settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
-    """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
-    return {
-        "n_components": int(n_components),
-        **settings.as_dict(),
-        **{f"kmeans_{key}": value for key, value in kmeans.as_dict().items()},
-    }
 
 
 class XDGMM(BaseEstimator):
@@ -254,7 +202,7 @@ class XDGMM(BaseEstimator):
     def describe(self) -> dict:
         """The settings of the fitted model as JSON-friendly values (saved with it and in the metrics)."""
         seed = self.random_state if isinstance(self.random_state, (int, np.integer)) else None
-        return {**_settings_record(self.n_components, self.settings_, self.kmeans_settings_), "random_state": seed}
+        return {**settings_record(self.n_components, self.settings_, self.kmeans_settings_), "random_state": seed}
 
     # ------------------------------------------------------------------ fitting
 
@@ -292,77 +240,14 @@ class XDGMM(BaseEstimator):
             raise ValueError(
                 "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
             )
-        device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, dtype, settings.missing, sample_weight)
-        store = None if checkpoint is None else Checkpoint(checkpoint, device)
-        if self.random_state is None and store is not None and store.seed is not None:
-            seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
-        else:
-            seed = resolve_seed(self.random_state)
-        if store is not None:
-            # how the fit is logged and which kernel computes it do not change its result: resume across them
-            record = {
-                **_settings_record(self.n_components, settings, kmeans),
-                "verbose": None,
-                "compile": None,
-                **self._fixed_record(),
-            }
-            store.bind(record, seed, train, val, (self.weights_init, self.means_init, self.covariances_init))
-        if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
-            mixture = Mixture.placeholder(self.n_components, train.model_dim, device)
-        elif self.warm_start and hasattr(self, "_mixture"):
-            mixture = self._warm_start_mixture(train, device)
-        else:
-            kmeans_data = train
-            if isinstance(train, ParquetSource) and self.means_init is None:  # k-means on a sample, in memory
-                kmeans_data = train.sample(random_rows(len(train), KMEANS_SAMPLE, seed), "the k-means sample")
-            mixture = initial_mixture(
-                kmeans_data,
-                self.n_components,
-                kmeans,
-                seed,
-                device,
-                dtype,
-                weights=self.weights_init,
-                means=self.means_init,
-                covariances=self.covariances_init,
-            )
-        row = method(settings.method)
-        group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
-        judge = None
-        if settings.split_merge and row.split_merge == "epoch":
-            judge = _judge(
-                val if val is not None else _judge_sample(train, seed), device, dtype, settings.compile, group
-            )
-        fitter = make_fitter(settings, mixture, self._fixed_parameters(mixture), judge)
-        loop = LoopConfig(
-            epochs=settings.epochs,
-            batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
-            shuffle=row.per_batch,
-            seed=seed,
-            device=device,
-            dtype=dtype,
-            backend=fit_backend(settings.compile, device),
-            w=settings.w,
-            tol=settings.tol if row.uses_tol and not settings.split_merge else None,
-            verbose=settings.verbose,
-            group=group,
-            checkpoint_every=checkpoint_every if store is not None else 0,
-        )
-        history, converged = run(fitter, train, val, loop, store)
-        self._set_fitted(fitter.result, history, converged, settings, kmeans)
+        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, settings, sample_weight)
+        warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
+        init = (self.weights_init, self.means_init, self.covariances_init)
+        start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
+        fitted = fit_mixture(train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every)
+        self._set_fitted(fitted.mixture, fitted.history, fitted.converged, settings, kmeans)
         self.n_features_in_ = train.obs_dim
         return self
-
-    def _warm_start_mixture(self, train: Dataset, device) -> Mixture:
-        """The fitted parameters as the starting point of the next fit (``warm_start``)."""
-        previous = self._mixture
-        if (previous.n_components, previous.dim) != (self.n_components, train.model_dim):
-            raise ValueError(
-                f"warm_start: the fitted model has K = {previous.n_components} and D = {previous.dim}, "
-                f"the new fit K = {self.n_components} and D = {train.model_dim}"
-            )
-        return previous.to(device, torch.float64)
 
     def _fixed_masks(self) -> dict[str, np.ndarray]:
         """``fix_weights``, ``fix_means`` and ``fix_covariances`` as boolean arrays of length K."""
@@ -381,25 +266,16 @@ class XDGMM(BaseEstimator):
             masks[name] = mask
         return masks
 
-    def _fixed_record(self) -> dict:
-        """The fixed-parameter masks as lists, for the checkpoint's fingerprint."""
-        return {name: mask.tolist() for name, mask in self._fixed_masks().items()}
-
-    def _fixed_parameters(self, mixture: Mixture) -> FixedParameters:
-        """The masks as tensors, with the initial weights the fixed ones keep (all positive, summing to 1,
-        so the free ones always have a share left)."""
-        masks = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in self._fixed_masks().items()}
-        return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
-
-    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, dtype, missing: str, sample_weight=None):
+    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, settings: FitSettings, sample_weight=None):
         """The validated training and validation sets (in memory, or streamed sources)."""
-        train = _data(X, Xcov, R, sample_weight, "X", missing)
+        dtype = resolve_dtype(settings.dtype)
+        train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
         train.check_range(dtype)
         if self.n_components > len(train):
             raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
         val = None
         if X_val is not None:
-            val = _data(X_val, Xcov_val, R_val, None, "X_val", missing)
+            val = data_source(X_val, Xcov_val, R_val, None, "X_val", settings.missing)
             if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
                 raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
             val.check_range(dtype, "X_val")
@@ -430,7 +306,7 @@ class XDGMM(BaseEstimator):
     def _data_for_model(self, X, Xcov, R, sample_weight=None) -> Dataset:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
-        data = _data(X, Xcov, R, sample_weight, "X", self.settings_.missing)
+        data = data_source(X, Xcov, R, sample_weight, "X", self.settings_.missing)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
         data.check_range(self._dtype)

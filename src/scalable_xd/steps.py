@@ -133,15 +133,14 @@ def kmeans(
     import torch
 
     from ._torch import resolve_device, resolve_dtype
-    from .batching import random_rows
-    from .fit.init import kmeans_init
+    from .fit.init import kmeans_init, kmeans_sample
     from .gaia.storage import features_source, read_features
 
     _set_threads(threads)
     check_writable(output)
     if max_rows:
         source = features_source(train, validate=False)
-        X = source.sample(random_rows(len(source), max_rows, seed), "the k-means sample").X
+        X = kmeans_sample(source, max_rows, seed).X
     else:
         X = torch.as_tensor(read_features(train).X)
     tick = time.perf_counter()

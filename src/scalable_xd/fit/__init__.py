@@ -1,3 +1,4 @@
-"""Fitting: the update rules (``updates``), the three methods as state machines over kernel statistics
-(``fitters``), the epoch loop (``loop``), k-means initialisation (``kmeans``) and checkpoints
-(``checkpoint``)."""
+"""Fitting: the table of methods (``methods``), one fit from start to finish (``driver``), the update rules
+(``updates``), the methods as state machines over kernel statistics (``fitters``), the epoch loop
+(``loop``), initialisation (``init``, ``kmeans``), checkpoints (``checkpoint``), split-and-merge moves
+(``split_merge``) and data-parallel processes (``parallel``)."""

@@ -1,11 +1,13 @@
-"""The one initialisation path: k-means weights and means (``kmeans_init``, which the workflow's k-means
-step also calls), identity covariances, or whatever the user gives, checked (``initial_mixture``)."""
+"""The one initialisation path: k-means weights and means (``kmeans_init``, on ``kmeans_sample`` of data too
+large for memory; the workflow's k-means step calls both too), identity covariances, or whatever the user
+gives, checked (``initial_mixture``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..batching import random_rows
 from ..dataset import Dataset
 from ..mixture import Mixture
 from ..settings import KMeansSettings
@@ -19,6 +21,12 @@ def kmeans_init(X: torch.Tensor, n_components: int, kmeans: KMeansSettings, seed
         X.to(dtype), n_components, epochs=kmeans.epochs, batch_size=kmeans.batch_size, seed=seed, device=device
     )
     return weights_from_counts(counts), centres.to("cpu", torch.float64)
+
+
+def kmeans_sample(source, max_rows: int, seed: int) -> Dataset:
+    """``max_rows`` rows of ``source`` (all of them where it has fewer) chosen by the seed, in memory: what
+    k-means sees of data read from disk (the full catalogue's training split does not fit in memory)."""
+    return source.sample(random_rows(len(source), max_rows, seed), "the k-means sample")
 
 
 def _kmeans_points(data: Dataset, k: int):

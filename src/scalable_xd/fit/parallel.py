@@ -16,6 +16,8 @@ wait), which ``reduce_statistics`` turns into a ``RuntimeError`` naming the rank
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +61,29 @@ class Group:
 
 
 ONE_PROCESS = Group()
+
+
+@contextlib.contextmanager
+def process_group(device: str):
+    """Under torchrun (WORLD_SIZE > 1 in the environment) join the process group for the block: NCCL with
+    one GPU per process where the fit runs on CUDA, gloo on CPU; yields the device this process fits on.
+    The group is destroyed on the way out: a process that exits with it alive can abort in gloo's threads
+    ("terminate called without an active exception") while the others are still writing."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield device
+        return
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    joined = not dist.is_initialized()
+    if joined:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield device
+    finally:
+        if joined:
+            dist.destroy_process_group()
 
 
 def _upper(a: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,186 @@
+"""One fit from start to finish, apart from the estimator that exposes it: the data sources in, the
+fitted mixture, its history and whether it converged out.
+
+``fit_mixture`` reads as: open the checkpoint, choose the seed, find the starting point (the checkpoint's
+state, the previous fit's parameters, or ``fit.init`` from the given arrays and k-means), build the method's
+fitter (``fit.methods``), configure the loop from the method's row, and run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._torch import resolve_device, resolve_dtype
+from ..batching import random_rows
+from ..dataset import Dataset
+from ..kernel.dispatch import fit_backend
+from ..mixture import Mixture
+from ..settings import FitSettings, KMeansSettings, resolve_seed
+from ..stream import ParquetSource
+from .checkpoint import Checkpoint
+from .init import initial_mixture, kmeans_sample
+from .loop import EVAL_BATCH, LoopConfig, run, total_loglik
+from .methods import make_fitter, method
+from .parallel import Group
+from .updates import FixedParameters
+
+# Training stars that judge stochastic split-and-merge moves when no validation data are given.
+JUDGE_SAMPLE = 20_000
+# Training stars that k-means sees when the training data are streamed (``ParquetSource``) from disk.
+KMEANS_SAMPLE = 1_000_000
+
+
+@dataclass
+class Start:
+    """Where a fit begins unless its checkpoint says otherwise: the previous fit's parameters (``warm``,
+    for ``warm_start``), else the given initial arrays (any may be None: k-means for the means and weights,
+    identity covariances), with the ``fixed`` masks (``fix_weights``, ``fix_means``, ``fix_covariances``:
+    boolean arrays of length K) holding parameters at their initial values."""
+
+    n_components: int
+    fixed: dict[str, np.ndarray]
+    weights: object = None
+    means: object = None
+    covariances: object = None
+    warm: Mixture | None = None
+
+    def record(self) -> dict:
+        """The fixed masks as lists, for the checkpoint's fingerprint."""
+        return {name: mask.tolist() for name, mask in self.fixed.items()}
+
+
+@dataclass
+class Fitted:
+    mixture: Mixture
+    history: list
+    converged: bool
+
+
+def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
+    """Arrays as a validated ``Dataset``; a ``ParquetSource`` as it is (it validated itself)."""
+    if not isinstance(X, ParquetSource):
+        return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name, missing=missing)
+    if X.missing != missing:
+        raise ValueError(
+            f"{name} is a ParquetSource opened with missing={X.missing!r}, but the model's missing is "
+            f"{missing!r}: open it with missing={missing!r}"
+        )
+    given = [arg for arg, value in (("Xcov", Xcov), ("R", R), ("sample_weight", sample_weight)) if value is not None]
+    if given:
+        raise ValueError(
+            f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
+            "given with it (projections and weights are not streamed)"
+        )
+    return X
+
+
+def settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
+    """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
+    return {
+        "n_components": int(n_components),
+        **settings.as_dict(),
+        **{f"kmeans_{key}": value for key, value in kmeans.as_dict().items()},
+    }
+
+
+def fit_mixture(
+    train,
+    val,
+    settings: FitSettings,
+    kmeans: KMeansSettings,
+    random_state,
+    start: Start,
+    checkpoint=None,
+    checkpoint_every: int = 0,
+) -> Fitted:
+    """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` after every epoch where
+    given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes."""
+    device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+    store = None if checkpoint is None else Checkpoint(checkpoint, device)
+    if random_state is None and store is not None and store.seed is not None:
+        seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
+    else:
+        seed = resolve_seed(random_state)
+    if store is not None:
+        # how the fit is logged and which kernel computes it do not change its result: resume across them
+        record = {
+            **settings_record(start.n_components, settings, kmeans),
+            "verbose": None,
+            "compile": None,
+            **start.record(),
+        }
+        store.bind(record, seed, train, val, (start.weights, start.means, start.covariances))
+    mixture = _starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
+    row = method(settings.method)
+    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
+    judge = None
+    if settings.split_merge and row.split_merge == "epoch":
+        judged = val if val is not None else _judge_sample(train, seed)
+        judge = _judge(judged, device, dtype, fit_backend(settings.compile, device), group)
+    fitter = make_fitter(settings, mixture, _fixed_parameters(start.fixed, mixture), judge)
+    loop = LoopConfig(
+        epochs=settings.epochs,
+        batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
+        shuffle=row.per_batch,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        backend=fit_backend(settings.compile, device),
+        w=settings.w,
+        tol=settings.tol if row.uses_tol and not settings.split_merge else None,
+        verbose=settings.verbose,
+        group=group,
+        checkpoint_every=checkpoint_every if store is not None else 0,
+    )
+    history, converged = run(fitter, train, val, loop, store)
+    return Fitted(fitter.result, history, converged)
+
+
+def _starting_mixture(train, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:
+    """The checkpoint's placeholder (its state replaces it), the previous fit, or the initial mixture."""
+    if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
+        return Mixture.placeholder(start.n_components, train.model_dim, device)
+    if start.warm is not None:
+        previous = start.warm
+        if (previous.n_components, previous.dim) != (start.n_components, train.model_dim):
+            raise ValueError(
+                f"warm_start: the fitted model has K = {previous.n_components} and D = {previous.dim}, "
+                f"the new fit K = {start.n_components} and D = {train.model_dim}"
+            )
+        return previous.to(device, torch.float64)
+    kmeans_data = train
+    if isinstance(train, ParquetSource) and start.means is None:  # k-means on a sample, in memory
+        kmeans_data = kmeans_sample(train, KMEANS_SAMPLE, seed)
+    return initial_mixture(
+        kmeans_data,
+        start.n_components,
+        kmeans,
+        seed,
+        device,
+        dtype,
+        weights=start.weights,
+        means=start.means,
+        covariances=start.covariances,
+    )
+
+
+def _fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedParameters:
+    """The masks as tensors, with the initial weights the fixed ones keep (all positive, summing to 1,
+    so the free ones always have a share left)."""
+    masks = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in masks.items()}
+    return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
+
+
+def _judge_sample(train, seed: int) -> Dataset:
+    """A fixed random sample of the training data (``JUDGE_SAMPLE`` stars at most), chosen by the seed."""
+    if len(train) <= JUDGE_SAMPLE and isinstance(train, Dataset):
+        return train
+    return train.sample(random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
+
+
+def _judge(data: Dataset, device, dtype, backend: str, group: Group):
+    """Mean log-likelihood of a mixture on ``data``: what decides a stochastic split-and-merge move."""
+    return lambda mixture: total_loglik(data, mixture, device, dtype, backend, group) / data.total_weight
