@@ -8,9 +8,9 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM
-from scalable_xd.gaia.features import MISSING_LOGLIK_CONSTANT, MISSING_SIGMA
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
+from scalable_xd.settings import MISSING_LOGLIK_CONSTANT, MISSING_VARIANCE
 
 K, D = 3, 4
 
@@ -95,7 +95,7 @@ def test_marginalising_is_the_limit_of_the_variance_convention(problem, method):
     S_big = S.copy()
     for i, j in zip(*np.nonzero(~observed)):
         S_big[i, j, :], S_big[i, :, j] = 0.0, 0.0
-        S_big[i, j, j] = MISSING_SIGMA**2
+        S_big[i, j, j] = MISSING_VARIANCE
     settings = dict(
         n_components=K,
         method=method,

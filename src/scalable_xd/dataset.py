@@ -16,10 +16,7 @@ import torch
 
 from .batching import Batch, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad_row
-from .settings import MISSING_MODES
-
-# The noise variance that marks an entry as missing (the paper's convention: value 0, variance 1e12).
-MISSING_VARIANCE = 1e12
+from .settings import MISSING_MODES, MISSING_VARIANCE
 
 
 class Dataset:

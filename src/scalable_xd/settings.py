@@ -17,6 +17,10 @@ from .fit.methods import METHODS
 SCHEDULES = ("step", "cappe_moulines", "power")
 AVERAGING = ("none", "polyak")
 MISSING_MODES = ("variance", "marginalise")
+# The noise variance that marks an entry as missing (the paper's convention: value 0, variance 1e12), and
+# what each such entry adds to a star's log-likelihood, log N(0 | 0, 1e12), less the model's small V_jj.
+MISSING_VARIANCE = 1e12
+MISSING_LOGLIK_CONSTANT = -0.5 * math.log(2 * math.pi * MISSING_VARIANCE)
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("none", "spread")
 DTYPES = ("float32", "float64")

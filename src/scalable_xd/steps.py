@@ -181,9 +181,8 @@ def fit(
 
     from .estimator import XDGMM
     from .fit.parallel import Group
-    from .gaia.features import loglik_summary
     from .gaia.storage import features_source, read_features, split_facts
-    from .report.metrics import FitMetrics
+    from .report.metrics import FitMetrics, loglik_summary
     from .truth import truth_metrics
 
     def data(path, name):

@@ -31,12 +31,14 @@ Reading and writing feature files, and the train/val/test split, are ``storage``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from ..noise import CompactCovariance
+from ..settings import MISSING_VARIANCE
 from .schema import (
     ASTROMETRY,
     CORRELATION_PAIRS,
@@ -49,8 +51,7 @@ from .schema import (
 
 MODES = ("corrected", "paper")
 TRUE_COLUMNS = tuple(f"true_{name}" for name in FEATURES)
-MISSING_SIGMA = 1e6  # variance 1e12
-MISSING_LOGLIK_CONSTANT = -0.5 * np.log(2 * np.pi * MISSING_SIGMA**2)
+MISSING_SIGMA = math.sqrt(MISSING_VARIANCE)  # the library's missing-entry convention (``dataset``)
 PAPER_PHOTOMETRIC_SIGMA = 0.01  # what the paper's code gave bp_rp and G
 MAG_PER_LN_FLUX = 2.5 / np.log(10)
 _PD_FLOOR = 1e-6
@@ -191,16 +192,3 @@ def _not_positive_definite(corr: np.ndarray, chunk: int = 1 << 18) -> np.ndarray
         matrices[:, rows, cols] = matrices[:, cols, rows] = block
         bad[start : start + chunk] = np.linalg.eigvalsh(matrices)[:, 0] < _PD_FLOOR
     return bad
-
-
-def loglik_summary(mean_loglik: float, n: int, missing_entries: int) -> dict:
-    """A split's score as the paper defines it (mean log p(x) per star, missing entries included) and of the
-    observed entries alone: each missing entry adds ``MISSING_LOGLIK_CONSTANT``, so the latter is the former
-    less that constant times the mean number of missing entries (``missing_entries`` over the n stars)."""
-    missing = missing_entries / n
-    return {
-        "loglik": mean_loglik,
-        "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
-        "n": n,
-        "mean_missing_entries": missing,
-    }

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import write_json
+from ..settings import MISSING_LOGLIK_CONSTANT
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05
@@ -113,3 +114,16 @@ def metrics_frame(paths) -> pd.DataFrame:
             f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}"
         )
     return frame
+
+
+def loglik_summary(mean_loglik: float, n: int, missing_entries: int) -> dict:
+    """A split's score as the paper defines it (mean log p(x) per star, missing entries included) and of the
+    observed entries alone: each missing entry adds ``MISSING_LOGLIK_CONSTANT``, so the latter is the former
+    less that constant times the mean number of missing entries (``missing_entries`` over the n stars)."""
+    missing = missing_entries / n
+    return {
+        "loglik": mean_loglik,
+        "loglik_observed": mean_loglik - MISSING_LOGLIK_CONSTANT * missing,
+        "n": n,
+        "mean_missing_entries": missing,
+    }
