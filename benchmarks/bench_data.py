@@ -23,9 +23,9 @@ def main(argv=None) -> None:
     parser.add_argument("--n-rows", type=int, default=2_000_000)
     args = parser.parse_args(argv)
 
-    from scalable_xd.gaia.features import compute_features
-    from scalable_xd.gaia.mock import make_mock
-    from scalable_xd.gaia.storage import write_feature_splits
+    from scalable_xd.pipeline.gaia.features import compute_features
+    from scalable_xd.pipeline.gaia.mock import make_mock
+    from scalable_xd.pipeline.gaia.storage import write_feature_splits
 
     tick = time.perf_counter()
     frame = make_mock(args.n_rows, seed=0)

@@ -30,7 +30,7 @@ CHILD = (
 import json, sys, time
 
 from scalable_xd import XDGMM, CompactCovariance
-from scalable_xd.gaia.schema import CORRELATION_PAIRS
+from scalable_xd.pipeline.gaia.schema import CORRELATION_PAIRS
 folder, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 X = np.load(f"{folder}/X.npy", mmap_mode="r")[:n]
 noise = CompactCovariance(np.load(f"{folder}/sigma.npy", mmap_mode="r")[:n],
@@ -54,8 +54,8 @@ def main(argv=None) -> None:
     parser.add_argument("--n-components", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from scalable_xd.gaia.features import compute_features
-    from scalable_xd.gaia.mock import make_mock
+    from scalable_xd.pipeline.gaia.features import compute_features
+    from scalable_xd.pipeline.gaia.mock import make_mock
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -35,7 +35,7 @@ import json, sys, time
 
 import numpy as np
 from scalable_xd import XDGMM
-from scalable_xd.gaia.storage import features_source
+from scalable_xd.pipeline.gaia.storage import features_source
 folder, k, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 baseline = status()
 tick = time.perf_counter()
@@ -61,8 +61,8 @@ def write_catalogue(folder: Path, n: int, seed: int = 0) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from scalable_xd.gaia.features import FEATURES
-    from scalable_xd.gaia.schema import CORRELATIONS
+    from scalable_xd.pipeline.gaia.features import FEATURES
+    from scalable_xd.pipeline.gaia.schema import CORRELATIONS
 
     rng = np.random.default_rng(seed)
     centres = rng.normal(scale=5.0, size=(16, len(FEATURES)))

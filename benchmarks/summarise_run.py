@@ -29,7 +29,7 @@ COLUMNS = (
 
 
 def summarise(run: Path) -> dict:
-    from scalable_xd.report.metrics import metrics_frame
+    from scalable_xd.pipeline.report.metrics import metrics_frame
 
     frame = metrics_frame(sorted(run.glob("fits/*/*/metrics.json")))
     rows = []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scalable_xd.cli import main
+from scalable_xd.pipeline.cli import main
 
 
 @pytest.fixture(scope="session")

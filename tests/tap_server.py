@@ -38,7 +38,7 @@ from astropy.io.votable import from_table
 from astropy.io.votable.tree import Info
 from astropy.table import MaskedColumn, Table
 
-from scalable_xd.gaia.schema import QUERY_COLUMNS
+from scalable_xd.pipeline.gaia.schema import QUERY_COLUMNS
 
 PREFIX = "/tap-server/tap"
 _RANGE = re.compile(r"random_index >= (\d+) AND random_index < (\d+)")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from scalable_xd.report.claims import FAILS, HOLDS, UNMEASURED, claims, write_claims
-from scalable_xd.report.metrics import FitMetrics, time_to_converge
-from scalable_xd.report.tables import write_loglik_table
+from scalable_xd.pipeline.report.claims import FAILS, HOLDS, UNMEASURED, claims, write_claims
+from scalable_xd.pipeline.report.metrics import FitMetrics, time_to_converge
+from scalable_xd.pipeline.report.tables import write_loglik_table
 
 
 def _history(final: float, reach_at: float, total: float) -> list[dict]:

@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from scalable_xd.cli import main
+from scalable_xd.pipeline.cli import main
 
 
 def _fit_args(files, **changes):
@@ -126,14 +126,14 @@ def test_a_fit_without_validation_data(files):
     argv = _fit_args(files, **{"--output-metrics": files / "noval" / "metrics.json"})
     del argv[argv.index("--val") : argv.index("--val") + 2]
     assert main(["-q"] + argv) == 0
-    from scalable_xd.report.metrics import FitMetrics
+    from scalable_xd.pipeline.report.metrics import FitMetrics
 
     metrics = FitMetrics.read(files / "noval" / "metrics.json")
     assert metrics.val is None and metrics.history[-1]["val_loglik"] is None and metrics.test is None
 
 
 def test_every_option_has_help_and_says_its_default():
-    from scalable_xd.cli import build_parser
+    from scalable_xd.pipeline.cli import build_parser
 
     for name, sub in build_parser()._subparsers._group_actions[0].choices.items():
         for action in sub._actions:
@@ -164,7 +164,7 @@ def test_help_answers_without_importing_torch_or_astropy():
 
     code = textwrap.dedent("""
         import contextlib, io, sys
-        from scalable_xd.cli import main
+        from scalable_xd.pipeline.cli import main
         with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
             main(["--help"])
         print(sorted(m for m in ("torch", "astropy", "pandas", "sklearn") if m in sys.modules))
@@ -175,7 +175,7 @@ def test_help_answers_without_importing_torch_or_astropy():
 
 def test_a_streamed_batch_em_fit_reports_what_the_in_memory_fit_reports(files):
     """Batch EM reads the rows in file order either way, so streaming changes only where the data live."""
-    from scalable_xd.report.metrics import FitMetrics
+    from scalable_xd.pipeline.report.metrics import FitMetrics
 
     runs = {}
     for name, extra in (("memory", {}), ("streamed", {"--stream-window": "500"})):

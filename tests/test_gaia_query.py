@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from tap_server import MockTapServer, votable_bytes
 
-from scalable_xd.gaia.mock import make_mock
-from scalable_xd.gaia.query import (
+from scalable_xd.pipeline.gaia.mock import make_mock
+from scalable_xd.pipeline.gaia.query import (
     ArchiveRefusedError,
     ChunkError,
     _parse_unit,
@@ -19,9 +19,9 @@ from scalable_xd.gaia.query import (
     query_gaia,
     table_to_frame,
 )
-from scalable_xd.gaia.schema import QUERY_COLUMNS
-from scalable_xd.gaia.storage import read_raw
-from scalable_xd.gaia.tap import ArchiveUnreachableError
+from scalable_xd.pipeline.gaia.schema import QUERY_COLUMNS
+from scalable_xd.pipeline.gaia.storage import read_raw
+from scalable_xd.pipeline.gaia.tap import ArchiveUnreachableError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 N_ROWS, CHUNK = 20_000, 5_000
@@ -195,7 +195,7 @@ def test_credentials_in_the_url_authenticate_and_never_leak(catalogue, tmp_path,
     import json
     import logging
 
-    from scalable_xd.gaia.query import write_manifest
+    from scalable_xd.pipeline.gaia.query import write_manifest
 
     secret = "s3cr3t-Pa55"
     with MockTapServer(catalogue, credentials=("astro", secret)) as server, caplog.at_level(logging.DEBUG):
@@ -248,7 +248,7 @@ def test_a_chunk_write_killed_by_sigkill_is_cleaned_up_and_redone(catalogue, tmp
     with MockTapServer(catalogue) as server:
         script = f"""
 import os, signal, pandas as pd
-from scalable_xd.gaia.query import query_gaia
+from scalable_xd.pipeline.gaia.query import query_gaia
 write = pd.DataFrame.to_parquet
 calls = []
 def write_then_die(frame, path, **kw):

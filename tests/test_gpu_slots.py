@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from scalable_xd import gpu_slots
-from scalable_xd.cli import main
+from scalable_xd.pipeline import gpu_slots
+from scalable_xd.pipeline.cli import main
 
 JOB = """
 import sys, time, pathlib, torch
-from scalable_xd import gpu_slots
+from scalable_xd.pipeline import gpu_slots
 torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: int(sys.argv[1])
 gpu_slots.slot_folder = lambda: pathlib.Path(sys.argv[2])
@@ -71,8 +71,8 @@ def test_a_named_gpu_one_gpu_and_torchrun_are_left_alone(tmp_path, monkeypatch):
 
 def test_the_command_line_runs_each_job_on_the_device_it_was_given(files, monkeypatch):
     """The CLI hands every subcommand with --device the device ``job_device`` chose."""
-    import scalable_xd.cli as cli
-    import scalable_xd.steps as steps
+    import scalable_xd.pipeline.cli as cli
+    import scalable_xd.pipeline.steps as steps
 
     asked, used = [], []
     monkeypatch.setattr(cli, "job_device", lambda device: asked.append(device) or "cpu")

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalable_xd.gaia.galaxy import LMC, SMC
-from scalable_xd.gaia.mock import make_mock
-from scalable_xd.gaia.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
+from scalable_xd.pipeline.gaia.galaxy import LMC, SMC
+from scalable_xd.pipeline.gaia.mock import make_mock
+from scalable_xd.pipeline.gaia.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 # G bins and median parallax_error (mas) of real five-parameter DR2 stars (GAIA_FACTS.md).

@@ -132,7 +132,7 @@ ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
 def test_torchrun_runs_the_command_line_fit(files, tmp_path, stream):
     """`torchrun --nproc-per-node 2 -m scalable_xd fit ...` gives the model of the one-process command, with
     the data in memory or streamed from disk (each process reading every window)."""
-    from scalable_xd.cli import main
+    from scalable_xd.pipeline.cli import main
 
     assert main(_fit_args(files, tmp_path / "one", "minibatch_em", *stream)) == 0
     torchrun = [
@@ -160,7 +160,7 @@ def test_torchrun_runs_the_command_line_fit(files, tmp_path, stream):
 def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(files, tmp_path):
     """Two torchrun agents, as `srun --ntasks-per-node 1` starts one per node of a multi-node fit
     (fit.nodes), meet at a c10d rendezvous and give the one-process fit."""
-    from scalable_xd.cli import main
+    from scalable_xd.pipeline.cli import main
 
     assert main(_fit_args(files, tmp_path / "one", "sgd")) == 0
     agent = [

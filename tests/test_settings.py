@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from scalable_xd import XDGMM
-from scalable_xd.cli import build_parser
+from scalable_xd.pipeline.cli import build_parser
+from scalable_xd.pipeline.steps import REFERENCE
 from scalable_xd.settings import FitSettings, KMeansSettings
-from scalable_xd.steps import REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]

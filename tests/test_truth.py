@@ -9,9 +9,9 @@ from helpers import draw_xd_data, xd_loglik
 from sklearn.mixture import GaussianMixture
 
 from scalable_xd import XDGMM
-from scalable_xd.gaia.features import compute_features
-from scalable_xd.gaia.mock import make_mock
-from scalable_xd.truth import NO_TRUTH, gap_closed, reference_data, true_loglik, truth_metrics
+from scalable_xd.pipeline.gaia.features import compute_features
+from scalable_xd.pipeline.gaia.mock import make_mock
+from scalable_xd.pipeline.truth import NO_TRUTH, gap_closed, reference_data, true_loglik, truth_metrics
 
 WEIGHTS = np.array([0.4, 0.6])
 MEANS = np.array([[0.0, 0.0], [3.0, 1.0]])

@@ -72,7 +72,7 @@ def test_table_has_one_finite_row_per_method_and_k(smoke):
 def test_figures_are_images_of_the_expected_size(smoke):
     from PIL import Image
 
-    from scalable_xd.report.style import COLUMN, COLUMN_HEIGHT, DPI, PAGE
+    from scalable_xd.pipeline.report.style import COLUMN, COLUMN_HEIGHT, DPI, PAGE
 
     column, page = (round(COLUMN * DPI), round(COLUMN_HEIGHT * DPI)), (round(PAGE * DPI), round(PAGE * DPI))
     expected = {"timing_vs_K": column, f"training_curves_K{FIGURE_K}": column, "sky_density": None}
@@ -104,7 +104,7 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
     """Every fit's true-value log-likelihood, recomputed from its saved model and the test stars' true
     values; the gap closed from the reference files; the table's truth columns; claims.md."""
     from scalable_xd import XDGMM
-    from scalable_xd.gaia.storage import read_features
+    from scalable_xd.pipeline.gaia.storage import read_features
 
     true = read_features(smoke / "data" / "test.parquet").true
     fit = smoke / "fits" / "em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
@@ -128,7 +128,7 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
 def test_metrics_agree_with_the_saved_model(smoke):
     """The reported log-likelihoods, recomputed star by star from the saved model and the data split."""
     from scalable_xd import XDGMM
-    from scalable_xd.gaia.storage import read_features
+    from scalable_xd.pipeline.gaia.storage import read_features
 
     fit = smoke / "fits" / "minibatch_em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
     metrics = json.loads((fit / "metrics.json").read_text())

@@ -1,4 +1,4 @@
-# All of DR2's gaia_source from ESA's bulk files (data.source: bulk; see scalable_xd.gaia.bulk):
+# All of DR2's gaia_source from ESA's bulk files (data.source: bulk; see scalable_xd.pipeline.gaia.bulk):
 # the index -> each file through Snakemake's HTTP storage plugin, kept once its MD5 sum matches
 # -> one HATS catalogue (hats-import), which the features rule reads like any raw catalogue.
 

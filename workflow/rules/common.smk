@@ -94,7 +94,7 @@ def raw_catalogue():
     return f"resources/mock/mock_n{n}_seed{config['data']['mock_seed']}.parquet"
 
 
-# Truth metrics (``scalable_xd.truth``) need the mock's noise-free values: real data have none.
+# Truth metrics (``scalable_xd.pipeline.truth``) need the mock's noise-free values: real data have none.
 HAS_TRUTH = config["data"]["source"] == "mock"
 REFERENCE_KINDS = ["oracle", "noisy"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import atomic_path, read_npz, write_json
-from .settings import FitSettings, KMeansSettings
+from ..io import atomic_path, read_npz, write_json
+from ..settings import FitSettings, KMeansSettings
 
 log = logging.getLogger("scalable_xd")
 
@@ -132,8 +132,8 @@ def kmeans(
     at a time: the full catalogue's training split does not fit in memory)."""
     import torch
 
-    from ._torch import resolve_device, resolve_dtype
-    from .fit.init import kmeans_init, kmeans_sample
+    from .._torch import resolve_device, resolve_dtype
+    from ..fit.init import kmeans_init, kmeans_sample
     from .gaia.storage import features_source, read_features
 
     _set_threads(threads)
@@ -179,8 +179,8 @@ def fit(
 
     import scalable_xd
 
-    from .estimator import XDGMM
-    from .fit.parallel import Group
+    from ..estimator import XDGMM
+    from ..fit.parallel import Group
     from .gaia.storage import features_source, read_features, split_facts
     from .report.metrics import FitMetrics, loglik_summary
     from .truth import truth_metrics
@@ -284,7 +284,7 @@ def reference(
 ) -> None:
     """A reference fit for the truth metrics (see ``truth``): batch EM from the shared k-means init on the
     true values (``oracle``) or on the noisy values with their noise ignored (``noisy``)."""
-    from .estimator import XDGMM
+    from ..estimator import XDGMM
     from .gaia.storage import read_features
     from .truth import reference_data, require_truth, true_loglik
 

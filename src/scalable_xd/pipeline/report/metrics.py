@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import write_json
-from ..settings import MISSING_LOGLIK_CONSTANT
+from ...io import write_json
+from ...settings import MISSING_LOGLIK_CONSTANT
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..noise import CompactCovariance
-from ..settings import MISSING_VARIANCE
+from ...noise import CompactCovariance
+from ...settings import MISSING_VARIANCE
 from .schema import (
     ASTROMETRY,
     CORRELATION_PAIRS,

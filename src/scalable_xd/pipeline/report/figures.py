@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fit.methods import METHODS
+from ...fit.methods import METHODS
 from .metrics import FitMetrics, metrics_frame
 from .style import (
     COLUMN,
@@ -139,7 +139,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
 
 
 def model_samples(model_path, n_samples: int, seed: int):
-    from ..estimator import XDGMM
+    from ...estimator import XDGMM
 
     model = XDGMM.load(model_path, device="cpu")
     return model, model.sample(n_samples, random_state=seed)

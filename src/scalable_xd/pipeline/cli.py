@@ -21,9 +21,9 @@ import logging
 import sys
 from pathlib import Path
 
+from ..settings import FitSettings, KMeansSettings
 from . import steps
 from .gpu_slots import job_device
-from .settings import FitSettings, KMeansSettings
 
 log = logging.getLogger("scalable_xd")
 
@@ -133,7 +133,7 @@ def _kmeans(args) -> None:
 
 
 def _fit(args) -> None:
-    from .fit.parallel import process_group  # torch: not imported for --help
+    from ..fit.parallel import process_group  # torch: not imported for --help
 
     with process_group(args.device) as device:
         steps.fit(
@@ -445,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import atomic_path, write_json
+from ...io import atomic_path, write_json
 from .features import FEATURES, REPAIRS, TRUE_COLUMNS, Features, compute_features
 from .schema import CORRELATION_PAIRS, CORRELATIONS, QUERY_COLUMNS
 
@@ -104,7 +104,7 @@ def features_source(
 ):
     """Features files (one split's Parquet file, a folder of them or a HATS catalogue of features) as a
     ``stream.ParquetSource``: a fit reads them a window of ``window_rows`` rows at a time."""
-    from ..stream import DEFAULT_WINDOW, ParquetSource
+    from ...stream import DEFAULT_WINDOW, ParquetSource
 
     return ParquetSource(
         path,
@@ -124,7 +124,7 @@ def split_facts(path) -> dict:
     row group at a time), the covariance mode and whether it holds true values."""
     import pyarrow.dataset as ds
 
-    from ..stream import parquet_files
+    from ...stream import parquet_files
 
     dataset = ds.dataset(parquet_files(path), format="parquet")
     _require_columns(
@@ -156,7 +156,7 @@ def _raw_dataset(path):
             raise ValueError(f"{path} is not a query manifest (a JSON object listing its chunks)") from None
         dataset = ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
     else:  # one file, a folder of chunks or a HATS catalogue (see ``stream.parquet_files``)
-        from ..stream import parquet_files
+        from ...stream import parquet_files
 
         dataset = ds.dataset(parquet_files(path), format="parquet")
     names = dataset.schema.names
