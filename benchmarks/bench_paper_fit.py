@@ -28,8 +28,9 @@ from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.fit.init import kmeans_init
 from scalable_xd.io import atomic_path
 from scalable_xd.kernel.dispatch import choose_backend, fit_backend
+from scalable_xd.pipeline.features_file import read_features
 from scalable_xd.pipeline.gaia.mock import make_mock
-from scalable_xd.pipeline.gaia.storage import read_features, write_feature_splits
+from scalable_xd.pipeline.gaia.storage import write_feature_splits
 from scalable_xd.settings import KMeansSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

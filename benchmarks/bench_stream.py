@@ -35,7 +35,7 @@ import json, sys, time
 
 import numpy as np
 from scalable_xd import XDGMM
-from scalable_xd.pipeline.gaia.storage import features_source
+from scalable_xd.pipeline.features_file import features_source
 folder, k, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 baseline = status()
 tick = time.perf_counter()

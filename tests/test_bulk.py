@@ -20,11 +20,11 @@ from tap_server import MockTapServer
 from test_workflow import SMOKE, planned_jobs, snakemake
 
 from scalable_xd.pipeline import steps
+from scalable_xd.pipeline.features_file import read_features
 from scalable_xd.pipeline.gaia.bulk import checked_copy, parse_index
 from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.query import query_gaia
 from scalable_xd.pipeline.gaia.schema import QUERY_COLUMNS
-from scalable_xd.pipeline.gaia.storage import read_features
 from scalable_xd.pipeline.report.metrics import FitMetrics
 
 pytest.importorskip("hats_import", reason="the bulk path needs hats-import (pip install -e '.[catalog]')")

@@ -6,7 +6,7 @@ import pytest
 
 from scalable_xd.fit.methods import METHODS
 from scalable_xd.pipeline.cli import main
-from scalable_xd.pipeline.gaia.storage import read_features
+from scalable_xd.pipeline.features_file import read_features
 from scalable_xd.pipeline.report.figures import LAST_EPOCHS, plot_corner, plot_timing_vs_k, plot_training_curves
 from scalable_xd.pipeline.report.metrics import FitMetrics
 from scalable_xd.pipeline.report.sky import density_map, plot_sky_density, resolution

@@ -104,7 +104,7 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
     """Every fit's true-value log-likelihood, recomputed from its saved model and the test stars' true
     values; the gap closed from the reference files; the table's truth columns; claims.md."""
     from scalable_xd import XDGMM
-    from scalable_xd.pipeline.gaia.storage import read_features
+    from scalable_xd.pipeline.features_file import read_features
 
     true = read_features(smoke / "data" / "test.parquet").true
     fit = smoke / "fits" / "em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
@@ -128,7 +128,7 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
 def test_metrics_agree_with_the_saved_model(smoke):
     """The reported log-likelihoods, recomputed star by star from the saved model and the data split."""
     from scalable_xd import XDGMM
-    from scalable_xd.pipeline.gaia.storage import read_features
+    from scalable_xd.pipeline.features_file import read_features
 
     fit = smoke / "fits" / "minibatch_em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
     metrics = json.loads((fit / "metrics.json").read_text())

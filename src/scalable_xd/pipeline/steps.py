@@ -134,7 +134,7 @@ def kmeans(
 
     from .._torch import resolve_device, resolve_dtype
     from ..fit.init import kmeans_init, kmeans_sample
-    from .gaia.storage import features_source, read_features
+    from .features_file import features_source, read_features
 
     _set_threads(threads)
     check_writable(output)
@@ -181,7 +181,7 @@ def fit(
 
     from ..estimator import XDGMM
     from ..fit.parallel import Group
-    from .gaia.storage import features_source, read_features, split_facts
+    from .features_file import features_source, read_features, split_facts
     from .report.metrics import FitMetrics, loglik_summary
     from .truth import truth_metrics
 
@@ -285,7 +285,7 @@ def reference(
     """A reference fit for the truth metrics (see ``truth``): batch EM from the shared k-means init on the
     true values (``oracle``) or on the noisy values with their noise ignored (``noisy``)."""
     from ..estimator import XDGMM
-    from .gaia.storage import read_features
+    from .features_file import read_features
     from .truth import reference_data, require_truth, true_loglik
 
     _set_threads(threads)

@@ -26,71 +26,38 @@ Bad rows are repaired by a fixed rule and counted in ``Features.counts``, never 
 ``n_missing`` counts each star's entries with variance 1e12; each adds -log(2 pi 1e12)/2 to its
 log-likelihood, which reports remove to give log-likelihoods of the observed entries alone.
 
-Reading and writing feature files, and the train/val/test split, are ``storage``.
+Features files and the train/val/test split are ``features_file``'s; ``storage`` writes them from a raw
+catalogue.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from ...noise import CompactCovariance
 from ...settings import MISSING_VARIANCE
+from ..features_file import Features
 from .schema import (
     ASTROMETRY,
     CORRELATION_PAIRS,
     CORRELATIONS,
     FEATURES,
     FLUX_OVER_ERROR,
+    GAIA_DR2,
     MAS_PER_DEG,
     ZERO_POINT_ERROR,
 )
 
 MODES = ("corrected", "paper")
-TRUE_COLUMNS = tuple(f"true_{name}" for name in FEATURES)
+TRUE_COLUMNS = GAIA_DR2.true_columns
 MISSING_SIGMA = math.sqrt(MISSING_VARIANCE)  # the library's missing-entry convention (``dataset``)
 PAPER_PHOTOMETRIC_SIGMA = 0.01  # what the paper's code gave bp_rp and G
 MAG_PER_LN_FLUX = 2.5 / np.log(10)
 _PD_FLOOR = 1e-6
 # The kinds of bad row that are repaired and counted (see the module docstring).
 REPAIRS = ("invalid_error", "missing_correlation", "correlation_out_of_range", "not_positive_definite")
-
-
-@dataclass
-class Features:
-    """Features X (N, 7), standard deviations (N, 7), correlations (N, 10) for ``schema.CORRELATIONS``."""
-
-    X: np.ndarray
-    sigma: np.ndarray
-    corr: np.ndarray
-    n_missing: np.ndarray
-    source_id: np.ndarray
-    random_index: np.ndarray
-    mode: str
-    counts: dict = field(default_factory=dict)
-    true: np.ndarray | None = None  # (N, 7) noise-free values, where the catalogue knows them (the mock)
-
-    def __len__(self) -> int:
-        return len(self.X)
-
-    def covariance(self) -> CompactCovariance:
-        return CompactCovariance(self.sigma, self.corr, CORRELATION_PAIRS)
-
-    def subset(self, rows) -> Features:
-        return Features(
-            self.X[rows],
-            self.sigma[rows],
-            self.corr[rows],
-            self.n_missing[rows],
-            self.source_id[rows],
-            self.random_index[rows],
-            self.mode,
-            {},
-            None if self.true is None else self.true[rows],
-        )
 
 
 def _as_frame(table) -> pd.DataFrame:
@@ -150,6 +117,7 @@ def compute_features(table, mode: str = "corrected") -> Features:
     corr[not_pd] = 0.0
 
     return Features(
+        GAIA_DR2,
         X=X,
         sigma=sigma,
         corr=corr,

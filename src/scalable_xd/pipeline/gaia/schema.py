@@ -7,6 +7,8 @@ colour and the G magnitude.
 
 from __future__ import annotations
 
+from ..features_file import FeatureSpec
+
 # The archive query's defaults (``query.query_gaia`` and ``scalable-xd query``).
 QUERY_DEFAULTS = {"chunk_rows": 200_000, "retries": 5, "request_timeout": 300.0, "job_timeout": 5400.0}
 
@@ -58,3 +60,12 @@ FIVE_PARAMETER_ONLY = ("parallax", "pmra", "pmdec", "parallax_error", "pmra_erro
 )
 
 GAIA_TABLE = "gaiadr2.gaia_source"
+
+# The features file's description of DR2's features (``features_file``): units as in the features
+# (degrees for ra and dec, as the mas of the archive's errors are converted; see ``features``).
+GAIA_DR2 = FeatureSpec(
+    "gaia_dr2",
+    FEATURES,
+    ("deg", "deg", "mas", _MAS_PER_YR, _MAS_PER_YR, "mag", "mag"),
+    CORRELATIONS,
+)

@@ -152,7 +152,7 @@ def _subsample(X, n_rows: int, seed: int):
 
 
 def read_split(data_path):
-    from ..gaia.storage import read_features
+    from ..features_file import read_features
 
     return read_features(data_path)
 
