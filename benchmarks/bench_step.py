@@ -27,7 +27,7 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
-from scalable_xd.fit.fitters import make_fitter
+from scalable_xd.fit.methods import make_fitter
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.settings import FitSettings
 

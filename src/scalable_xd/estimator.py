@@ -16,7 +16,7 @@ from sklearn.exceptions import NotFittedError
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
-from .fit.driver import Start, data_source, fit_mixture, settings_record
+from .fit.driver import Start, data_source, fit_mixture, fixed_masks, settings_record, training_data
 from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
@@ -36,76 +36,48 @@ class XDGMM(BaseEstimator):
     Parameters
     ----------
     n_components : number of mixture components K.
-    method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM), ``"sgd"`` (Adam), or
-        stochastic EM (each star's component sampled from its responsibilities, then an EM update from
-        those assignments): ``"stochastic_em"`` (batch: full passes) or ``"stochastic_minibatch_em"``.
-    batch_size : points per minibatch for minibatch_em and sgd (batch EM sums over the whole data set,
-        in chunks of at least 8,192 points).
-    epochs : passes over the training data (for ``"em"``: the maximum number of iterations).
-    step_size, step_schedule, step_decay, kappa : minibatch-EM step sizes. ``"cappe_moulines"`` uses
-        lambda_t = (t0 + t)^-kappa over update count t, starting at ``step_size``: its
-        sum, the number of batch-EM iterations online EM roughly amounts to, grows with the number of
-        updates whatever N is. ``"step"`` is the paper's: ``step_size`` (the paper: 1e-2) multiplied by
-        ``step_decay`` after ``decay_epoch`` epochs; its 20 epochs amount to 0.15 N / batch_size EM
-        iterations, plenty at the paper's 1.6 million stars but 3 for 10,000 (an under-converged fit).
-    lr, lr_decay : SGD (Adam) learning rate, multiplied by ``lr_decay`` after ``decay_epoch`` epochs.
-    sgd_scaling : ``"none"`` is the paper's parametrisation in the features' own units, where a
-        mean moves ~``lr`` per step whether its feature spans 0.3 mas or 300 degrees; ``"spread"`` measures
-        the parameters in units of each feature's spread under the initial mixture. ``"spread"`` converges
-        faster for wide features (gap to the truth closed on the 100k mock, K = 16: 38% against 29%), but a
-        step is then the same size for a narrow component as for a wide one: on the 500k mock at K = 128 a
-        narrow component became singular in float32 within the first epoch. Opt in with care.
-    w : covariance regularisation: EM as Bovy et al. ((sum + wI)/(q + 1)); minibatch EM adds wI after each
-        update; SGD adds the penalty sum_j w / tr(V_j) to the loss.
-    tol : batch EM stops once an iteration improves the mean training log-likelihood by less than this
-        (None: run every epoch).
-    averaging : ``"polyak"`` reports the running mean of the parameters over all updates (minibatch methods;
-        the updates themselves are unchanged), as Nguyen, Forbes & McLachlan's "P" variants.
-    truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave the
-        growing compact sets of Nguyen, Forbes & McLachlan (c1 = c2 = c3 = ``truncation_bound``, in the
-        features' units; see ``fitters.MinibatchEM``); the restarts are counted in ``history_``.
-    split_merge, split_merge_tries : Ueda et al.'s split-and-merge moves (merge two components, split a
-        third), at most ``split_merge_tries`` of them; tried and accepted moves are counted in ``history_``.
-        Batch EM as Bovy et al. (2011): after convergence, partial then full EM, a move kept only if the
-        converged log-likelihood improves. Minibatch methods (the stochastic form; docs/split_merge.md): one
-        move an epoch from running criteria, trained beside the incumbent for an epoch and kept only if it
-        scores higher on the validation data (or a fixed sample of 20,000 training stars).
+    method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM, Cappe & Moulines 2009),
+        ``"sgd"`` (Adam), ``"stochastic_em"`` or ``"stochastic_minibatch_em"`` (each star's component
+        sampled from its responsibilities); ``fit.methods`` describes each.
+    batch_size, epochs : points per minibatch of the minibatch methods (batch EM sums over all points);
+        passes over the training data (for ``"em"``: the most iterations).
+    step_size, step_schedule, step_decay, kappa : minibatch-EM steps, by default Cappe & Moulines'
+        (t0 + t)^-kappa from ``step_size``; ``"step"`` is the paper's (1e-2, times ``step_decay`` after
+        ``decay_epoch`` epochs), which under-converges on small data (0.15 N / batch_size EM iterations).
+    lr, lr_decay, sgd_scaling : Adam's learning rate (times ``lr_decay`` after ``decay_epoch`` epochs) and
+        its parameters' units: the features' own (the paper) or each feature's spread (faster for wide
+        features, but it can make a narrow component singular in float32).
+    w : covariance regularisation (EM: Bovy et al.'s (sum + wI)/(q + 1); minibatch EM: wI after each
+        update; SGD: the penalty sum_j w / tr V_j).
+    tol : batch EM stops once an iteration improves the mean training log-likelihood by less (None: never).
+    averaging : ``"polyak"`` reports the running mean of the parameters over all updates (minibatch methods).
+    truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave
+        Nguyen, Forbes & McLachlan's growing compact sets (c1 = c2 = c3 = ``truncation_bound``).
+    split_merge, split_merge_tries : Ueda et al.'s split-and-merge moves, at most ``split_merge_tries``:
+        batch EM's after convergence (Bovy et al. 2011), the minibatch methods' one an epoch, judged on the
+        validation data or 20,000 training stars (docs/split_merge.md).
     covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
-    missing : ``"variance"`` (default, the paper's convention): missing entries are given as value 0 with
-        variance 1e12 and scored like measured ones, adding log N(0 | 0, 1e12 + V_jj) each. ``"marginalise"``:
-        an entry that is NaN in X or has variance >= 1e12 is missing, and each star is scored and updated on
-        its observed entries only (the projection R_i that drops the others), exactly: the 1e12
-        convention's limit, its score less the constant -log(2 pi 1e12) / 2 per missing entry, computed at the
-        star's own smaller dimension and free of the 1e12 rounding (see ``kernel.dispatch``).
-    kmeans_epochs, kmeans_batch_size : the minibatch k-means for the initial weights and means
-        (covariances start at I).
-    device : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-    dtype : ``"float32"`` or ``"float64"``: the precision of the per-pair statistics pass, the hot path.
-        Parameters and their updates are always float64 (K x D x D numbers; see ``fitters``).
-    compile : run the statistics pass through ``torch.compile`` on CUDA (R = I only; projected data keeps
-        the LAPACK path): its ~370 small launches per chunk become a few Triton kernels, after a one-off
-        compile cached on disk by PyTorch. On the CPU the numba kernel (``kernel.fused``) runs either way,
-        ~2x faster than torch.compile's code; ``compile`` applies there only where numba is not installed
-        (then it needs a C++ compiler). Same results to float tolerance.
-    random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds the k-means init and the
-        batch order; the same int gives the same fit on CPU.
+    missing : ``"variance"`` (the paper's convention: missing entries are value 0 with variance 1e12, scored
+        like measured ones) or ``"marginalise"`` (NaN or variance >= 1e12 marks an entry, and each star is
+        scored and updated on its observed entries alone, exactly; see ``kernel.dispatch``).
+    kmeans_epochs, kmeans_batch_size : the minibatch k-means of the initial weights and means.
+    device, dtype : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; the precision of
+        the per-pair statistics pass (parameters and updates are always float64).
+    compile : the statistics pass through ``torch.compile`` on CUDA (R = I; on the CPU only where numba,
+        whose kernel is ~2x faster, is missing).
+    random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds k-means and the batch order.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
-    fix_weights, fix_means, fix_covariances : keep these parameters at their initial values, for every
-        component (True) or those marked in a boolean array of length K, as Bovy et al.'s fixamp, fixmean
-        and fixcovar; free weights share 1 - the fixed ones, and a fixed mean's covariance is the scatter
-        about it (see ``updates.FixedParameters``). Every method honours them.
-    verbose : 0 silent, 1 a line per epoch on the ``scalable_xd.fit`` logger (to stderr where logging is not
-        configured), 2 also a tqdm progress bar per epoch.
-    warm_start : when True, a second ``fit`` starts from the fitted parameters instead of k-means (as in
-        scikit-learn; batch EM then continues exactly where it stopped).
+    fix_weights, fix_means, fix_covariances : hold these parameters at their initial values, for every
+        component (True) or those marked in a boolean array of length K (Bovy et al.'s fixamp, fixmean and
+        fixcovar; see ``updates.FixedParameters``).
+    verbose : 0 silent, 1 a line per epoch on the ``scalable_xd.fit`` logger, 2 also a progress bar.
+    warm_start : a second ``fit`` starts from the fitted parameters instead of k-means.
 
-    Defaults and constraints live in ``settings.FitSettings`` (and ``KMeansSettings``); they are checked
-    when ``fit`` is called, as in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``,
-    ``get_params``/``set_params``, ``GridSearchCV`` over ``n_components`` with ``score``).
-
-    Divergence: a non-finite or non-positive-definite component raises ``FitDivergedError`` naming the epoch
-    and component. Components whose responsibility sum underflows to zero are frozen with weight zero, as in
-    Bovy's reference code.
+    Defaults and constraints live in ``settings.FitSettings``; they are checked when ``fit`` is called, as
+    in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``, ``get_params``/``set_params``,
+    ``GridSearchCV`` over ``n_components`` with ``score``). A non-finite or non-positive-definite component
+    raises ``FitDivergedError`` naming the epoch and component; a component whose responsibilities
+    underflow to zero is frozen with weight zero, as in Bovy's code.
     """
 
     def __init__(
@@ -147,41 +119,10 @@ class XDGMM(BaseEstimator):
         fix_means=False,
         fix_covariances=False,
     ):
-        self.n_components = n_components
-        self.method = method
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.step_size = step_size
-        self.step_schedule = step_schedule
-        self.step_decay = step_decay
-        self.kappa = kappa
-        self.lr = lr
-        self.lr_decay = lr_decay
-        self.decay_epoch = decay_epoch
-        self.sgd_scaling = sgd_scaling
-        self.w = w
-        self.tol = tol
-        self.split_merge = split_merge
-        self.split_merge_tries = split_merge_tries
-        self.averaging = averaging
-        self.truncation = truncation
-        self.truncation_bound = truncation_bound
-        self.covariance_update = covariance_update
-        self.missing = missing
-        self.device = device
-        self.dtype = dtype
-        self.compile = compile
-        self.verbose = verbose
-        self.kmeans_epochs = kmeans_epochs
-        self.kmeans_batch_size = kmeans_batch_size
-        self.random_state = random_state
-        self.warm_start = warm_start
-        self.weights_init = weights_init
-        self.means_init = means_init
-        self.covariances_init = covariances_init
-        self.fix_weights = fix_weights
-        self.fix_means = fix_means
-        self.fix_covariances = fix_covariances
+        # scikit-learn's contract: every parameter stored under its own name, as given (checked in ``fit``)
+        for name, value in locals().items():
+            if name != "self":
+                setattr(self, name, value)
 
     # ------------------------------------------------------------------ configuration
 
@@ -196,7 +137,7 @@ class XDGMM(BaseEstimator):
             check_seed("random_state", self.random_state)
         if not isinstance(self.warm_start, bool):
             raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
-        self._fixed_masks()
+        fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
         return settings, kmeans
 
     def describe(self) -> dict:
@@ -240,46 +181,15 @@ class XDGMM(BaseEstimator):
             raise ValueError(
                 "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
             )
-        train, val = self._training_data(X, Xcov, R, X_val, Xcov_val, R_val, settings, sample_weight)
+        train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, self.n_components, settings)
         warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
         init = (self.weights_init, self.means_init, self.covariances_init)
-        start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
+        masks = fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
+        start = Start(self.n_components, masks, *init, warm=warm)
         fitted = fit_mixture(train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every)
         self._set_fitted(fitted.mixture, fitted.history, fitted.converged, settings, kmeans)
         self.n_features_in_ = train.obs_dim
         return self
-
-    def _fixed_masks(self) -> dict[str, np.ndarray]:
-        """``fix_weights``, ``fix_means`` and ``fix_covariances`` as boolean arrays of length K."""
-        masks = {}
-        for name in ("fix_weights", "fix_means", "fix_covariances"):
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)):
-                masks[name] = np.full(self.n_components, bool(value))
-                continue
-            mask = np.asarray(value)
-            if mask.dtype != bool or mask.shape != (self.n_components,):
-                raise ValueError(
-                    f"{name} must be True, False or a boolean array of length n_components "
-                    f"({self.n_components}), got {value!r}"
-                )
-            masks[name] = mask
-        return masks
-
-    def _training_data(self, X, Xcov, R, X_val, Xcov_val, R_val, settings: FitSettings, sample_weight=None):
-        """The validated training and validation sets (in memory, or streamed sources)."""
-        dtype = resolve_dtype(settings.dtype)
-        train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
-        train.check_range(dtype)
-        if self.n_components > len(train):
-            raise ValueError(f"n_components={self.n_components} is larger than the number of points ({len(train)})")
-        val = None
-        if X_val is not None:
-            val = data_source(X_val, Xcov_val, R_val, None, "X_val", settings.missing)
-            if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
-                raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
-            val.check_range(dtype, "X_val")
-        return train, val
 
     def _set_fitted(
         self, mixture: Mixture, history: list, converged: bool, settings: FitSettings, kmeans: KMeansSettings

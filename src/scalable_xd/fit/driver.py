@@ -77,6 +77,39 @@ def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
     return X
 
 
+def training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, n_components: int, settings: FitSettings):
+    """The validated training and validation sets (in memory, or streamed sources)."""
+    dtype = resolve_dtype(settings.dtype)
+    train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
+    train.check_range(dtype)
+    if n_components > len(train):
+        raise ValueError(f"n_components={n_components} is larger than the number of points ({len(train)})")
+    val = None
+    if X_val is not None:
+        val = data_source(X_val, Xcov_val, R_val, None, "X_val", settings.missing)
+        if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
+            raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
+        val.check_range(dtype, "X_val")
+    return train, val
+
+
+def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> dict[str, np.ndarray]:
+    """``fix_weights``, ``fix_means`` and ``fix_covariances`` (each True, False or a boolean array of length
+    K) as boolean arrays of length K, or a ValueError naming the parameter."""
+    masks = {}
+    for name, value in (("fix_weights", fix_weights), ("fix_means", fix_means), ("fix_covariances", fix_covariances)):
+        if isinstance(value, (bool, np.bool_)):
+            masks[name] = np.full(n_components, bool(value))
+            continue
+        mask = np.asarray(value)
+        if mask.dtype != bool or mask.shape != (n_components,):
+            raise ValueError(
+                f"{name} must be True, False or a boolean array of length n_components ({n_components}), got {value!r}"
+            )
+        masks[name] = mask
+    return masks
+
+
 def settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
     """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
     return {
