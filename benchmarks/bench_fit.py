@@ -179,7 +179,7 @@ def main(argv=None) -> None:
     name = device_name(device)
     peak = args.peak_tflops or next((v for key, v in FP32_PEAK_TFLOPS.items() if key in name), None)
     flops = flops_per_pair()
-    kernels = ("fused", "unrolled", "compiled") if device.type == "cpu" else ("unrolled", "compiled")
+    kernels = ("fused", "unrolled", "compiled") if device.type == "cpu" else ("triton", "unrolled", "compiled")
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)

@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--kernel",
         default="auto",
-        choices=["auto", "fused", "unrolled", "compiled"],
+        choices=["auto", "fused", "triton", "unrolled", "compiled"],
         help="the statistics pass (auto: what a fit with compile=True gets on the device)",
     )
     parser.add_argument("--label", default=None, help="suffix of the output file name")

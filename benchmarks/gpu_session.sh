@@ -36,15 +36,17 @@ for name in "$@"; do
     tests) step tests 170 python3 -m pytest -q -m cuda tests/test_cuda.py ;;
     pass) step pass 170 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --label gpu ;;
-    step) step step 110 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 --backend unrolled \
-            --label gpu ;;
+    step) for backend in triton unrolled; do
+            step "step_$backend" 60 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
+              --backend "$backend" --label "gpu_$backend"
+          done ;;
     profile) for k in 64 512; do
                step "profile_K$k" 50 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
-                 --batch-size 500 --backend unrolled
+                 --batch-size 500 --backend triton
              done ;;
     paper) for method in minibatch_em sgd; do
              step "paper_$method" 280 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
-               --label "gpu_$method"
+               --kernel triton --label "gpu_$method"
            done ;;
     *) echo "unknown step $name: say tests, pass, step, profile or paper" >&2; exit 2 ;;
   esac

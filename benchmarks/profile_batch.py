@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--updates", type=int, default=5)
-    parser.add_argument("--backend", default="auto", choices=["auto", "unrolled", "compiled", "linalg"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "triton", "unrolled", "compiled", "linalg"])
     args = parser.parse_args(argv)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     x, S, mixture = synthetic(args.batch_size * (args.updates + 1), args.n_components, dtype)

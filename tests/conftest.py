@@ -1,6 +1,14 @@
 """Fixtures shared by several test modules."""
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU the Triton kernel's tests (test_triton.py) run through Triton's interpreter, which must be
+# chosen before triton is first imported (triton.language's own jit functions are made then).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from scalable_xd.pipeline.cli import main
 

@@ -59,7 +59,7 @@ def test_cuda_draws_and_moves_match_cpu(method, options):
         np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["unrolled", "compiled"])
+@pytest.mark.parametrize("backend", ["triton", "unrolled", "compiled"])
 def test_cuda_pass_matches_the_cpu_reference_on_hard_inputs(backend):
     x, S, weights, means, covs = hard_kernel_problem(np.random.default_rng(4), n=3000, k=64)
     mixture = Mixture(*(torch.tensor(a) for a in (weights, means, covs)))

@@ -8,8 +8,11 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
   components; the CPU's fast path (~50 M pairs/s in float32 on two cores at D = 7, K = 64), compiled in a
   few seconds on first use and cached on disk. "auto" takes it on the CPU whenever R = I and numba is
   installed, and says once that it fell back to ``"unrolled"`` where numba is missing.
+* ``"triton"`` (``triton_pass``): two hand-written Triton kernels over tiles of (component, star)
+  pairs, the D x D algebra in registers; for CUDA (on the CPU only through Triton's interpreter, which
+  the tests use). Opt-in until measured on a GPU.
 * ``"unrolled"`` (``unrolled``): entry-by-entry small-matrix algebra along the pair axis, as torch ops;
-  the fast path on GPUs.
+  the GPU's default.
 * ``"compiled"``: the unrolled code through ``torch.compile``, which fuses its ~370 small ops per chunk
   into a few Triton kernels on CUDA (C++ loops on CPU, about half the fused kernel's speed), after a
   one-off compile of ~20-40 s per dtype (cached on disk by PyTorch); opt-in through
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import os
 import warnings
 from functools import cache
 
@@ -41,9 +45,10 @@ from ..mixture import Mixture
 from .fused import fused_chunk
 from .linalg import linalg_chunk
 from .statistics import Statistics, assign, n_points
+from .triton_pass import triton_chunk
 from .unrolled import unrolled_chunk, unrolled_terms
 
-BACKENDS = ("auto", "fused", "unrolled", "compiled", "linalg")
+BACKENDS = ("auto", "fused", "triton", "unrolled", "compiled", "linalg")
 log = logging.getLogger(__name__)
 
 # Pairs per chunk. The fused kernel writes only the log-densities per pair (4-8 MB at 2^20 pairs). The
@@ -58,6 +63,8 @@ _MAX_PAIRS = {
     ("compiled", "cuda"): 1 << 22,
     ("linalg", "cpu"): 1 << 16,
     ("linalg", "cuda"): 1 << 20,
+    ("triton", "cpu"): 1 << 16,  # the interpreter: test sizes only
+    ("triton", "cuda"): 1 << 22,
 }
 
 
@@ -74,6 +81,8 @@ def choose_backend(name: str, R, device: torch.device | None = None) -> str:
         raise ValueError(f"the fused kernel runs on the CPU only; the data are on {device}")
     if name == "fused" and not _have_numba():
         raise ImportError("the fused kernel needs numba: pip install numba")
+    if name == "triton":
+        _check_triton(on_cpu)
     if name == "auto":
         return "fused" if on_cpu and _numba_or_say_why() else "unrolled"
     return name
@@ -85,6 +94,17 @@ def fit_backend(compile: bool, device) -> str:
     there than torch.compile's code; otherwise "auto"."""
     on_cpu = torch.device(device).type == "cpu"
     return "compiled" if compile and not (on_cpu and _have_numba()) else "auto"
+
+
+def _check_triton(on_cpu: bool) -> None:
+    """The triton kernel runs on CUDA, and on the CPU only through Triton's interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        raise ImportError("the triton kernel needs triton: pip install triton")
+    if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "the triton kernel runs on CUDA devices; on the CPU only through Triton's interpreter "
+            "(TRITON_INTERPRET=1 set before triton is imported), slowly: use backend 'fused' on the CPU"
+        )
 
 
 def _have_numba() -> bool:
@@ -125,6 +145,8 @@ def _chunk(backend: str, x, S, mixture: Mixture, R, with_stats: bool, start: int
         return linalg_chunk(x, S, mixture, R, with_stats, start, **extra)
     if backend == "fused":
         return fused_chunk(x, S, mixture, with_stats, start, **extra)
+    if backend == "triton":
+        return triton_chunk(x, S, mixture, with_stats, start, **extra)
     terms = _compiled_terms() if backend == "compiled" else unrolled_terms
     return unrolled_chunk(x, S, mixture, with_stats, start, terms=terms, **extra)
 

@@ -1,0 +1,202 @@
+"""The statistics pass as two Triton kernels over tiles of (component, star) pairs, R_i = I: the GPU's
+hand-written path, and one that runs on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``), so
+that CI checks it on every commit.
+
+A program takes one component j and a block of BLOCK stars. The first kernel factorises T_ij = V_j + S_i
+(Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves z = L^-1 d and
+writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of size
+(K, B, D, D) ever exists. The log-likelihoods and responsibilities (with per-point weights and stochastic
+EM's draws, ``statistics.assign``) are then one torch call each on the (K, B) array. The second kernel
+factorises again (cheaper than storing the factors), forms u = T^-1 d and T^-1, and reduces r u, r u u^T
+and r T^-1 over its block of stars, writing one row of partial sums per (block, component); the blocks'
+rows are summed in float64 by torch. Every reduction has a fixed order, so the same input gives the same
+bits. The split-and-merge criteria come from the (K, B) log-densities through ``statistics.criteria_sums``.
+
+The source is generated per D, as ``fused``'s is, and written into the kernel cache folder, since Triton
+compiles a kernel from its source file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from functools import cache
+
+import torch
+
+from ..mixture import Mixture
+from .fused import cache_folder
+from .statistics import (
+    LOG_2PI,
+    Criteria,
+    Statistics,
+    assign,
+    criteria_sums,
+    n_points,
+    raise_for_failed_pairs,
+    summed_loglik,
+)
+
+BLOCK = 128  # stars per program: one per thread of a four-warp program at D = 7
+MAX_DIM = 8
+
+
+def _tri(i: int, j: int) -> int:
+    return i * (i + 1) // 2 + j
+
+
+def _factorise(dim: int) -> list[str]:
+    """Statements that load star block ``offs`` and component ``k`` and factorise T = V_k + S_i."""
+    n_tri = dim * (dim + 1) // 2
+    lines = ["k = tl.program_id(0)", "offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)", "live = offs < n"]
+    for i in range(dim):
+        mean = f"tl.load(par_ptr + k * NPAR + {n_tri + i})"
+        lines.append(f"d{i} = tl.load(x_ptr + {i} * n + offs, mask=live, other=0.0) - {mean}")
+    for j in range(dim):
+        for i in range(j, dim):
+            # padding stars see S = I, so that every lane stays finite
+            other = "1.0" if i == j else "0.0"
+            s = f"tl.load(s_ptr + {i * dim + j} * n + offs, mask=live, other={other})"
+            v = f"tl.load(par_ptr + k * NPAR + {_tri(i, j)})"
+            terms = " - ".join([f"{v} + {s}"] + [f"l{i}_{m} * l{j}_{m}" for m in range(j)])
+            if i == j:
+                lines += [f"p{j} = {terms}", f"l{j}_{j} = tl.sqrt(p{j})", f"w{j}_{j} = 1.0 / l{j}_{j}"]
+            else:
+                lines.append(f"l{i}_{j} = ({terms}) * w{j}_{j}")
+    for i in range(dim):
+        terms = " - ".join([f"d{i}"] + [f"l{i}_{m} * z{m}" for m in range(i)])
+        lines.append(f"z{i} = ({terms}) * w{i}_{i}")
+    return lines
+
+
+def _source(dim: int) -> str:
+    """The module of both kernels for dimension ``dim``."""
+    n_tri = dim * (dim + 1) // 2
+    ok = " & ".join(f"(p{j} > 0) & (w{j}_{j} > 0)" for j in range(dim))  # a pivot in (0, inf), NaN not
+    densities = _factorise(dim) + [
+        "maha = " + " + ".join(f"z{i} * z{i}" for i in range(dim)),
+        "half_logdet = " + " + ".join(f"tl.log(l{j}_{j})" for j in range(dim)),
+        f"dens = tl.load(par_ptr + k * NPAR + {n_tri + dim}) - half_logdet - 0.5 * (maha + {dim * LOG_2PI!r})",
+        "tl.store(dens_ptr + k * n + offs, dens, mask=live)",
+        f"tl.store(fail_ptr + k * n + offs, (~({ok})).to(tl.int8), mask=live)",
+    ]
+    sums = _factorise(dim) + ["r = tl.load(resp_ptr + k * n + offs, mask=live, other=0.0)"]
+    for i in range(dim):  # W = L^-1
+        for j in range(i):
+            terms = " + ".join(f"l{i}_{m} * w{m}_{j}" for m in range(j, i))
+            sums.append(f"w{i}_{j} = -({terms}) * w{i}_{i}")
+    for i in range(dim):  # u = W^T z
+        sums.append(f"u{i} = " + " + ".join(f"w{m}_{i} * z{m}" for m in range(i, dim)))
+    row = "part_ptr + (tl.program_id(1) * n_comp + k) * NSUMS"
+    out = 0
+    for i in range(dim):
+        sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * u{i}, 0.0), axis=0))")
+        out += 1
+    for i in range(dim):
+        for j in range(i + 1):
+            sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * u{i} * u{j}, 0.0), axis=0))")
+            out += 1
+    for i in range(dim):  # T^-1 = W^T W, its lower triangle
+        for j in range(i + 1):
+            terms = " + ".join(f"w{m}_{i} * w{m}_{j}" for m in range(i, dim))
+            sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * ({terms}), 0.0), axis=0))")
+            out += 1
+    indent = lambda lines: ["    " + line for line in lines]  # noqa: E731
+    return (
+        "\n".join(
+            [
+                f"# The Triton statistics pass for D = {dim}, written by scalable_xd.kernel.triton_pass.",
+                "import triton",
+                "import triton.language as tl",
+                "",
+                f"NPAR = {n_tri + dim + 1}",
+                f"NSUMS = {dim + 2 * n_tri}",
+                "",
+                "",
+                "@triton.jit",
+                "def densities(x_ptr, s_ptr, par_ptr, dens_ptr, fail_ptr, n, BLOCK: tl.constexpr):",
+                *indent(densities),
+                "",
+                "",
+                "@triton.jit",
+                "def sums(x_ptr, s_ptr, par_ptr, resp_ptr, part_ptr, n, n_comp, BLOCK: tl.constexpr):",
+                *indent(sums),
+            ]
+        )
+        + "\n"
+    )
+
+
+@cache
+def kernels(dim: int):
+    """The (densities, sums) kernels for dimension ``dim``, from a module written once into the cache
+    folder under a name holding its digest (Triton reads a kernel's source from its file)."""
+    if not 1 <= dim <= MAX_DIM:
+        raise ValueError(f"the triton kernel handles 1 to {MAX_DIM} dimensions, not {dim}")
+    source = _source(dim)
+    name = f"triton_d{dim}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+    path = cache_folder() / "kernels" / f"{name}.py"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(source)
+        os.replace(partial, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module.densities, module.sums
+
+
+def _parameters(mixture: Mixture, dtype) -> torch.Tensor:
+    """Per component, V's lower triangle, the mean and log alpha, flat (K * NPAR,) in the pass's dtype."""
+    rows, cols = torch.tril_indices(mixture.dim, mixture.dim, device=mixture.means.device)
+    par = torch.cat([mixture.covariances[:, rows, cols], mixture.means, mixture.log_weights[:, None]], dim=1)
+    return par.to(dtype).contiguous().reshape(-1)
+
+
+def triton_chunk(
+    x,
+    S,
+    mixture: Mixture,
+    with_stats: bool,
+    row_offset: int,
+    point_weights=None,
+    uniforms=None,
+    with_criteria: bool = False,
+):
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I."""
+    import triton
+
+    n, dim = x.shape
+    k = mixture.n_components
+    densities, sums = kernels(dim)
+    xt, st = x.T.contiguous(), S.reshape(n, dim * dim).T.contiguous()  # entry-major: coalesced loads
+    par = _parameters(mixture, x.dtype)
+    dens = torch.empty((k, n), dtype=x.dtype, device=x.device)
+    failed = torch.empty((k, n), dtype=torch.int8, device=x.device)
+    grid = (k, triton.cdiv(n, BLOCK))
+    densities[grid](xt, st, par, dens, failed, n, BLOCK=BLOCK)
+    raise_for_failed_pairs(failed.T.bool(), row_offset)
+    loglik = torch.logsumexp(dens, dim=0)
+    if not with_stats:
+        return loglik, dens.T, None
+    resp = assign(torch.exp(dens - loglik), point_weights, uniforms, dim=0).to(x.dtype).contiguous()
+    n_tri = dim * (dim + 1) // 2
+    partial = torch.empty((grid[1], k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
+    sums[grid](xt, st, par, resp, partial, n, k, BLOCK=BLOCK)
+    total = partial.sum(0, dtype=torch.float64).to(x.dtype)
+    rows, cols = torch.tril_indices(dim, dim, device=x.device)
+    UU, P = (torch.zeros((k, dim, dim), dtype=x.dtype, device=x.device) for _ in range(2))
+    for full, lower in ((UU, total[:, dim : dim + n_tri]), (P, total[:, dim + n_tri :])):
+        full[:, rows, cols] = lower
+        full[:, cols, rows] = lower
+    criteria = None
+    if with_criteria:
+        criteria = Criteria(*criteria_sums(dens, loglik, mixture.log_weights, point_weights, dim=0))
+    stats = Statistics(
+        n_points(x, point_weights), resp.sum(1), total[:, :dim], UU, P, summed_loglik(loglik, point_weights), criteria
+    )
+    return loglik, dens.T, stats

@@ -1,0 +1,126 @@
+"""The Triton kernel, run on the CPU by Triton's interpreter, against the LAPACK path (small inputs: the
+interpreter runs each program as numpy, slowly). On a GPU the same kernels are compiled (tests/test_cuda.py)."""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error
+
+import scalable_xd.estimator
+import scalable_xd.fit.driver
+from scalable_xd import XDGMM
+from scalable_xd.errors import NotPositiveDefiniteError
+from scalable_xd.kernel import dispatch
+from scalable_xd.kernel.dispatch import batch_statistics, log_densities
+from scalable_xd.mixture import Mixture
+
+pytest.importorskip("triton", reason="triton is not installed (Linux x86-64 wheels only)")
+
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    reason = "TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does)"
+    pytest.skip(reason, allow_module_level=True)
+
+
+def _mixture(weights, means, covs, dtype=torch.float64):
+    return Mixture(*(torch.tensor(a) for a in (weights, means, covs))).to(dtype=dtype)
+
+
+def _assert_sums_match(got, want, rtol):
+    for name in ("q", "U", "UU", "P"):
+        assert max_row_relative_error(getattr(got, name).double().numpy(), getattr(want, name).numpy()) < rtol, name
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
+def test_the_pass_matches_the_reference_on_hard_inputs(dtype, rtol):
+    """Entries missing with variance 1e12, noise variances of 1e-16, condition numbers of 1e6 and a frozen
+    component; 150 stars, not a multiple of the kernel's block of 128."""
+    x, S, weights, means, covs = hard_kernel_problem(np.random.default_rng(4), n=150, k=6)
+    weights[3] = 0.0  # frozen: log alpha = -inf
+    args = [torch.tensor(a, dtype=dtype) for a in (x, S)] + [_mixture(weights, means, covs, dtype)]
+    reference = batch_statistics(*args, backend="linalg").double()
+    _assert_sums_match(batch_statistics(*args, backend="triton"), reference, rtol)
+    loglik, dens = log_densities(*args, backend="triton")
+    loglik_ref, dens_ref = log_densities(*args, backend="linalg")
+    np.testing.assert_allclose(dens.double().numpy(), dens_ref.double().numpy(), rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(loglik.double().numpy(), loglik_ref.double().numpy(), rtol=rtol)
+
+
+@pytest.mark.parametrize("d, k", [(1, 3), (3, 5), (7, 4)])
+def test_the_pass_matches_with_weights_draws_and_criteria_in_every_dimension(d, k):
+    rng = np.random.default_rng(6)
+    x, S, weights, means, covs = kernel_problem(rng, n=140, k=k, d=d)
+    weights[1] = 0.0
+    args = [torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs)]
+    extra = {"point_weights": torch.tensor(rng.uniform(0.5, 2.0, 140)), "with_criteria": True}
+    for draws in (None, torch.tensor(rng.uniform(size=140))):
+        got = batch_statistics(*args, backend="triton", uniforms=draws, **extra)
+        want = batch_statistics(*args, backend="linalg", uniforms=draws, **extra)
+        _assert_sums_match(got, want, 1e-12)
+        for name in ("overlap", "r_log_r", "r_log_n"):
+            assert max_row_relative_error(getattr(got.criteria, name), getattr(want.criteria, name)) < 1e-11, name
+        assert got.n_points == pytest.approx(want.n_points)
+        assert float(got.loglik) == pytest.approx(float(want.loglik), rel=1e-12)
+
+
+def test_the_same_input_gives_the_same_bits():
+    x, S, weights, means, covs = kernel_problem(np.random.default_rng(8), n=200, k=3, d=4)
+    args = [torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32)]
+    first, second = (batch_statistics(*args, _mixture(weights, means, covs), backend="triton") for _ in range(2))
+    for name in ("q", "U", "UU", "P"):
+        assert torch.equal(getattr(first, name), getattr(second, name)), name
+
+
+def test_a_failed_factorisation_names_row_and_component():
+    rng = np.random.default_rng(3)
+    x, S, weights, means, covs = kernel_problem(rng, n=10, k=3, d=2)
+    S[:] = 0.0
+    S[6:] = np.eye(2) * 5.0  # rows 6.. are rescued by their noise
+    covs[2] = np.array([[1.0, 2.0], [2.0, 1.0]])  # indefinite
+    with pytest.raises(NotPositiveDefiniteError) as err:
+        batch_statistics(
+            torch.tensor(x[4:]), torch.tensor(S[4:]), _mixture(weights, means, covs), backend="triton", max_pairs=3
+        )
+    assert (err.value.row, err.value.component) == (0, 2)
+
+
+def test_float32_chunks_beyond_its_precision_are_computed_in_float64(caplog):
+    """As for every backend (tests/test_kernel.py): float32 cannot factorise V_j + S_i of a component with
+    condition number 1e11, so the chunk is computed again in float64."""
+    rng = np.random.default_rng(7)
+    x, S, weights, means, covs = kernel_problem(rng, n=60, k=3, d=7)
+    q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
+    covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
+    S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(60, 1, 1))
+    mixture = _mixture(weights, means, covs)
+    x32, S32 = torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32)
+    dispatch._say_float64_once.cache_clear()
+    exact = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
+    with caplog.at_level(logging.WARNING, logger="scalable_xd"):
+        got = batch_statistics(x32, S32, mixture, backend="triton")
+    assert got.q.dtype == torch.float32 and "computed in float64" in caplog.text
+    _assert_sums_match(got, exact, 1e-5)
+
+
+def test_a_small_fit_with_the_triton_kernel_equals_the_lapack_one(monkeypatch):
+    rng = np.random.default_rng(9)
+    x, S, weights, means, covs = kernel_problem(rng, n=200, k=3, d=2)
+    settings = dict(n_components=3, method="minibatch_em", epochs=2, batch_size=100, dtype="float64")
+    settings.update(device="cpu", random_state=0, means_init=means)
+    fits = {}
+    for backend in ("triton", "linalg"):
+        for module in (scalable_xd.fit.driver, scalable_xd.estimator):
+            monkeypatch.setattr(module, "fit_backend", lambda compile, device, b=backend: b)
+        fits[backend] = XDGMM(**settings).fit(x, S)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(fits["triton"], attr), getattr(fits["linalg"], attr), rtol=1e-10)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the tests run without the interpreter")
+def test_without_the_interpreter_the_cpu_is_refused_with_the_way_out(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1.*use backend 'fused' on the CPU"):
+        dispatch.choose_backend("triton", None, torch.device("cpu"))
