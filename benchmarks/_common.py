@@ -88,7 +88,7 @@ def forced_kernel(backend: str):
     modules = (scalable_xd.fit.driver, scalable_xd.estimator)
     chosen = [module.fit_backend for module in modules]
     for module in modules:
-        module.fit_backend = lambda compile, device: backend
+        module.fit_backend = lambda name, device: backend
     try:
         yield
     finally:

@@ -15,9 +15,9 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("backend", ["auto", "triton", "compiled", "unrolled"])
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
-def test_cuda_fit_matches_cpu(method, compile):
+def test_cuda_fit_matches_cpu(method, backend):
     rng = np.random.default_rng(70)
     k, d = 4, 3
     x, S, _, _ = draw_xd_data(
@@ -26,7 +26,7 @@ def test_cuda_fit_matches_cpu(method, compile):
     init = dict(means_init=x[:k], weights_init=np.ones(k) / k)
     settings = dict(n_components=k, method=method, epochs=3, dtype="float32", random_state=0, **init)
     cpu = XDGMM(device="cpu", **settings).fit(x, S)
-    gpu = XDGMM(device="cuda", compile=compile, **settings).fit(x, S)
+    gpu = XDGMM(device="cuda", backend=backend, **settings).fit(x, S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=2e-3, atol=2e-3)
     assert gpu.score(x, S) == pytest.approx(cpu.score(x, S), abs=1e-3)

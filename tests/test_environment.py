@@ -23,6 +23,7 @@ def _pyproject_requirements(*groups: str) -> dict[str, str]:
         lines += project["optional-dependencies"][group]
     requirements = {}
     for line in lines:
+        line = line.split(";")[0]  # environment markers (triton: Linux x86-64) are pip's, not conda's
         # an extra such as snakemake[reports] is the conda-forge package itself (which has the extras' deps)
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[(?!.*scalable)[a-z,]+\])?>=([0-9.]+)", line.replace(" ", ""))
         if match is None:

@@ -98,11 +98,12 @@ def test_same_random_state_gives_identical_fits(data, method):
 
 
 def test_compiled_kernel_gives_the_same_fit_and_scores(data):
-    """compile=True changes speed, not results; projected data keeps the LAPACK path."""
+    """backend="compiled" changes speed, not results; projected data keeps the LAPACK path."""
     x, S = data
     settings = dict(n_components=K, method="minibatch_em", epochs=2, dtype="float64", device="cpu", random_state=3)
     eager = XDGMM(**settings).fit(x, S)
-    compiled = XDGMM(compile=True, **settings).fit(x, S)
+    compiled = XDGMM(backend="compiled", **settings).fit(x, S)
+    assert (eager.backend_, compiled.backend_) == ("fused", "compiled")
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(compiled, attr), getattr(eager, attr), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(
@@ -300,8 +301,8 @@ def test_bad_shapes_and_parameters_are_named(data):
         XDGMM(2, step_size=2.0).fit(x, S)
     with pytest.raises(ValueError, match="n_components must be a positive integer"):
         XDGMM(0).fit(x, S)
-    with pytest.raises(ValueError, match="compile must be True or False, got 'yes'"):
-        XDGMM(2, compile="yes").fit(x, S)
+    with pytest.raises(ValueError, match="unknown backend 'yes': choose one of auto, fused, triton"):
+        XDGMM(2, backend="yes").fit(x, S)
     with pytest.raises(ValueError, match=r"means_init must have shape \(2, 3\)"):
         XDGMM(2, device="cpu", means_init=np.zeros((3, 3))).fit(x, S)
     with pytest.raises(ValueError, match="covariances_init component 1 is not symmetric positive definite"):

@@ -178,7 +178,7 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="config.yaml")
     plan = planned_jobs(output)
     assert plan["fit"] == 3 * 4 * 10 and plan["kmeans"] == 4 * 10
-    assert output.count(" --compile ") == plan["fit"]  # the long fits use the fused kernel
+    assert output.count(" --backend auto ") == plan["fit"]  # numba on the CPU, triton on CUDA
     assert plan["query_gaia"] == 1 and "mock_catalogue" not in plan
     assert "reference" not in plan and plan["claims"] == 1  # Gaia data have no truth to score against
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing

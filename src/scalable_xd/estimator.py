@@ -63,8 +63,10 @@ class XDGMM(BaseEstimator):
     kmeans_epochs, kmeans_batch_size : the minibatch k-means of the initial weights and means.
     device, dtype : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; the precision of
         the per-pair statistics pass (parameters and updates are always float64).
-    compile : the statistics pass through ``torch.compile`` on CUDA (R = I; on the CPU only where numba,
-        whose kernel is ~2x faster, is missing).
+    backend : the statistics pass (``kernel.dispatch``): ``"auto"`` (the numba kernel on the CPU, the
+        Triton kernel on CUDA where triton is installed, else torch.compile's), ``"fused"``, ``"triton"``,
+        ``"compiled"``, ``"unrolled"`` or ``"linalg"``; projected data take ``"linalg"``. The one chosen is
+        ``backend_``; all give the same results to float tolerance.
     random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds k-means and the batch order.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
     fix_weights, fix_means, fix_covariances : hold these parameters at their initial values, for every
@@ -106,7 +108,7 @@ class XDGMM(BaseEstimator):
         missing: str = _FIT.missing,
         device: str = _FIT.device,
         dtype: str = _FIT.dtype,
-        compile: bool = _FIT.compile,
+        backend: str = _FIT.backend,
         verbose: int = _FIT.verbose,
         kmeans_epochs: int = _KMEANS.epochs,
         kmeans_batch_size: int = _KMEANS.batch_size,
@@ -197,7 +199,7 @@ class XDGMM(BaseEstimator):
         self._mixture = mixture
         self.settings_, self.kmeans_settings_ = settings, kmeans
         self._device, self._dtype = mixture.means.device, resolve_dtype(settings.dtype)
-        self._backend = fit_backend(settings.compile, self._device)
+        self.backend_ = fit_backend(settings.backend, self._device)
         self.weights_ = mixture.weights.detach().cpu().numpy()
         self.means_ = mixture.means.detach().cpu().numpy()
         self.covariances_ = mixture.covariances.detach().cpu().numpy()
@@ -225,7 +227,7 @@ class XDGMM(BaseEstimator):
     def _scored_batches(self, X, Xcov, R):
         """Yield (start, log p(x) (B,), log alpha_j N_ij (B, K)) over the data in bounded-memory batches."""
         data = self._data_for_model(X, Xcov, R)
-        return scored_batches(data, self._mixture, self._device, self._dtype, self._backend)
+        return scored_batches(data, self._mixture, self._device, self._dtype, self.backend_)
 
     def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
         """log p(x_i) under the convolved model for each point, shape (N,)."""
@@ -234,7 +236,7 @@ class XDGMM(BaseEstimator):
     def score(self, X, Xcov=None, R=None, sample_weight=None) -> float:
         """Mean log-likelihood per point (weighted by ``sample_weight`` where given)."""
         data = self._data_for_model(X, Xcov, R, sample_weight)
-        return total_loglik(data, self._mixture, self._device, self._dtype, self._backend) / data.total_weight
+        return total_loglik(data, self._mixture, self._device, self._dtype, self.backend_) / data.total_weight
 
     def predict_proba(self, X, Xcov=None, R=None) -> np.ndarray:
         """Responsibilities r_ij: the probability that point i came from component j, shape (N, K)."""
@@ -313,10 +315,12 @@ class XDGMM(BaseEstimator):
         fit's: a damaged, foreign or invalid file raises ValueError naming it."""
         mixture, meta = read_model(path)
         params = dict(meta.get("params", {}))
-        if device is not None:
-            params["device"] = device
-        elif params.get("device", "cpu") != "cpu" and not torch.cuda.is_available():
-            params["device"] = "cpu"
+        params.pop("compile", None)  # files written before the backend setting replaced it
+        saved = params.get("device", "cpu")
+        if device is None and saved != "cpu" and not torch.cuda.is_available():
+            device = "cpu"
+        if device is not None and device != saved:  # the saved backend may not run there (triton on a CPU)
+            params.update(device=device, backend="auto")
         try:
             model = cls(**params)
             settings, kmeans = model._validated()

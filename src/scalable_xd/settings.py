@@ -24,6 +24,8 @@ MISSING_LOGLIK_CONSTANT = -0.5 * math.log(2 * math.pi * MISSING_VARIANCE)
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("none", "spread")
 DTYPES = ("float32", "float64")
+# The statistics pass's implementations (``kernel.dispatch``); projected data take linalg whatever is asked.
+BACKENDS = ("auto", "fused", "triton", "compiled", "unrolled", "linalg")
 
 
 def setting(default, help: str, *, choices=None, low=None, high=None, low_open=False, nullable=False):
@@ -160,10 +162,11 @@ class FitSettings(_Settings):
     )
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)", choices=DTYPES)
-    compile: bool = setting(
-        False,
-        "run the statistics pass through torch.compile on CUDA (on CPU the numba "
-        "kernel runs either way, and torch.compile only where numba is missing)",
+    backend: str = setting(
+        "auto",
+        "the statistics pass: auto (fused on the CPU; triton on CUDA where installed, else compiled), fused (numba, "
+        "CPU), triton (CUDA), compiled (torch.compile), unrolled (eager torch) or linalg (batched LAPACK)",
+        choices=BACKENDS,
     )
     verbose: int = setting(
         0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per epoch", low=0, high=2

@@ -53,7 +53,7 @@ rule reference:
         kind="|".join(REFERENCE_KINDS),
     params:
         cli=CLI,
-        settings=fit_options(("w", "device", "compile"))
+        settings=fit_options(("w", "device", "backend"))
         + f" --epochs {config['truth']['reference_epochs']} --tol {config['truth']['reference_tol']}",
     threads: FIT_THREADS
     resources:

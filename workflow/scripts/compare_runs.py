@@ -22,6 +22,7 @@ IGNORED = {
     "threads",
     "config_hash",
     "versions",
+    "backend",
     "settings",
     "device",
     "tag",

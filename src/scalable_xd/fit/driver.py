@@ -142,7 +142,7 @@ def fit_mixture(
         record = {
             **settings_record(start.n_components, settings, kmeans),
             "verbose": None,
-            "compile": None,
+            "backend": None,
             **start.record(),
         }
         store.bind(record, seed, train, val, (start.weights, start.means, start.covariances))
@@ -152,7 +152,7 @@ def fit_mixture(
     judge = None
     if settings.split_merge and row.split_merge == "epoch":
         judged = val if val is not None else _judge_sample(train, seed)
-        judge = _judge(judged, device, dtype, fit_backend(settings.compile, device), group)
+        judge = _judge(judged, device, dtype, fit_backend(settings.backend, device), group)
     fitter = make_fitter(settings, mixture, _fixed_parameters(start.fixed, mixture), judge)
     loop = LoopConfig(
         epochs=settings.epochs,
@@ -161,7 +161,7 @@ def fit_mixture(
         seed=seed,
         device=device,
         dtype=dtype,
-        backend=fit_backend(settings.compile, device),
+        backend=fit_backend(settings.backend, device),
         w=settings.w,
         tol=settings.tol if row.uses_tol and not settings.split_merge else None,
         verbose=settings.verbose,

@@ -9,14 +9,13 @@ number of (point, component) pairs, so memory stays bounded whatever the batch s
   few seconds on first use and cached on disk. "auto" takes it on the CPU whenever R = I and numba is
   installed, and says once that it fell back to ``"unrolled"`` where numba is missing.
 * ``"triton"`` (``triton_pass``): two hand-written Triton kernels over tiles of (component, star)
-  pairs, the D x D algebra in registers; for CUDA (on the CPU only through Triton's interpreter, which
-  the tests use). Opt-in until measured on a GPU.
-* ``"unrolled"`` (``unrolled``): entry-by-entry small-matrix algebra along the pair axis, as torch ops;
-  the GPU's default.
+  pairs, the D x D algebra in registers; "auto" takes it on CUDA where triton is installed (on the CPU
+  it runs only through Triton's interpreter, which the tests use).
 * ``"compiled"``: the unrolled code through ``torch.compile``, which fuses its ~370 small ops per chunk
   into a few Triton kernels on CUDA (C++ loops on CPU, about half the fused kernel's speed), after a
-  one-off compile of ~20-40 s per dtype (cached on disk by PyTorch); opt-in through
-  ``XDGMM(compile=True)`` (see ``fit_backend``).
+  one-off compile of ~20-40 s per dtype (cached on disk by PyTorch); "auto" on CUDA without triton.
+* ``"unrolled"`` (``unrolled``): entry-by-entry small-matrix algebra along the pair axis, as eager torch
+  ops, on any device.
 * ``"linalg"`` (``linalg``): batched LAPACK calls; the reference, and the path for projections R_i.
 
 The mixture may be given in float64 (the fitters keep it so); the pass casts it to the data's dtype.
@@ -42,13 +41,13 @@ import torch
 
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
+from ..settings import BACKENDS
 from .fused import fused_chunk
 from .linalg import linalg_chunk
 from .statistics import Statistics, assign, n_points
 from .triton_pass import triton_chunk
 from .unrolled import unrolled_chunk, unrolled_terms
 
-BACKENDS = ("auto", "fused", "triton", "unrolled", "compiled", "linalg")
 log = logging.getLogger(__name__)
 
 # Pairs per chunk. The fused kernel writes only the log-densities per pair (4-8 MB at 2^20 pairs). The
@@ -71,29 +70,31 @@ _MAX_PAIRS = {
 def choose_backend(name: str, R, device: torch.device | None = None) -> str:
     """The one place a backend is chosen: projected batches (R given) always take the LAPACK path, since the
     other kernels handle R = I only; otherwise "auto" means the fused kernel on the CPU where numba is
-    installed and the unrolled one elsewhere."""
+    installed (the unrolled one, with a message, where not), and on CUDA the triton kernel where triton is
+    installed, torch.compile's otherwise. A backend that cannot run on ``device`` is a clear error."""
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}: choose one of {', '.join(BACKENDS)}")
     if R is not None:
         return "linalg"
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    if name == "fused" and not on_cpu:
+    kind = "cpu" if device is None else torch.device(device).type
+    if name == "fused" and kind != "cpu":
         raise ValueError(f"the fused kernel runs on the CPU only; the data are on {device}")
     if name == "fused" and not _have_numba():
         raise ImportError("the fused kernel needs numba: pip install numba")
     if name == "triton":
-        _check_triton(on_cpu)
-    if name == "auto":
-        return "fused" if on_cpu and _numba_or_say_why() else "unrolled"
-    return name
+        _check_triton(kind == "cpu")
+    if name != "auto":
+        return name
+    if kind == "cpu":
+        return "fused" if _numba_or_say_why() else "unrolled"
+    if kind == "cuda":
+        return "triton" if importlib.util.find_spec("triton") is not None else "compiled"
+    return "unrolled"
 
 
-def fit_backend(compile: bool, device) -> str:
-    """The backend a fit asks for: ``compile`` (``XDGMM(compile=True)``, workflow ``fit.compile``) means
-    torch.compile on a GPU, and on a CPU only where numba is missing, since the fused kernel is faster
-    there than torch.compile's code; otherwise "auto"."""
-    on_cpu = torch.device(device).type == "cpu"
-    return "compiled" if compile and not (on_cpu and _have_numba()) else "auto"
+def fit_backend(name: str, device) -> str:
+    """The backend a fit with setting ``backend=name`` runs on ``device`` (what its metrics record)."""
+    return choose_backend(name, None, torch.device(device))
 
 
 def _check_triton(on_cpu: bool) -> None:

@@ -165,7 +165,7 @@ def _reference(args) -> None:
         w=args.w,
         device=args.device,
         dtype=args.dtype,
-        compile=args.compile,
+        backend=args.backend,
     )
     steps.reference(
         train=args.train,
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(
         p,
         FitSettings,
-        skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "compile"},
+        skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "backend"},
         defaults=reference,
     )
     _threads(p)

@@ -241,6 +241,7 @@ def fit(
         history=model.history_,
         covariance_mode=train_facts["mode"],
         device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        backend=model.backend_,
         versions={
             "scalable_xd": scalable_xd.__version__,
             "torch": torch.__version__,

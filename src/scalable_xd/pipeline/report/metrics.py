@@ -38,6 +38,7 @@ class FitMetrics:
     true: dict = field(default_factory=lambda: {"available": False})
     covariance_mode: str | None = None
     device: str = "unknown"
+    backend: str | None = None  # the statistics pass the fit ran (``kernel.dispatch``)
     wall_seconds: float | None = None
     cpu_seconds: float | None = None  # process CPU time of the fit: beside wall time, shows a shared machine
     threads: int | None = None
