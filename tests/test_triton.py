@@ -20,7 +20,9 @@ from scalable_xd.mixture import Mixture
 pytest.importorskip("triton", reason="triton is not installed (Linux x86-64 wheels only)")
 
 
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+if torch.cuda.is_available():
+    pytest.skip("on a GPU the kernel is tested compiled, on CUDA tensors (test_cuda.py)", allow_module_level=True)
+if os.environ.get("TRITON_INTERPRET") != "1":
     reason = "TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does)"
     pytest.skip(reason, allow_module_level=True)
 
@@ -119,7 +121,6 @@ def test_a_small_fit_with_the_triton_kernel_equals_the_lapack_one(monkeypatch):
         np.testing.assert_allclose(getattr(fits["triton"], attr), getattr(fits["linalg"], attr), rtol=1e-10)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the tests run without the interpreter")
 def test_without_the_interpreter_the_cpu_is_refused_with_the_way_out(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1.*use backend 'fused' on the CPU"):

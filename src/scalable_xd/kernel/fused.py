@@ -30,6 +30,7 @@ import torch
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
+from .unrolled_source import factorise_and_solve, invert_factor, t_inv_entry, u_entry
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
@@ -84,16 +85,8 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
     """Statements for component c of a tile for point p, writing only the tile's scratch."""
     at = layout(dim)
     lines = [f"d{i} = x{i} - {_par(at['means'] + i)}" for i in range(dim)]
-    for j in range(dim):
-        for i in range(j, dim):
-            terms = " - ".join([f"{_par(_tri(i, j))} + s{i}_{j}"] + [f"l{i}_{m} * l{j}_{m}" for m in range(j)])
-            if i == j:
-                lines += [f"p{j} = {terms}", f"l{j}_{j} = math.sqrt(p{j})", f"w{j}_{j} = {real}(1.0) / l{j}_{j}"]
-            else:
-                lines.append(f"l{i}_{j} = ({terms}) * w{j}_{j}")
-    for i in range(dim):
-        terms = " - ".join([f"d{i}"] + [f"l{i}_{m} * z{m}" for m in range(i)])
-        lines.append(f"z{i} = ({terms}) * w{i}_{i}")
+    v, s = (lambda i, j: _par(_tri(i, j))), (lambda i, j: f"s{i}_{j}")
+    lines += factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
     pivots = ", ".join(f"p{j}" for j in range(dim))
     lines += [
         f"{_scr(at['maha'])} = " + " + ".join(f"z{i} * z{i}" for i in range(dim)),
@@ -105,16 +98,9 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
         lines.append(f"{_scr(at['det'] + n)} = " + (f"p{j} * p{j + 1}" if j + 1 < dim else f"p{j}"))
     if not with_stats:
         return lines
-    for i in range(dim):  # W = L^-1, lower triangular
-        for j in range(i):
-            terms = " + ".join(f"l{i}_{m} * w{m}_{j}" for m in range(j, i))
-            lines.append(f"w{i}_{j} = -({terms}) * w{i}_{i}")
-    for i in range(dim):  # u = W^T z
-        lines.append(f"{_scr(at['u'] + i)} = " + " + ".join(f"w{m}_{i} * z{m}" for m in range(i, dim)))
-    for i in range(dim):  # T^-1 = W^T W
-        for j in range(i + 1):
-            terms = " + ".join(f"w{m}_{i} * w{m}_{j}" for m in range(i, dim))
-            lines.append(f"{_scr(at['t_inv'] + _tri(i, j))} = {terms}")
+    lines += invert_factor(dim)
+    lines += [f"{_scr(at['u'] + i)} = {u_entry(dim, i)}" for i in range(dim)]
+    lines += [f"{_scr(at['t_inv'] + _tri(i, j))} = {t_inv_entry(dim, i, j)}" for i in range(dim) for j in range(i + 1)]
     return lines
 
 

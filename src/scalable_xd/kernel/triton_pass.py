@@ -38,6 +38,7 @@ from .statistics import (
     raise_for_failed_pairs,
     summed_loglik,
 )
+from .unrolled_source import factorise_and_solve, invert_factor, t_inv_entry, u_entry
 
 BLOCK = 128  # stars per program: one per thread of a four-warp program at D = 7
 MAX_DIM = 8
@@ -54,20 +55,14 @@ def _factorise(dim: int) -> list[str]:
     for i in range(dim):
         mean = f"tl.load(par_ptr + k * NPAR + {n_tri + i})"
         lines.append(f"d{i} = tl.load(x_ptr + {i} * n + offs, mask=live, other=0.0) - {mean}")
-    for j in range(dim):
-        for i in range(j, dim):
-            # padding stars see S = I, so that every lane stays finite
-            other = "1.0" if i == j else "0.0"
-            s = f"tl.load(s_ptr + {i * dim + j} * n + offs, mask=live, other={other})"
-            v = f"tl.load(par_ptr + k * NPAR + {_tri(i, j)})"
-            terms = " - ".join([f"{v} + {s}"] + [f"l{i}_{m} * l{j}_{m}" for m in range(j)])
-            if i == j:
-                lines += [f"p{j} = {terms}", f"l{j}_{j} = tl.sqrt(p{j})", f"w{j}_{j} = 1.0 / l{j}_{j}"]
-            else:
-                lines.append(f"l{i}_{j} = ({terms}) * w{j}_{j}")
-    for i in range(dim):
-        terms = " - ".join([f"d{i}"] + [f"l{i}_{m} * z{m}" for m in range(i)])
-        lines.append(f"z{i} = ({terms}) * w{i}_{i}")
+
+    def v(i: int, j: int) -> str:
+        return f"tl.load(par_ptr + k * NPAR + {_tri(i, j)})"
+
+    def s(i: int, j: int) -> str:  # padding stars see S = I, so that every lane stays finite
+        return f"tl.load(s_ptr + {i * dim + j} * n + offs, mask=live, other={1.0 if i == j else 0.0})"
+
+    lines += factorise_and_solve(dim, v, s, "tl.sqrt", "1.0")
     return lines
 
 
@@ -83,12 +78,8 @@ def _source(dim: int) -> str:
         f"tl.store(fail_ptr + k * n + offs, (~({ok})).to(tl.int8), mask=live)",
     ]
     sums = _factorise(dim) + ["r = tl.load(resp_ptr + k * n + offs, mask=live, other=0.0)"]
-    for i in range(dim):  # W = L^-1
-        for j in range(i):
-            terms = " + ".join(f"l{i}_{m} * w{m}_{j}" for m in range(j, i))
-            sums.append(f"w{i}_{j} = -({terms}) * w{i}_{i}")
-    for i in range(dim):  # u = W^T z
-        sums.append(f"u{i} = " + " + ".join(f"w{m}_{i} * z{m}" for m in range(i, dim)))
+    sums += invert_factor(dim)
+    sums += [f"u{i} = {u_entry(dim, i)}" for i in range(dim)]
     row = "part_ptr + (tl.program_id(1) * n_comp + k) * NSUMS"
     out = 0
     for i in range(dim):
@@ -98,10 +89,10 @@ def _source(dim: int) -> str:
         for j in range(i + 1):
             sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * u{i} * u{j}, 0.0), axis=0))")
             out += 1
-    for i in range(dim):  # T^-1 = W^T W, its lower triangle
+    for i in range(dim):  # T^-1's lower triangle
         for j in range(i + 1):
-            terms = " + ".join(f"w{m}_{i} * w{m}_{j}" for m in range(i, dim))
-            sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * ({terms}), 0.0), axis=0))")
+            t_inv = t_inv_entry(dim, i, j)
+            sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * ({t_inv}), 0.0), axis=0))")
             out += 1
     indent = lambda lines: ["    " + line for line in lines]  # noqa: E731
     return (

@@ -1,0 +1,51 @@
+"""The D x D algebra of the statistics pass as source lines, one scalar per matrix entry, shared by the
+kernels whose source is generated per dimension (``fused`` for numba, ``triton_pass`` for Triton).
+
+Names: ``d{i}`` the residual x - m, ``p{j}`` the pivots, ``l{i}_{j}`` the Cholesky factor L of
+T = V + S, ``w{i}_{j}`` its inverse W = L^-1 (``w{j}_{j}`` = 1 / L_jj), ``z{i}`` = (L^-1 d)_i; then
+u = T^-1 d = W^T z and T^-1 = W^T W. Each kernel says how an entry of V and of S is read, and how to
+take a square root and write the constant one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def factorise_and_solve(
+    dim: int, v: Callable[[int, int], str], s: Callable[[int, int], str], sqrt: str, one: str
+) -> list[str]:
+    """Pivots, L, 1 / L_jj and z = L^-1 d, given the residuals ``d{i}``; ``v(i, j)`` and ``s(i, j)`` read
+    the entries (i >= j) of V and S."""
+    lines = []
+    for j in range(dim):
+        for i in range(j, dim):
+            terms = " - ".join([f"{v(i, j)} + {s(i, j)}"] + [f"l{i}_{m} * l{j}_{m}" for m in range(j)])
+            if i == j:
+                lines += [f"p{j} = {terms}", f"l{j}_{j} = {sqrt}(p{j})", f"w{j}_{j} = {one} / l{j}_{j}"]
+            else:
+                lines.append(f"l{i}_{j} = ({terms}) * w{j}_{j}")
+    for i in range(dim):
+        terms = " - ".join([f"d{i}"] + [f"l{i}_{m} * z{m}" for m in range(i)])
+        lines.append(f"z{i} = ({terms}) * w{i}_{i}")
+    return lines
+
+
+def invert_factor(dim: int) -> list[str]:
+    """The off-diagonal entries of W = L^-1 (lower triangular)."""
+    lines = []
+    for i in range(dim):
+        for j in range(i):
+            terms = " + ".join(f"l{i}_{m} * w{m}_{j}" for m in range(j, i))
+            lines.append(f"w{i}_{j} = -({terms}) * w{i}_{i}")
+    return lines
+
+
+def u_entry(dim: int, i: int) -> str:
+    """(T^-1 d)_i = (W^T z)_i."""
+    return " + ".join(f"w{m}_{i} * z{m}" for m in range(i, dim))
+
+
+def t_inv_entry(dim: int, i: int, j: int) -> str:
+    """(T^-1)_ij = (W^T W)_ij, j <= i."""
+    return " + ".join(f"w{m}_{i} * w{m}_{j}" for m in range(i, dim))
