@@ -1,12 +1,13 @@
 """The XDGMM API: predictions against independent computations, persistence, determinism, resume, errors."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 import scalable_xd.dataset
 import scalable_xd.estimator
@@ -344,3 +345,28 @@ def test_cappe_moulines_schedule():
         covariance_update="stable",
     )
     assert [paper.step_size(e) for e in (0, 9, 10, 19)] == [0.01, 0.01, 0.005, 0.005]
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_a_fit_stopped_by_its_epoch_budget_says_so(data, method):
+    """scikit-learn's ConvergenceWarning, exactly when the last epoch still gained more than tol; then
+    converged_ is False. A loose tol judges the same fit converged, silently; tol=None judges nothing."""
+    x, S = data
+    settings = dict(n_components=K, method=method, epochs=2, dtype="float64", device="cpu", random_state=0)
+    with pytest.warns(ConvergenceWarning, match=f"{method} ended by its budget of 2 epochs .*more than tol = 1e-06"):
+        short = XDGMM(**settings).fit(x, S)
+    gain = short.history_[-1]["train_loglik"] - short.history_[-2]["train_loglik"]
+    assert not short.converged_ and gain >= 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        loose = XDGMM(**settings, tol=gain + 1.0).fit(x, S)
+        unjudged = XDGMM(**settings, tol=None).fit(x, S)
+    assert loose.converged_ and not unjudged.converged_
+
+
+def test_batch_em_that_converges_within_its_budget_does_not_warn(data):
+    x, S = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        model = XDGMM(K, "em", epochs=500, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, S)
+    assert model.converged_ and model.n_iter_ < 500

@@ -149,7 +149,8 @@ def test_a_validation_set_judges_the_stochastic_moves(shuffled_clusters):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(method="em", split_merge=True, tol=None), "split_merge with method 'em' needs a tolerance"),
+        (dict(method="em", split_merge=True, tol=None), "split_merge with method 'em' needs a positive tolerance"),
+        (dict(method="em", split_merge=True, tol=0.0), "which tol = 0.0 never declares"),
         (dict(method="em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
         (dict(method="minibatch_em", split_merge=True, fix_means=True), "cannot keep fixed parameters"),
         (dict(method="minibatch_em", split_merge=True, averaging="polyak"), "without averaging or truncation"),

@@ -180,10 +180,10 @@ class FitSettings(_Settings):
                 f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} makes one update "
                 f"per epoch (use one of {_methods_where('per_batch')})"
             )
-        if self.split_merge and row.split_merge == "converged" and self.tol is None:
+        if self.split_merge and row.split_merge == "converged" and not self.tol:
             raise ValueError(
-                f"split_merge with method {self.method!r} needs a tolerance tol (moves are tried once the fit has "
-                "converged), got tol None"
+                f"split_merge with method {self.method!r} needs a positive tolerance tol (moves are tried once the "
+                f"fit has converged by tol, which tol = {self.tol} never declares)"
             )
         if self.split_merge and (row.split_merge is None or self.averaging != "none" or self.truncation):
             raise ValueError(f"split_merge works with {_methods_where('split_merge')}, without averaging or truncation")

@@ -8,10 +8,12 @@ fitter (``fit.methods``), configure the loop from the method's row, and run it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from sklearn.exceptions import ConvergenceWarning
 
 from .._torch import resolve_device, resolve_dtype
 from ..batching import random_rows
@@ -169,7 +171,26 @@ def fit_mixture(
         checkpoint_every=checkpoint_every if store is not None else 0,
     )
     history, converged = run(fitter, train, val, loop, store)
-    return Fitted(fitter.result, history, converged)
+    return Fitted(fitter.result, history, converged or _judged_converged(history, settings))
+
+
+def _judged_converged(history: list, settings: FitSettings) -> bool:
+    """Whether the last epoch raised the mean training log-likelihood by less than ``tol`` (the methods the
+    loop does not stop by ``tol`` are judged so at the end); warns (scikit-learn's ``ConvergenceWarning``)
+    where the epoch budget ended first. ``tol=None`` asks for every epoch and judges nothing."""
+    if settings.tol is None or len(history) < 2:
+        return False
+    gain = history[-1]["train_loglik"] - history[-2]["train_loglik"]
+    if gain < settings.tol:
+        return True
+    warnings.warn(
+        f"{settings.method} ended by its budget of {settings.epochs} epochs while its last epoch still raised the "
+        f"mean training log-likelihood by {gain:.3g} nats/star (more than tol = {settings.tol:g}): the fit has "
+        "not converged; give it more epochs",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
+    return False
 
 
 def _starting_mixture(train, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:

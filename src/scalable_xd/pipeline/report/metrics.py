@@ -102,6 +102,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "fitted_with": m.settings.get("method", m.method),
             "split_merge": bool(m.settings.get("split_merge")),
             "moves_accepted": m.history[-1].get("moves_accepted", 0) if m.history else 0,
+            "converged": bool(m.converged),
         }
         for name, split in (("train", m.train), ("val", m.val), ("test", m.test)):
             row[name], row[f"{name}_observed"] = _score(split, "loglik"), _score(split, "loglik_observed")

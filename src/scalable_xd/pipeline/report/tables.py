@@ -28,6 +28,7 @@ def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = grouped[stats].agg(["mean", "std"])
     table.columns = [f"{name}_{agg}" for name, agg in table.columns]
     table["n_seeds"] = grouped.size()
+    table["n_converged"] = grouped["converged"].sum()
     table = table.reset_index()
     best = table.loc[table.groupby("method")["val_mean"].idxmax(), ["method", "K"]]
     table["best_K"] = [(m, k) in set(map(tuple, best.to_numpy())) for m, k in zip(table.method, table.K)]
@@ -62,14 +63,15 @@ def _cells(row) -> list[str]:
 def to_markdown(table: pd.DataFrame) -> str:
     lines = [
         "| Method | K | Validation | Test | Validation (observed entries) | Test (observed entries) "
-        "| Test, true values | Gap closed | Seeds |",
+        "| Test, true values | Gap closed | Seeds (converged) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     previous = None
     for row in table.itertuples():
         name = method_name(row.method) if row.method != previous else ""
         previous = row.method
-        lines.append(f"| {name} | {row.K} | " + " | ".join(_cells(row)) + f" | {row.n_seeds} |")
+        seeds = f"{row.n_seeds} ({row.n_converged})"
+        lines.append(f"| {name} | {row.K} | " + " | ".join(_cells(row)) + f" | {seeds} |")
     return "\n".join(lines) + "\n"
 
 
