@@ -3,7 +3,7 @@ fitted mixture, its history and whether it converged out.
 
 ``fit_mixture`` reads as: open the checkpoint, choose the seed, find the starting point (the checkpoint's
 state, the previous fit's parameters, or ``fit.init`` from the given arrays and k-means), build the method's
-fitter (``fit.methods``), configure the loop from the method's row, and run it.
+fitter (``fit.methods``), configure the loop from the method's row, run it, and judge whether it converged.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class Start:
 
 @dataclass
 class Fitted:
+    """The fit's result: what it reports (the averaged parameters under Polyak averaging), its history
+    (``fit.loop``) and whether its last epoch gained less than ``tol``."""
+
     mixture: Mixture
     history: list
     converged: bool
