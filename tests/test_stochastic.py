@@ -73,7 +73,9 @@ def test_stochastic_em_is_seeded_and_near_em(data, method):
     em = XDGMM(3, "em", epochs=100, device="cpu", dtype="float64", random_state=1).fit(x, S)
     # the stochastic fits wander around EM's optimum by ~1/sqrt(N) per star: within 0.01 nats/star here
     assert abs(first.score(x, S) - em.score(x, S)) < 0.01
-    assert len(first.history_) == 16 and not first.converged_  # no tolerance: its log-likelihood never settles
+    # tol does not stop it (its log-likelihood wanders); converged_ says whether the last epoch gained < tol
+    gain = first.history_[-1]["train_loglik"] - first.history_[-2]["train_loglik"]
+    assert len(first.history_) == 16 and first.converged_ == (gain < 1e-6)
 
 
 def test_polyak_average_is_the_mean_of_the_iterates_and_leaves_the_updates_alone(data):
