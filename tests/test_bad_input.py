@@ -5,6 +5,8 @@ import pandas as pd
 import pytest
 
 from scalable_xd import XDGMM
+from scalable_xd.batching import epoch_order
+from scalable_xd.fit.fitters import SGD, MinibatchEM
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(200, 2))
@@ -97,3 +99,25 @@ def test_settings_of_the_wrong_kind_are_named(name, value):
 def test_sample_seed_is_checked(fitted):
     with pytest.raises(ValueError, match="random_state must be None, an integer in"):
         fitted.sample(3, random_state="abc")
+
+
+def test_weights_whose_sum_overflows_are_refused_naming_the_sum():
+    with pytest.raises(ValueError, match="sample_weight sums to inf, beyond float64's range: rescale the weights"):
+        XDGMM(2, epochs=1, device="cpu").fit(X, sample_weight=np.full(len(X), 1e308))
+
+
+@pytest.mark.parametrize("method, fitter", [("minibatch_em", MinibatchEM), ("sgd", SGD)])
+def test_a_minibatch_of_zero_total_weight_makes_no_update(method, fitter, monkeypatch):
+    """10 weighted stars among 200, in batches of 20: most batches weigh nothing; they used to divide by
+    zero. Exactly the batches holding a weighted star are observed, and the fit stays finite."""
+    weights = np.zeros(len(X))
+    weights[RNG.choice(len(X), 10, replace=False)] = 1.0
+    observed = []
+    real = fitter.observe
+    monkeypatch.setattr(fitter, "observe", lambda self, stats: (observed.append(stats.n_points), real(self, stats)))
+    model = XDGMM(2, method, epochs=3, batch_size=20, device="cpu", dtype="float64", random_state=0)
+    model.fit(X, sample_weight=weights)
+    batches = [rows for epoch in (1, 2, 3) for rows in epoch_order(len(X), 20, epoch, 0, True)]  # seed 0
+    weighted = [(weights[rows] > 0).any() for rows in batches]
+    assert len(observed) == sum(weighted) < 30 and all(n > 0 for n in observed)
+    assert np.isfinite(model.means_).all() and np.isfinite(model.history_[-1]["train_loglik"])

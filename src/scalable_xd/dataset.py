@@ -203,6 +203,11 @@ def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:
         )
     check_rows(weights, lambda v: ~torch.isfinite(v), "sample_weight row {row} is NaN or inf")
     check_rows(weights, lambda v: v < 0, "sample_weight row {row} is negative")
-    if not weights.sum() > 0:
+    total = weights.sum()
+    if not total > 0:
         raise ValueError("sample_weight is zero for every row: no point would count")
+    if not torch.isfinite(total):
+        raise ValueError(
+            f"sample_weight sums to {float(total)}, beyond float64's range: rescale the weights"
+        )
     return weights

@@ -236,13 +236,17 @@ def _train_epoch(
             uniforms = uniforms[cfg.group.share(slice(0, batch.size), batch.size)]
         try:
             stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria)
-            if fitter.shadow is not None:  # a split-and-merge trial: its own pass over the same batch
-                fitter.observe_shadow(_global_sums(batch, uniforms, fitter.shadow, cfg, False))
+            shadow = None  # a split-and-merge trial: its own pass over the same batch
+            if fitter.shadow is not None:
+                shadow = _global_sums(batch, uniforms, fitter.shadow, cfg, False)
         except NotPositiveDefiniteError as err:
             raise FitDivergedError(
                 epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
             ) from None
-        fitter.observe(stats)
+        if stats.n_points > 0:  # a batch whose weights are all zero holds nothing to update from
+            if shadow is not None:
+                fitter.observe_shadow(shadow)
+            fitter.observe(stats)
         if checkpoint is not None and cfg.checkpoint_every and (number + 1) % cfg.checkpoint_every == 0:
             synchronize(cfg.device)
             checkpoint.save(
