@@ -207,7 +207,5 @@ def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:
     if not total > 0:
         raise ValueError("sample_weight is zero for every row: no point would count")
     if not torch.isfinite(total):
-        raise ValueError(
-            f"sample_weight sums to {float(total)}, beyond float64's range: rescale the weights"
-        )
+        raise ValueError(f"sample_weight sums to {float(total)}, beyond float64's range: rescale the weights")
     return weights
