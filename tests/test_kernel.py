@@ -1,5 +1,6 @@
 """The statistics pass against scipy densities and the paper's eq. 4-5 written out pair by pair."""
 
+import importlib.util
 import logging
 import os
 import subprocess
@@ -14,6 +15,15 @@ from scalable_xd.errors import NotPositiveDefiniteError
 from scalable_xd.kernel import dispatch
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
+
+# The Triton kernel on CPU tensors: through Triton's interpreter (tests/conftest.py), on machines without a GPU.
+TRITON = pytest.param(
+    "triton",
+    marks=pytest.mark.skipif(
+        torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+        reason="triton on the CPU runs through its interpreter where there is no GPU (test_cuda.py covers GPUs)",
+    ),
+)
 
 
 def _mixture(weights, means, covs):
@@ -59,7 +69,7 @@ def test_statistics_reproduce_eq5_sums(projected, backend):
     np.testing.assert_allclose(from_stats, scatter, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["fused", "unrolled", "compiled", "linalg"])
+@pytest.mark.parametrize("backend", ["fused", TRITON, "unrolled", "compiled", "linalg"])
 def test_failed_factorisation_names_row_and_component(backend):
     rng = np.random.default_rng(3)
     x, S, weights, means, covs = kernel_problem(rng, n=10, k=3, d=2)
@@ -169,7 +179,7 @@ def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkey
     assert dispatch.choose_backend("auto", None, torch.device("meta")) == "unrolled"
 
 
-@pytest.mark.parametrize("backend", ["fused", "unrolled", "linalg"])
+@pytest.mark.parametrize("backend", ["fused", TRITON, "unrolled", "linalg"])
 def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, caplog):
     """A component with condition number 1e11 and stars with tiny noise in its thin directions: float32's
     Cholesky of V_j + S_i fails where float64's does not. The pass then equals the float64 pass (rounded

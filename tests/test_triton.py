@@ -1,7 +1,7 @@
 """The Triton kernel, run on the CPU by Triton's interpreter, against the LAPACK path (small inputs: the
-interpreter runs each program as numpy, slowly). On a GPU the same kernels are compiled (tests/test_cuda.py)."""
+interpreter runs each program as numpy, slowly). On a GPU the same kernels are compiled (tests/test_cuda.py).
+Failed factorisations and the float64 retry are tested with every backend in tests/test_kernel.py."""
 
-import logging
 import os
 
 import numpy as np
@@ -12,7 +12,6 @@ from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error
 import scalable_xd.estimator
 import scalable_xd.fit.driver
 from scalable_xd import XDGMM
-from scalable_xd.errors import NotPositiveDefiniteError
 from scalable_xd.kernel import dispatch
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
@@ -74,37 +73,6 @@ def test_the_same_input_gives_the_same_bits():
     first, second = (batch_statistics(*args, _mixture(weights, means, covs), backend="triton") for _ in range(2))
     for name in ("q", "U", "UU", "P"):
         assert torch.equal(getattr(first, name), getattr(second, name)), name
-
-
-def test_a_failed_factorisation_names_row_and_component():
-    rng = np.random.default_rng(3)
-    x, S, weights, means, covs = kernel_problem(rng, n=10, k=3, d=2)
-    S[:] = 0.0
-    S[6:] = np.eye(2) * 5.0  # rows 6.. are rescued by their noise
-    covs[2] = np.array([[1.0, 2.0], [2.0, 1.0]])  # indefinite
-    with pytest.raises(NotPositiveDefiniteError) as err:
-        batch_statistics(
-            torch.tensor(x[4:]), torch.tensor(S[4:]), _mixture(weights, means, covs), backend="triton", max_pairs=3
-        )
-    assert (err.value.row, err.value.component) == (0, 2)
-
-
-def test_float32_chunks_beyond_its_precision_are_computed_in_float64(caplog):
-    """As for every backend (tests/test_kernel.py): float32 cannot factorise V_j + S_i of a component with
-    condition number 1e11, so the chunk is computed again in float64."""
-    rng = np.random.default_rng(7)
-    x, S, weights, means, covs = kernel_problem(rng, n=60, k=3, d=7)
-    q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
-    covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
-    S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(60, 1, 1))
-    mixture = _mixture(weights, means, covs)
-    x32, S32 = torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32)
-    dispatch._say_float64_once.cache_clear()
-    exact = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
-    with caplog.at_level(logging.WARNING, logger="scalable_xd"):
-        got = batch_statistics(x32, S32, mixture, backend="triton")
-    assert got.q.dtype == torch.float32 and "computed in float64" in caplog.text
-    _assert_sums_match(got, exact, 1e-5)
 
 
 def test_a_small_fit_with_the_triton_kernel_equals_the_lapack_one(monkeypatch):

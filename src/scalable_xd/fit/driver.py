@@ -24,7 +24,7 @@ from ..settings import FitSettings, KMeansSettings, resolve_seed
 from ..stream import ParquetSource
 from .checkpoint import Checkpoint
 from .init import initial_mixture, kmeans_sample
-from .loop import EVAL_BATCH, LoopConfig, run, total_loglik
+from .loop import EVAL_BATCH, LoopConfig, improved_less_than, run, total_loglik
 from .methods import make_fitter, method
 from .parallel import Group
 from .updates import FixedParameters
@@ -154,10 +154,11 @@ def fit_mixture(
     mixture = _starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
     row = method(settings.method)
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
+    backend = fit_backend(settings.backend, device)
     judge = None
     if settings.split_merge and row.split_merge == "epoch":
         judged = val if val is not None else _judge_sample(train, seed)
-        judge = _judge(judged, device, dtype, fit_backend(settings.backend, device), group)
+        judge = _judge(judged, device, dtype, backend, group)
     fitter = make_fitter(settings, mixture, _fixed_parameters(start.fixed, mixture), judge)
     loop = LoopConfig(
         epochs=settings.epochs,
@@ -166,7 +167,7 @@ def fit_mixture(
         seed=seed,
         device=device,
         dtype=dtype,
-        backend=fit_backend(settings.backend, device),
+        backend=backend,
         w=settings.w,
         tol=settings.tol if row.uses_tol and not settings.split_merge else None,
         verbose=settings.verbose,
@@ -183,9 +184,9 @@ def _judged_converged(history: list, settings: FitSettings) -> bool:
     where the epoch budget ended first. ``tol=None`` asks for every epoch and judges nothing."""
     if settings.tol is None or len(history) < 2:
         return False
-    gain = history[-1]["train_loglik"] - history[-2]["train_loglik"]
-    if gain < settings.tol:
+    if improved_less_than(settings.tol, history):
         return True
+    gain = history[-1]["train_loglik"] - history[-2]["train_loglik"]
     warnings.warn(
         f"{settings.method} ended by its budget of {settings.epochs} epochs while its last epoch still raised the "
         f"mean training log-likelihood by {gain:.3g} nats/star (more than tol = {settings.tol:g}): the fit has "

@@ -175,7 +175,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         if one_pass:  # the pass scored the parameters it started from: the last entry's figure
             history[-1]["train_loglik"] = fitter.pass_loglik() / train.total_weight
             _log(cfg, history[-1])
-            if _improved_less_than(cfg.tol, history):
+            if improved_less_than(cfg.tol, history):
                 converged = True  # at the parameters just scored: no update from this pass
                 break
         fitter.end_epoch()
@@ -184,7 +184,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         history.append(evaluate(epoch, seconds, score_train=not one_pass))
         if not one_pass:
             _log(cfg, history[-1])
-            converged = _improved_less_than(cfg.tol, history)
+            converged = improved_less_than(cfg.tol, history)
         converged = converged or fitter.finished
         if saving:
             checkpoint.save(epoch, history, converged, fitter.state_dict())
@@ -195,7 +195,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
     return history, converged
 
 
-def _improved_less_than(tol: float | None, history: list) -> bool:
+def improved_less_than(tol: float | None, history: list) -> bool:
     """Whether the last entry's training log-likelihood is less than ``tol`` above the one before."""
     return tol is not None and len(history) > 1 and history[-1]["train_loglik"] - history[-2]["train_loglik"] < tol
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..kernel.statistics import Criteria, Statistics
+from ..kernel.statistics import Criteria, Statistics, symmetric_from_triangle
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,6 @@ def _upper(a: torch.Tensor) -> torch.Tensor:
     return a[..., rows, cols]
 
 
-def _symmetric(upper: torch.Tensor, dim: int) -> torch.Tensor:
-    rows, cols = torch.triu_indices(dim, dim, device=upper.device)
-    out = torch.zeros(upper.shape[:-1] + (dim, dim), dtype=upper.dtype, device=upper.device)
-    out[..., rows, cols] = upper
-    out[..., cols, rows] = upper
-    return out
-
-
 def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = False) -> Statistics:
     """The sum of every process's ``stats`` (identical on every process afterwards), in float64."""
     if not group.parallel:
@@ -124,8 +116,8 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
         float(n),
         q,
         U.reshape(k, d),
-        _symmetric(UU.reshape(k, -1), d),
-        _symmetric(P.reshape(k, -1), d),
+        symmetric_from_triangle(UU.reshape(k, -1), d, lower=False),
+        symmetric_from_triangle(P.reshape(k, -1), d, lower=False),
         loglik[0],
         criteria,
     )

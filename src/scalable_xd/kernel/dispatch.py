@@ -88,7 +88,7 @@ def choose_backend(name: str, R, device: torch.device | None = None) -> str:
     if kind == "cpu":
         return "fused" if _numba_or_say_why() else "unrolled"
     if kind == "cuda":
-        return "triton" if importlib.util.find_spec("triton") is not None else "compiled"
+        return "triton" if _have_triton() else "compiled"
     return "unrolled"
 
 
@@ -99,13 +99,19 @@ def fit_backend(name: str, device) -> str:
 
 def _check_triton(on_cpu: bool) -> None:
     """The triton kernel runs on CUDA, and on the CPU only through Triton's interpreter."""
-    if importlib.util.find_spec("triton") is None:
+    if not _have_triton():
         raise ImportError("the triton kernel needs triton: pip install triton")
     if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             "the triton kernel runs on CUDA devices; on the CPU only through Triton's interpreter "
             "(TRITON_INTERPRET=1 set before triton is imported), slowly: use backend 'fused' on the CPU"
         )
+
+
+@cache
+def _have_triton() -> bool:
+    """Whether triton is installed (asked once: the fit asks for its backend every chunk)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def _have_numba() -> bool:

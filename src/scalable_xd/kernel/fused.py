@@ -17,12 +17,7 @@ torch kernel with a message (``dispatch.choose_backend``).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +25,7 @@ import torch
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
-from .unrolled_source import factorise_and_solve, invert_factor, t_inv_entry, u_entry
+from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
@@ -39,11 +34,6 @@ SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependenc
 # underflow exception there on a slow path, and at K = 512 on the mock most pairs land there (the pass
 # ran 1.4x faster on real batches without it)
 EXP_CUTOFF = -700.0
-
-
-def _tri(i: int, j: int) -> int:
-    """Position of entry (i, j), j <= i, in a row-major lower triangle."""
-    return i * (i + 1) // 2 + j
 
 
 @cache
@@ -85,7 +75,7 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
     """Statements for component c of a tile for point p, writing only the tile's scratch."""
     at = layout(dim)
     lines = [f"d{i} = x{i} - {_par(at['means'] + i)}" for i in range(dim)]
-    v, s = (lambda i, j: _par(_tri(i, j))), (lambda i, j: f"s{i}_{j}")
+    v, s = (lambda i, j: _par(tri(i, j))), (lambda i, j: f"s{i}_{j}")
     lines += factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
     pivots = ", ".join(f"p{j}" for j in range(dim))
     lines += [
@@ -100,7 +90,7 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
         return lines
     lines += invert_factor(dim)
     lines += [f"{_scr(at['u'] + i)} = {u_entry(dim, i)}" for i in range(dim)]
-    lines += [f"{_scr(at['t_inv'] + _tri(i, j))} = {t_inv_entry(dim, i, j)}" for i in range(dim) for j in range(i + 1)]
+    lines += [f"{_scr(at['t_inv'] + tri(i, j))} = {t_inv_entry(dim, i, j)}" for i in range(dim) for j in range(i + 1)]
     return lines
 
 
@@ -125,7 +115,7 @@ def _accumulate_loops(dim: int) -> list[str]:
     sums = lambda row: f"tile_acc[{row * TILE} + c]"  # noqa: E731
     u = lambda i: _scr(at["u"] + i)  # noqa: E731
     updates = [(at["q"], "r")] + [(at["U"] + i, f"r * {u(i)}") for i in range(dim)]
-    updates += [(at["UU"] + _tri(i, j), f"r * {u(i)} * {u(j)}") for i in range(dim) for j in range(i + 1)]
+    updates += [(at["UU"] + tri(i, j), f"r * {u(i)} * {u(j)}") for i in range(dim) for j in range(i + 1)]
     updates += [(at["P"] + t, f"r * {_scr(at['t_inv'] + t)}") for t in range(dim * (dim + 1) // 2)]
     lines = []
     for first in range(0, len(updates), SUMS_PER_LOOP):
@@ -217,39 +207,20 @@ def _module_source(dim: int, with_stats: bool, dtype: str) -> str:
     return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}")
 
 
-def cache_folder() -> Path:
-    """Where the kernels' sources and numba's compiled code are kept: $SCALABLE_XD_CACHE, or
-    $XDG_CACHE_HOME/scalable_xd (~/.cache/scalable_xd)."""
-    if "SCALABLE_XD_CACHE" in os.environ:
-        return Path(os.environ["SCALABLE_XD_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalable_xd"
-
-
 @cache
 def compiled_kernel(dim: int, with_stats: bool, dtype: str):
     """The numba-compiled kernel for dimension ``dim`` and float dtype ``dtype`` ("float32" or "float64").
 
-    Its source is written once into ``cache_folder()`` under a name holding its digest, so that numba's
+    Its source is written once into the kernel cache folder under a name holding its digest, so that numba's
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
     folder cannot be written it is compiled in memory, a few seconds per process."""
     source = _module_source(dim, with_stats, dtype)
-    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-    name = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}_{digest}"
-    path = cache_folder() / "kernels" / f"{name}.py"
+    stem = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}"
     try:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(source)
-            os.replace(partial, path)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # numba's cache re-imports it by name
-        spec.loader.exec_module(module)
-        return module.kernel
+        return import_generated(stem, source).kernel
     except OSError:
         namespace = {}
-        exec(compile(source.replace("cache=True", "cache=False"), name, "exec"), namespace)
+        exec(compile(source.replace("cache=True", "cache=False"), stem, "exec"), namespace)
         return namespace["kernel"]
 
 

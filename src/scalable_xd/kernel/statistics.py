@@ -115,6 +115,15 @@ def criteria_sums(log_dens, loglik, log_weights, point_weights=None, *, dim: int
     return overlap, r_log_r.sum(other), r_log_n.sum(other)
 
 
+def symmetric_from_triangle(entries: torch.Tensor, dim: int, lower: bool = True) -> torch.Tensor:
+    """Symmetric (..., D, D) matrices from their row-major lower (or upper) triangles (..., D (D + 1) / 2)."""
+    rows, cols = (torch.tril_indices if lower else torch.triu_indices)(dim, dim, device=entries.device)
+    full = torch.zeros(entries.shape[:-1] + (dim, dim), dtype=entries.dtype, device=entries.device)
+    full[..., rows, cols] = entries
+    full[..., cols, rows] = entries
+    return full
+
+
 def raise_for_failed_pairs(failed: torch.Tensor, row_offset: int) -> None:
     """``failed`` (B, K) marks pairs whose T_ij could not be factorised; name the first one."""
     if failed.any():

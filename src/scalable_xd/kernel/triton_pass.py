@@ -18,16 +18,11 @@ compiles a kernel from its source file.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
 from functools import cache
 
 import torch
 
 from ..mixture import Mixture
-from .fused import cache_folder
 from .statistics import (
     LOG_2PI,
     Criteria,
@@ -37,15 +32,12 @@ from .statistics import (
     n_points,
     raise_for_failed_pairs,
     summed_loglik,
+    symmetric_from_triangle,
 )
-from .unrolled_source import factorise_and_solve, invert_factor, t_inv_entry, u_entry
+from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
 
 BLOCK = 128  # stars per program: one per thread of a four-warp program at D = 7
 MAX_DIM = 8
-
-
-def _tri(i: int, j: int) -> int:
-    return i * (i + 1) // 2 + j
 
 
 def _factorise(dim: int) -> list[str]:
@@ -57,7 +49,7 @@ def _factorise(dim: int) -> list[str]:
         lines.append(f"d{i} = tl.load(x_ptr + {i} * n + offs, mask=live, other=0.0) - {mean}")
 
     def v(i: int, j: int) -> str:
-        return f"tl.load(par_ptr + k * NPAR + {_tri(i, j)})"
+        return f"tl.load(par_ptr + k * NPAR + {tri(i, j)})"
 
     def s(i: int, j: int) -> str:  # padding stars see S = I, so that every lane stays finite
         return f"tl.load(s_ptr + {i * dim + j} * n + offs, mask=live, other={1.0 if i == j else 0.0})"
@@ -122,22 +114,11 @@ def _source(dim: int) -> str:
 
 @cache
 def kernels(dim: int):
-    """The (densities, sums) kernels for dimension ``dim``, from a module written once into the cache
-    folder under a name holding its digest (Triton reads a kernel's source from its file)."""
+    """The (densities, sums) kernels for dimension ``dim``, from their generated module
+    (``unrolled_source.import_generated``: Triton reads a kernel's source from its file)."""
     if not 1 <= dim <= MAX_DIM:
         raise ValueError(f"the triton kernel handles 1 to {MAX_DIM} dimensions, not {dim}")
-    source = _source(dim)
-    name = f"triton_d{dim}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
-    path = cache_folder() / "kernels" / f"{name}.py"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(source)
-        os.replace(partial, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    module = import_generated(f"triton_d{dim}", _source(dim))
     return module.densities, module.sums
 
 
@@ -179,11 +160,7 @@ def triton_chunk(
     partial = torch.empty((grid[1], k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
     sums[grid](xt, st, par, resp, partial, n, k, BLOCK=BLOCK)
     total = partial.sum(0, dtype=torch.float64).to(x.dtype)
-    rows, cols = torch.tril_indices(dim, dim, device=x.device)
-    UU, P = (torch.zeros((k, dim, dim), dtype=x.dtype, device=x.device) for _ in range(2))
-    for full, lower in ((UU, total[:, dim : dim + n_tri]), (P, total[:, dim + n_tri :])):
-        full[:, rows, cols] = lower
-        full[:, cols, rows] = lower
+    UU, P = (symmetric_from_triangle(lower, dim) for lower in (total[:, dim : dim + n_tri], total[:, dim + n_tri :]))
     criteria = None
     if with_criteria:
         criteria = Criteria(*criteria_sums(dens, loglik, mixture.log_weights, point_weights, dim=0))

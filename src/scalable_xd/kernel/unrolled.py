@@ -26,6 +26,7 @@ from .statistics import (
     n_points,
     raise_for_failed_pairs,
     summed_loglik,
+    symmetric_from_triangle,
 )
 
 
@@ -165,10 +166,7 @@ def unrolled_chunk(
     if not with_stats:
         return loglik, log_dens.T, None
     q, U, UU, p_lower = out[3:7]
-    rows, cols = torch.tril_indices(x.shape[1], x.shape[1], device=x.device)
-    P = torch.zeros_like(UU)
-    P[:, rows, cols] = p_lower
-    P[:, cols, rows] = p_lower
+    P = symmetric_from_triangle(p_lower, x.shape[1])
     criteria = Criteria(*out[7:]) if with_criteria else None
     stats = Statistics(n_points(x, point_weights), q, U, UU, P, summed_loglik(loglik, point_weights), criteria)
     return loglik, log_dens.T, stats

@@ -5,11 +5,50 @@ Names: ``d{i}`` the residual x - m, ``p{j}`` the pivots, ``l{i}_{j}`` the Choles
 T = V + S, ``w{i}_{j}`` its inverse W = L^-1 (``w{j}_{j}`` = 1 / L_jj), ``z{i}`` = (L^-1 d)_i; then
 u = T^-1 d = W^T z and T^-1 = W^T W. Each kernel says how an entry of V and of S is read, and how to
 take a square root and write the constant one.
+
+A generated module is written into the kernel cache folder and imported from there (``import_generated``):
+numba's on-disk cache and Triton's compiler both read a kernel's source from its file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+
+def tri(i: int, j: int) -> int:
+    """Position of entry (i, j), j <= i, in a row-major lower triangle."""
+    return i * (i + 1) // 2 + j
+
+
+def cache_folder() -> Path:
+    """Where the kernels' sources and numba's compiled code are kept: $SCALABLE_XD_CACHE, or
+    $XDG_CACHE_HOME/scalable_xd (~/.cache/scalable_xd)."""
+    if "SCALABLE_XD_CACHE" in os.environ:
+        return Path(os.environ["SCALABLE_XD_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scalable_xd"
+
+
+def import_generated(stem: str, source: str):
+    """The module of ``source``, written once (atomically) into ``cache_folder()`` as ``<stem>_<digest>.py``
+    and imported under that name, so that a later process finds the same file; OSError where the folder
+    cannot be written."""
+    name = f"{stem}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+    path = cache_folder() / "kernels" / f"{name}.py"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(source)
+        os.replace(partial, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # numba's cache re-imports it by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def factorise_and_solve(

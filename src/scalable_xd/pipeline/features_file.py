@@ -198,7 +198,8 @@ def require_columns(path, what: str, names, required, hint: str | None = None) -
 def _metadata(path, schema) -> dict:
     """The file's scalable_xd metadata (mode, split seed, spec), or a clear error where it has none."""
     raw = (schema.metadata or {}).get(METADATA_KEY)
-    if raw is None or "spec" not in json.loads(raw):
+    meta = {} if raw is None else json.loads(raw)
+    if "spec" not in meta:
         if "ra" in schema.names:
             hint = "it looks like a raw catalogue: run `scalable-xd features` on it first"
         elif "n_missing" in schema.names:
@@ -206,16 +207,17 @@ def _metadata(path, schema) -> dict:
         else:
             hint = f"no feature spec in its metadata, and columns {', '.join(schema.names[:5])} instead of x_<feature>"
         raise ValueError(f"{path} is not {WHAT} ({hint})")
-    return json.loads(raw)
+    return meta
 
 
 def read_features(path) -> Features:
     """Features stored by ``scalable-xd features`` (one split's Parquet file)."""
     import pyarrow.parquet as pq
 
-    meta = _metadata(path, pq.read_schema(path))
+    schema = pq.read_schema(path)
+    meta = _metadata(path, schema)
     spec = FeatureSpec.from_dict(meta["spec"])
-    require_columns(path, WHAT, pq.read_schema(path).names, spec.columns)
+    require_columns(path, WHAT, schema.names, spec.columns)
     table = pq.read_table(path)
 
     def columns(names, dtype):
