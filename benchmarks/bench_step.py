@@ -12,7 +12,9 @@ back to back (one device synchronisation per run, so a GPU's queue stays full as
   gathering, the pass, the update and the loop's Python.
 
 ``overhead_s`` = ``step_s`` - ``pass_s`` and ``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a
-faster kernel cannot remove.
+faster kernel cannot remove. ``updates`` says which updates ran: "fused" (the compiled CPU updates,
+``fit/fused_updates.py``, the CPU's default) or "torch" (``fit/updates.py``, the GPU's); on the CPU both
+are measured.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
+from scalable_xd.fit import fitters
 from scalable_xd.fit.methods import make_fitter
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.settings import FitSettings
@@ -92,6 +95,7 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
         "batch": batch,
         "dtype": str(dtype).removeprefix("torch."),
         "backend": backend,
+        "updates": "torch" if fitters.fused_updates(device) is None else "fused",
         "pass_s": pass_s,
         "step_s": step_s,
         "overhead_s": step_s - pass_s,
@@ -113,11 +117,16 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     rows = []
-    for k in args.n_components:
-        for method in METHODS:
-            row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    compiled_updates = fitters.fused_updates
+    for updates in ("fused", "torch") if compiled_updates(device) is not None else ("torch",):
+        if updates == "torch":
+            fitters.fused_updates = lambda device: None
+        for k in args.n_components:
+            for method in METHODS:
+                row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    fitters.fused_updates = compiled_updates
     info = {"benchmark": "bench_step", **machine(), "device": device_name(device)}
     write_result(f"bench_step_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": rows})
 

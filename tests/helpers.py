@@ -107,6 +107,28 @@ def hard_kernel_problem(rng, n=300, k=16, d=7):
     return x, S, weights, means, covs
 
 
+def rounding_prone_fit(method: str, copies: int = 1):
+    """(x, S, XDGMM settings) of a fit whose float32 update leaves a covariance indefinite by rounding: two
+    stars with positional-size noise (1e-16), ``copies`` times over, in one wide component. The exact
+    scatter is singular but for the noise; float32 sums miss it by ~eps q |V| ~ 1e-4, far above w = 1e-6."""
+    x = np.array([[120.0, -30.0, 5.0], [121.0, -29.5, 5.2]] * copies)
+    S = np.broadcast_to(np.eye(3) * 1e-16, (len(x), 3, 3))
+    settings = dict(
+        n_components=1,
+        method=method,
+        epochs=1,
+        w=1e-6,
+        step_size=1.0,
+        batch_size=2,
+        tol=None,
+        device="cpu",
+        random_state=0,
+        means_init=[[100.0, -20.0, 4.0]],
+        covariances_init=[np.diag([1e3, 1e2, 10.0])],
+    )
+    return x, S, settings
+
+
 def max_row_relative_error(got, want):
     """Largest |got - want| relative to the largest |want| of its row (its component, for (K, ...) sums; the
     whole array for a vector); rows that are exactly zero compare absolutely."""

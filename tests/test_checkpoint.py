@@ -99,7 +99,7 @@ def test_damaged_or_foreign_checkpoints_name_the_file(finished, damage):
         state["format"] = 2
         torch.save(state, finished)
     expected = {
-        "format 2": "has format 2, this version of scalable-xd reads format 4",
+        "format 2": "has format 2, this version of scalable-xd reads format 5",
         "a tensor": "is not a scalable-xd checkpoint",
     }.get(damage, "is empty, truncated or not a checkpoint")
     with pytest.raises(CheckpointError, match=f"checkpoint {finished} {expected}.*delete {finished}"):

@@ -69,3 +69,26 @@ def test_cuda_pass_matches_the_cpu_reference_on_hard_inputs(backend):
     for name in ("q", "U", "UU", "P"):
         got, want = getattr(fast, name).double().cpu().numpy(), getattr(reference, name).numpy()
         assert max_row_relative_error(got, want) < 1e-4, name
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_cuda_minibatch_epochs_never_wait_for_the_device_at_a_batch(method, monkeypatch):
+    """PyTorch's own detector raises at any synchronising call inside the epochs' batches (the
+    evaluation passes, the epoch-end checks and the k-means start are outside them)."""
+    from scalable_xd.fit import loop
+
+    original = loop._train_epoch
+
+    def watched(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            original(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(loop, "_train_epoch", watched)
+    rng = np.random.default_rng(72)
+    x, S, _, _ = draw_xd_data(
+        rng, 4000, np.ones(4) / 4, rng.normal(scale=4, size=(4, 3)), random_spd(rng, 4, 3), 0.2, 1.0
+    )
+    XDGMM(4, method, batch_size=200, epochs=2, tol=None, device="cuda", random_state=0).fit(x, S)

@@ -320,9 +320,10 @@ def test_cuda_request_without_cuda_says_so():
 
 def test_cappe_moulines_schedule():
     from scalable_xd.fit.fitters import MinibatchEM
+    from scalable_xd.mixture import Mixture
 
     fitter = MinibatchEM(
-        None,
+        Mixture.placeholder(2, 2, "cpu"),
         w=0,
         step_size=0.01,
         schedule="cappe_moulines",
@@ -335,7 +336,7 @@ def test_cappe_moulines_schedule():
     fitter.n_updates = 5000
     assert fitter.step_size(0) == pytest.approx((0.01 ** (-1 / 0.6) + 5000) ** -0.6)
     paper = MinibatchEM(
-        None,
+        Mixture.placeholder(2, 2, "cpu"),
         w=0,
         step_size=0.01,
         schedule="step",

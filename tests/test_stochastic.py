@@ -159,7 +159,7 @@ def test_inside_compact_set_checks_each_bound():
 
 def test_the_power_schedule_is_nguyen_forbes_mclachlans_learning_rate():
     fitter = MinibatchEM(
-        None,
+        Mixture.placeholder(2, 2, "cpu"),
         w=0,
         step_size=1 - 1e-10,
         schedule="power",

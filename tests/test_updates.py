@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
+from helpers import draw_xd_data, random_spd, rounding_prone_fit, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM, FitDivergedError
 from scalable_xd.fit.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
@@ -156,23 +156,10 @@ def test_sgd_gradients_match_finite_differences(scale):
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em"])
 def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(method):
-    """Two stars with positional-size noise (1e-16) in one wide component: the exact scatter is singular
-    but for the noise, float32 sums miss it by ~eps q |V| ~ 1e-4, far above w = 1e-6. The update clips that
-    rounding instead of letting it become a negative variance."""
-    x = np.array([[120.0, -30.0, 5.0], [121.0, -29.5, 5.2]])
-    S = np.broadcast_to(np.eye(3) * 1e-16, (2, 3, 3))
-    settings = dict(
-        n_components=1,
-        method=method,
-        epochs=1,
-        w=1e-6,
-        step_size=1.0,
-        batch_size=2,
-        tol=None,
-        device="cpu",
-        means_init=[[100.0, -20.0, 4.0]],
-        covariances_init=[np.diag([1e3, 1e2, 10.0])],
-    )
+    """Float32 sums leave the scatter of a nearly singular component indefinite by rounding (see
+    ``helpers.rounding_prone_fit``): the update clips that rounding instead of letting it become a
+    negative variance."""
+    x, S, settings = rounding_prone_fit(method)
     f32 = XDGMM(dtype="float32", **settings).fit(x, S)
     f64 = XDGMM(dtype="float64", **settings).fit(x, S)
     assert np.linalg.eigvalsh(f32.covariances_).min() > 0

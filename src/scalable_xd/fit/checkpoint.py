@@ -25,8 +25,9 @@ from ..dataset import Dataset
 from ..io import atomic_path
 
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
-# 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds).
-FORMAT = 4
+# 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds);
+# 5: SGD keeps its own Adam state (step count on the host) rather than torch.optim.Adam's.
+FORMAT = 5
 KEYS = ("format", "fingerprint", "epoch", "history", "converged", "fitter", "batch", "epoch_seconds")
 # Rows of a data set hashed in full by ``data_digest``, evenly spaced over the set.
 DIGEST_ROWS = 64

@@ -173,9 +173,16 @@ def fit_mixture(
         verbose=settings.verbose,
         group=group,
         checkpoint_every=checkpoint_every if store is not None else 0,
+        defer_checks=defers_checks(device),
     )
     history, converged = run(fitter, train, val, loop, store)
     return Fitted(fitter.result, history, converged or _judged_converged(history, settings))
+
+
+def defers_checks(device: torch.device) -> bool:
+    """Whether fits on ``device`` defer their per-batch tests to each epoch's end (``deferred_checks``):
+    on GPUs, where a test waits for the device; on the CPU a test costs nothing."""
+    return device.type == "cuda"
 
 
 def _judged_converged(history: list, settings: FitSettings) -> bool:

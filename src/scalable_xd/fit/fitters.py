@@ -13,12 +13,15 @@ than on the sky, a condition number float32 cannot even store as a positive-defi
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from types import ModuleType
 from typing import Protocol
 
 import torch
 
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
+from .adam import Adam
 from .updates import (
     CholeskyParameters,
     FixedParameters,
@@ -80,6 +83,16 @@ class TrialFitter(Fitter, Protocol):
 
     def release_fixed(self) -> None:
         """Let every parameter move again (the trial's partial updates are over)."""
+
+
+def fused_updates(device: torch.device) -> ModuleType | None:
+    """The compiled minibatch updates (``fused_updates``) where they run: numba installed, parameters on
+    the CPU; None elsewhere, where the torch updates run."""
+    if device.type != "cpu" or importlib.util.find_spec("numba") is None:
+        return None
+    from . import fused_updates
+
+    return fused_updates
 
 
 def mixture_state(mixture: Mixture) -> dict:
@@ -208,6 +221,7 @@ class MinibatchEM:
             raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
         self.state = mixture
         self.initial = mixture
+        self._e_step: Mixture | None = None  # the E-step's mixture, kept until the state changes
         self.w = w
         self.base_step = step_size
         self.schedule = schedule
@@ -218,6 +232,8 @@ class MinibatchEM:
         self.samples_assignments = stochastic
         self.truncation = truncation
         self.update = online_em_update if covariance_update == "stable" else online_em_update_naive
+        self._fused = fused_updates(mixture.means.device) if covariance_update == "stable" else None
+        self._no_fixed = FixedParameters.none(mixture.n_components, mixture.means.device)
         self.n_updates = 0
         self.restarts = 0
         self._epoch = 0
@@ -234,8 +250,19 @@ class MinibatchEM:
         self._epoch = epoch
 
     @property
+    def state(self) -> Mixture:
+        return self._state
+
+    @state.setter
+    def state(self, state: Mixture) -> None:
+        self._state = state
+        self._e_step = None
+
+    @property
     def mixture(self) -> Mixture:
-        return regularised(self.state, self.w, self.fixed)
+        if self._e_step is None:
+            self._e_step = regularised(self.state, self.w, self.fixed)
+        return self._e_step
 
     @property
     def result(self) -> Mixture:
@@ -243,7 +270,12 @@ class MinibatchEM:
 
     def observe(self, stats: Statistics) -> None:
         step = self.step_size(self._epoch)
-        if self.update is online_em_update:
+        if self._fused is not None:
+            self.state, e_step = self._fused.online_em_step(
+                self.state, stats, step, self.w, self.fixed or self._no_fixed
+            )
+            self._e_step = e_step
+        elif self.update is online_em_update:
             self.state = online_em_update(self.state, stats.double(), step, self.w, self.fixed)
         else:
             self.state = self.update(self.state, stats.double(), step, self.w)
@@ -271,6 +303,7 @@ class MinibatchEM:
 
     def release_fixed(self) -> None:
         self.fixed = None
+        self._e_step = None
 
     def state_dict(self) -> dict:
         return {
@@ -285,6 +318,7 @@ class MinibatchEM:
         self.initial = mixture_from_state(state["initial"], self.state)
         if self.fixed is not None:  # the fixed weights are the initial ones, not the placeholder's
             self.fixed = dataclasses.replace(self.fixed, weight_values=self.initial.weights)
+        self._e_step = None
         self.n_updates = int(state["n_updates"])
         self.restarts = int(state["restarts"])
 
@@ -333,20 +367,21 @@ class SGD:
         self.base_lr = lr
         self.lr_decay = lr_decay
         self.decay_epoch = decay_epoch
-        self.optimizer = torch.optim.Adam(self.params.tensors(), lr=lr)
+        self.optimizer = Adam(self.params.tensors(), lr=lr)
         self.mixture = self.params.mixture()
+        self._fused = fused_updates(mixture.means.device)
 
     def step_size(self, epoch: int) -> float:
         return self.base_lr * (self.lr_decay if epoch >= self.decay_epoch else 1.0)
 
     def start_epoch(self, epoch: int) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.step_size(epoch)
+        self.optimizer.lr = self.step_size(epoch)
 
     def observe(self, stats: Statistics) -> None:
-        for tensor, grad in zip(self.params.tensors(), self.params.loss_gradients(stats.double(), self.w)):
-            tensor.grad = grad
-        self.optimizer.step()
+        if self._fused is not None:
+            self.mixture = self._fused.sgd_step(self.params, self.optimizer, stats, self.w)
+            return
+        self.optimizer.step(self.params.loss_gradients(stats.double(), self.w))
         self.mixture = self.params.mixture()
 
     @property

@@ -14,6 +14,8 @@ a separate evaluation pass found it. Validation data are still scored by their o
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import sys
 import time
@@ -22,8 +24,10 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from .. import deferred_checks
 from .._torch import synchronize
 from ..batching import Batch, generator
+from ..deferred_checks import deferring
 from ..errors import FitDivergedError, NotPositiveDefiniteError
 from ..kernel.dispatch import batch_statistics, log_densities
 from ..kernel.statistics import Statistics, summed_loglik
@@ -65,7 +69,7 @@ def assignment_uniforms(seed: int, epoch: int, batch: int, size: int, device, dt
     """Stochastic EM's uniforms for one batch: drawn on the CPU from a generator that depends only on
     (seed, epoch, batch), so that draws are the same on every device and after a resume."""
     uniforms = torch.rand(size, generator=generator(seed, epoch, batch, 1), dtype=torch.float64)
-    return uniforms.to(device=device, dtype=dtype)
+    return uniforms.to(device=device, dtype=dtype, non_blocking=True)
 
 
 @dataclass
@@ -82,6 +86,7 @@ class LoopConfig:
     verbose: int = 0
     group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
     checkpoint_every: int = 0  # batches between checkpoints inside an epoch (0: at epochs' ends only)
+    defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
 
 
 def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
@@ -166,9 +171,13 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         fitter.start_epoch(epoch - 1)
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
             fitter.load_state_dict(checkpoint.saved["fitter"])
-        _train_epoch(
-            fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history, converged
+        train_epoch = functools.partial(
+            _train_epoch, fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history
         )
+        if cfg.defer_checks and not cfg.checkpoint_every:
+            _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged)
+        else:
+            train_epoch(converged)
         synchronize(cfg.device)
         seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
         done, done_seconds = 0, 0.0
@@ -193,6 +202,19 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
         _log(cfg, history[-1])
     return history, converged
+
+
+def _train_epoch_deferred(fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: int, converged: bool) -> None:
+    """``train_epoch`` with the per-batch tests deferred to its end (``deferred_checks``); where one
+    tripped, the epoch again from the fitter's state at its start, testing at every batch."""
+    start = copy.deepcopy(fitter.state_dict())
+    with deferring(cfg.device) as checks:
+        train_epoch(converged)
+    if reduce_sum(float(checks.tripped()), cfg.group, cfg.device) > 0:  # tripped in any process
+        log.debug("epoch %d: a deferred check tripped, so the epoch runs again testing at every batch", epoch)
+        fitter.start_epoch(epoch - 1)
+        fitter.load_state_dict(start)
+        train_epoch(converged)
 
 
 def improved_less_than(tol: float | None, history: list) -> bool:
@@ -243,7 +265,7 @@ def _train_epoch(
             raise FitDivergedError(
                 epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
             ) from None
-        if stats.n_points > 0:  # a batch whose weights are all zero holds nothing to update from
+        if _has_weight(stats):  # a batch whose weights are all zero holds nothing to update from
             if shadow is not None:
                 fitter.observe_shadow(shadow)
             fitter.observe(stats)
@@ -257,3 +279,13 @@ def _train_epoch(
                 batch=number + 1,
                 epoch_seconds=done_seconds + time.perf_counter() - tick,
             )
+
+
+def _has_weight(stats: Statistics) -> bool:
+    """Whether the batch's total weight is positive; where it is on the device (checks deferred), noted
+    for the epoch's end and taken as true."""
+    checks = deferred_checks.active()
+    if checks is not None and torch.is_tensor(stats.n_points):
+        checks.note(stats.n_points <= 0)
+        return True
+    return stats.n_points > 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import deferred_checks
 from ..kernel.statistics import Criteria, Statistics, symmetric_from_triangle
 
 
@@ -97,7 +98,7 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
         return stats
     k, d = stats.U.shape
     parts = [
-        torch.tensor([float(stats.n_points)], dtype=torch.float64, device=stats.q.device),
+        _as_vector(stats.n_points, stats.q.device),
         stats.q,
         stats.U,
         _upper(stats.UU),
@@ -113,7 +114,7 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
     n, q, U, UU, P, loglik, *criteria = torch.split(flat, sizes)
     criteria = Criteria(criteria[0].reshape(k, k), criteria[1], criteria[2]) if criteria else None
     return Statistics(
-        float(n),
+        n[0] if deferred_checks.active() is not None else float(n),
         q,
         U.reshape(k, d),
         symmetric_from_triangle(UU.reshape(k, -1), d, lower=False),
@@ -121,6 +122,13 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
         loglik[0],
         criteria,
     )
+
+
+def _as_vector(n: float | torch.Tensor, device) -> torch.Tensor:
+    """``n`` as a (1,) float64 tensor on ``device``: a number is filled in there, not copied from the host."""
+    if torch.is_tensor(n):
+        return n.to(torch.float64).reshape(1)
+    return torch.full((1,), float(n), dtype=torch.float64, device=device)
 
 
 def reduce_sum(value: float, group: Group, device) -> float:

@@ -27,9 +27,11 @@ and is left for the divergence check to report.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from .. import deferred_checks
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 
@@ -50,16 +52,27 @@ def _psd(a: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     pushed below zero (see above)."""
     a = _symmetrise(a)
     _, info = torch.linalg.cholesky_ex(a)
-    suspects = torch.nonzero((info > 0) & torch.isfinite(a).all(dim=(1, 2))).flatten()
+    failed = (info > 0) & torch.isfinite(a).all(dim=(1, 2))
+    checks = deferred_checks.active()
+    if checks is not None:  # rare: the epoch runs again with the test made here
+        checks.note(failed)
+        return a
+    suspects = torch.nonzero(failed).flatten()
     if len(suspects) == 0:
         return a
-    eig, vec = torch.linalg.eigh(a[suspects])
-    scale = torch.diagonal(V[suspects], dim1=-2, dim2=-1).amax(dim=-1)
+    a = a.clone()
+    a[suspects] = clip_rounding(a[suspects], V[suspects])
+    return a
+
+
+def clip_rounding(a: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """The symmetric ``a`` (n, D, D) with its negative eigenvalues set to zero where they are rounding
+    (no lower than ``-_ROUNDING`` times the largest variance of ``V``); the others as they are."""
+    eig, vec = torch.linalg.eigh(a)
+    scale = torch.diagonal(V, dim1=-2, dim2=-1).amax(dim=-1)
     rounding = (eig[:, 0] < 0) & (eig[:, 0] >= -_ROUNDING * scale)
     clipped = (vec * eig.clamp_min(0.0).unsqueeze(-2)) @ vec.mT
-    a = a.clone()
-    a[suspects] = torch.where(rounding[:, None, None], _symmetrise(clipped), a[suspects])
-    return a
+    return torch.where(rounding[:, None, None], _symmetrise(clipped), a)
 
 
 def _live(q: torch.Tensor) -> torch.Tensor:
@@ -89,17 +102,29 @@ class FixedParameters:
         return cls(free, free, free, torch.full((k,), 1.0 / k, dtype=torch.float64, device=device))
 
     def any(self) -> bool:
-        return bool(self.weights.any() or self.means.any() or self.covariances.any())
+        return self.has_fixed_weights or self.has_fixed_means or self.has_fixed_covariances
+
+    # Asked once, not at every step: on a GPU each answer is a wait for the device.
+    @cached_property
+    def has_fixed_weights(self) -> bool:
+        return bool(self.weights.any())
+
+    @cached_property
+    def has_fixed_means(self) -> bool:
+        return bool(self.means.any())
+
+    @cached_property
+    def has_fixed_covariances(self) -> bool:
+        return bool(self.covariances.any())
 
 
 def share_weights(proposed: torch.Tensor, current: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
     """Weights that keep ``current`` where ``fixed`` and give the free components 1 - sum(fixed weights) in
-    proportion to ``proposed`` (the update's unnormalised weights)."""
-    if not fixed.any():
-        return proposed / proposed.sum()
+    proportion to ``proposed`` (the update's unnormalised weights). With nothing fixed, ``proposed``
+    normalised, to the bit; computed without asking the device anything."""
     free = torch.where(fixed, torch.zeros_like(proposed), proposed)
     total = free.sum()
-    left = 1.0 - current[fixed].sum()
+    left = 1.0 - torch.where(fixed, current, torch.zeros_like(current)).sum()
     return torch.where(fixed, current, free / torch.where(total > 0, total, torch.ones_like(total)) * left)
 
 
@@ -126,7 +151,7 @@ def em_update(mixture: Mixture, stats: Statistics, w: float, fixed: FixedParamet
         new_cov = scatter
     new_mean = m + (V @ u_bar.unsqueeze(-1)).squeeze(-1)
     return Mixture(
-        weights=share_weights(q, mixture.weights, fixed.weights),
+        weights=share_weights(q, mixture.weights, fixed.weights) if fixed.has_fixed_weights else q / q.sum(),
         means=torch.where((live & ~fixed.means)[:, None], new_mean, m),
         covariances=torch.where((live & ~fixed.covariances)[:, None, None], new_cov, V),
     )
@@ -141,7 +166,7 @@ def regularised(state: Mixture, w: float, fixed: FixedParameters | None = None) 
     it to the running state instead feeds it back through every later step: at the fixed point each
     covariance then carries about ``(w / step) I`` extra (0.1 to 0.2 per feature at the paper's settings).
     """
-    if fixed is None or not fixed.any():
+    if fixed is None or not fixed.any():  # asked of the host, once (see FixedParameters)
         if w == 0:
             return state
         return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
@@ -273,7 +298,7 @@ class CholeskyParameters:
 
     def _free_softmax(self) -> torch.Tensor:
         """Softmax over the free components' logits (the fixed ones get zero)."""
-        if not self.fixed.weights.any():
+        if not self.fixed.has_fixed_weights:
             return torch.softmax(self.logits, dim=0)
         return torch.softmax(self.logits.masked_fill(self.fixed.weights, -torch.inf), dim=0)
 
@@ -281,7 +306,7 @@ class CholeskyParameters:
         chol = self.cholesky()
         fixed, initial = self.fixed, self.initial
         weights = self._free_softmax()
-        if fixed.weights.any():
+        if fixed.has_fixed_weights:
             weights = share_weights(weights, fixed.weight_values, fixed.weights)
         means = torch.where(fixed.means[:, None], initial.means, self.means * self.scale)
         covariances = torch.where(fixed.covariances[:, None, None], initial.covariances, chol @ chol.mT)
@@ -304,7 +329,7 @@ class CholeskyParameters:
         diag = torch.diagonal(grad_unit, dim1=-2, dim2=-1) * torch.diagonal(unit, dim1=-2, dim2=-1)
         grad_raw = torch.tril(grad_unit, -1) + torch.diag_embed(diag)
         fixed = self.fixed
-        if fixed.weights.any():  # free alpha_j = (1 - fixed sum) softmax_free(z)_j: dLL/dz_j = q_j - beta_j q_free
+        if fixed.has_fixed_weights:  # free alpha_j = (1 - fixed sum) softmax_free(z)_j: dLL/dz_j = q_j - beta_j q_free
             beta = self._free_softmax()
             grad_logits = -(stats.q - beta * stats.q[~fixed.weights].sum()).masked_fill(fixed.weights, 0.0)
         else:

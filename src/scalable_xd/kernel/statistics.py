@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import deferred_checks
 from ..errors import NotPositiveDefiniteError
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -31,7 +32,7 @@ class Statistics:
     which is what every update divides by in place of the count), the batch's summed log-likelihood, and,
     when asked for, the split-and-merge criteria's sums (``Criteria``)."""
 
-    n_points: float
+    n_points: float | torch.Tensor  # a 0-dim tensor where checks are deferred (``deferred_checks``)
     q: torch.Tensor  # (K,)
     U: torch.Tensor  # (K, D)
     UU: torch.Tensor  # (K, D, D)
@@ -125,7 +126,12 @@ def symmetric_from_triangle(entries: torch.Tensor, dim: int, lower: bool = True)
 
 
 def raise_for_failed_pairs(failed: torch.Tensor, row_offset: int) -> None:
-    """``failed`` (B, K) marks pairs whose T_ij could not be factorised; name the first one."""
+    """``failed`` (B, K) marks pairs whose T_ij could not be factorised; name the first one (or, where
+    checks are deferred, record that one failed: see ``deferred_checks``)."""
+    checks = deferred_checks.active()
+    if checks is not None:
+        checks.note(failed)
+        return
     if failed.any():
         row, component = (int(v) for v in torch.nonzero(failed)[0])
         raise NotPositiveDefiniteError(row_offset + row, component)
@@ -157,6 +163,10 @@ def summed_loglik(loglik: torch.Tensor, point_weights=None) -> torch.Tensor:
     return loglik.sum(dtype=torch.float64) if point_weights is None else (loglik.double() * point_weights).sum()
 
 
-def n_points(x: torch.Tensor, point_weights=None) -> float:
-    """The batch's size for the updates: its number of points, or their total weight."""
-    return x.shape[0] if point_weights is None else float(point_weights.sum(dtype=torch.float64))
+def n_points(x: torch.Tensor, point_weights=None) -> float | torch.Tensor:
+    """The batch's size for the updates: its number of points, or their total weight (left on the device
+    where checks are deferred: see ``deferred_checks``)."""
+    if point_weights is None:
+        return x.shape[0]
+    total = point_weights.sum(dtype=torch.float64)
+    return total if deferred_checks.active() is not None else float(total)

@@ -1,0 +1,51 @@
+"""Checks deferred to the epoch's end, so that a GPU never waits for a batch.
+
+A per-batch test of a rare event (a pair whose V_j + S_i cannot be factorised in float32, a covariance
+that rounding left indefinite, a batch of zero total weight) asks the device a question, and on a GPU
+each question stops the host until the device has caught up with everything queued before it. Within
+``deferring(device)`` such tests record on the device that the event happened instead, and the training
+loop asks once, at the epoch's end (``DeferredChecks.tripped``). Where it did happen, the loop runs the
+epoch again from its start with every test made at its batch, so the fit's result is the same as with
+no deferring; the common epoch never waits.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+
+
+class DeferredChecks:
+    """A flag on the device, raised by any event ``note``d since it was made."""
+
+    def __init__(self, device):
+        self._flag = torch.zeros((), dtype=torch.bool, device=device)
+
+    def note(self, event: torch.Tensor) -> None:
+        """Record (without waiting for the device) whether any entry of ``event`` is true."""
+        self._flag |= event.any()
+
+    def tripped(self) -> bool:
+        """Whether any event was noted: the one question asked of the device."""
+        return bool(self._flag)
+
+
+_active: ContextVar[DeferredChecks | None] = ContextVar("deferred_checks", default=None)
+
+
+def active() -> DeferredChecks | None:
+    """The checks of the enclosing ``deferring`` block, or None where tests run at their batch."""
+    return _active.get()
+
+
+@contextmanager
+def deferring(device):
+    """Defer the per-batch tests within the block to the ``DeferredChecks`` it yields."""
+    checks = DeferredChecks(device)
+    token = _active.set(checks)
+    try:
+        yield checks
+    finally:
+        _active.reset(token)

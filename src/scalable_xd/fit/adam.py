@@ -1,0 +1,56 @@
+"""Adam (Kingma & Ba 2015) as ``torch.optim.Adam`` computes it, with its step count kept on the host.
+
+``torch.optim.Adam`` keeps the step count as a tensor and reads it back every step to form the bias
+corrections, which on a GPU makes each step wait for the device (unless ``capturable``, which the CPU
+does not support). SGD's parameters are few and their gradients come analytically from the kernel's sums,
+so this is all the optimiser the fit needs: the same arithmetic as torch's single-tensor step (no weight
+decay, amsgrad or maximize; ``tests/test_fused_updates.py`` holds the two equal to the bit), and a state
+that the compiled CPU step (``fused_updates.sgd_step``) updates in place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class Adam:
+    """Adam over ``params`` (tensors updated in place) with learning rate ``lr`` (settable between steps)."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params = params
+        self.lr = lr
+        self.betas = betas
+        self.eps = eps
+        self.steps = 0
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+
+    def corrections(self) -> tuple[float, float]:
+        """(the step size lr / (1 - beta1^t), sqrt(1 - beta2^t)) for the step count t."""
+        beta1, beta2 = self.betas
+        return self.lr / (1 - beta1**self.steps), math.sqrt(1 - beta2**self.steps)
+
+    def step(self, grads: list[torch.Tensor]) -> None:
+        """One step along ``grads`` (one per parameter)."""
+        self.steps += 1
+        beta1, beta2 = self.betas
+        step_size, bias_correction2_sqrt = self.corrections()
+        for param, grad, exp_avg, exp_avg_sq in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            param.addcdiv_(exp_avg, denom, value=-step_size)
+
+    def state_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "exp_avg": [t.clone() for t in self.exp_avg],
+            "exp_avg_sq": [t.clone() for t in self.exp_avg_sq],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        for mine, saved in zip(self.exp_avg + self.exp_avg_sq, state["exp_avg"] + state["exp_avg_sq"]):
+            mine.copy_(saved)

@@ -1,0 +1,142 @@
+"""The compiled CPU updates (fit/fused_updates.py) against the torch updates they replace on the CPU."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd
+
+pytest.importorskip("numba")
+
+from scalable_xd.fit import fused_updates  # noqa: E402
+from scalable_xd.fit.adam import Adam  # noqa: E402
+from scalable_xd.fit.fitters import SGD  # noqa: E402
+from scalable_xd.fit.fitters import fused_updates as fused_updates_for
+from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised  # noqa: E402
+from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
+from scalable_xd.kernel.statistics import Statistics  # noqa: E402
+from scalable_xd.mixture import Mixture  # noqa: E402
+
+
+def _problem(seed: int, k: int = 5, d: int = 4, n: int = 300):
+    rng = np.random.default_rng(seed)
+    weights, means, covs = rng.dirichlet(np.ones(k)), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, n, weights, means + 0.4, covs * 1.3, 0.2, 1.0)
+    state = Mixture(*(torch.tensor(a) for a in (weights, means, covs)))
+    return state, torch.tensor(x), torch.tensor(S)
+
+
+def _fixed(k: int, weights=(), means=(), covariances=(), values=None) -> FixedParameters:
+    def mask(rows):
+        m = torch.zeros(k, dtype=torch.bool)
+        m[list(rows)] = True
+        return m
+
+    values = torch.full((k,), 1.0 / k, dtype=torch.float64) if values is None else values
+    return FixedParameters(mask(weights), mask(means), mask(covariances), values)
+
+
+def _assert_mixtures_close(a: Mixture, b: Mixture, rtol: float) -> None:
+    for name in ("weights", "means", "covariances"):
+        np.testing.assert_allclose(
+            getattr(a, name).numpy(), getattr(b, name).numpy(), rtol=rtol, atol=1e-14, err_msg=name
+        )
+
+
+@pytest.mark.parametrize("w", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fixed_rows", [{}, {"weights": [1], "means": [0, 2], "covariances": [2, 3]}])
+def test_online_em_step_equals_the_torch_update(w, dtype, fixed_rows):
+    state, x, S = _problem(30)
+    fixed = _fixed(5, **fixed_rows, values=state.weights)
+    stats = batch_statistics(x.to(dtype), S.to(dtype), regularised(state, w, fixed))
+    stats.q[4] = 0.0  # a component that drew nothing and whose running weight is gone: frozen
+    stats.U[4] = stats.UU[4] = stats.P[4] = 0.0
+    state.weights[4] = 0.0
+    new_state, e_step = fused_updates.online_em_step(state, stats, 0.2, w, fixed)
+    expected = online_em_update(state, stats.double(), 0.2, w, fixed)
+    _assert_mixtures_close(new_state, expected, rtol=1e-12)
+    _assert_mixtures_close(e_step, regularised(expected, w, fixed), rtol=1e-12)
+    assert torch.equal(new_state.covariances[4], state.covariances[4])
+
+
+def test_online_em_step_clips_rounding_as_the_torch_update_does():
+    """Covariance updates built to land exactly on an indefinite matrix: one whose negative eigenvalue is
+    rounding-sized (clipped), one whose is not (left for the divergence check), and a healthy one."""
+    q, _ = np.linalg.qr(np.random.default_rng(24).normal(size=(3, 3)))
+    targets = np.stack([(q * np.array(eig)) @ q.T for eig in ([-1e-3, 1.0, 3.0], [-5.0, 1.0, 3.0], [1e-3, 1.0, 3.0])])
+    V = np.diag([1e3, 10.0, 1.0])
+    V_inv = np.linalg.inv(V)
+    # step 1, w 0, U 0, one point of responsibility 1: the new covariance is V + V (UU - P) V = target
+    UU = torch.tensor(np.stack([V_inv @ (t - V) @ V_inv for t in targets]))
+    stats = Statistics(1, torch.ones(3), torch.zeros(3, 3), UU, torch.zeros(3, 3, 3))
+    state = Mixture(
+        torch.full((3,), 1 / 3, dtype=torch.float64),
+        torch.zeros(3, 3, dtype=torch.float64),
+        torch.tensor(np.stack([V] * 3)),
+    )
+    new_state, _ = fused_updates.online_em_step(state, stats, 1.0, 0.0, FixedParameters.none(3))
+    expected = online_em_update(state, stats, 1.0, 0.0)
+    np.testing.assert_allclose(new_state.covariances.numpy(), expected.covariances.numpy(), rtol=1e-9, atol=1e-9)
+    eigenvalues = np.linalg.eigvalsh(new_state.covariances.numpy())
+    assert eigenvalues[0, 0] >= -1e-9 and eigenvalues[1, 0] < -4 and eigenvalues[2, 0] > 0
+
+
+def _sgd_pair(state: Mixture, fixed: FixedParameters | None, scaling: str):
+    settings = dict(w=0.2, lr=0.05, lr_decay=0.1, decay_epoch=10, scaling=scaling, fixed=fixed)
+    fused, plain = SGD(state, **settings), SGD(state, **settings)
+    plain._fused = None  # the torch update and torch.optim.Adam
+    for fitter in (fused, plain):
+        fitter.start_epoch(0)
+    return fused, plain
+
+
+@pytest.mark.parametrize("scaling", ["none", "spread"])
+@pytest.mark.parametrize("fixed_rows", [{}, {"weights": [1, 3], "means": [0], "covariances": [2]}])
+def test_sgd_step_equals_the_torch_gradient_and_adam(scaling, fixed_rows):
+    state, x, S = _problem(31)
+    fixed = _fixed(5, **fixed_rows, values=state.weights) if fixed_rows else None
+    fused, plain = _sgd_pair(state, fixed, scaling)
+    for batch in range(6):
+        rows = slice(50 * batch, 50 * batch + 50)
+        stats = batch_statistics(x[rows].float(), S[rows].float(), plain.mixture)
+        fused.observe(stats)
+        plain.observe(stats)
+        _assert_mixtures_close(fused.mixture, plain.mixture, rtol=1e-11)
+    # One optimiser state for both, so a fit can resume on the other path (a checkpoint, a GPU).
+    mine, theirs = fused.optimizer.state_dict(), plain.optimizer.state_dict()
+    assert mine["steps"] == theirs["steps"] == 6
+    for key in ("exp_avg", "exp_avg_sq"):
+        for a, b in zip(mine[key], theirs[key]):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-300)
+
+
+def test_adam_is_torch_adam_to_the_bit():
+    """Our Adam (its step count on the host) against torch.optim.Adam's single-tensor step, the
+    learning rate changed between steps as SGD's schedule does."""
+    rng = np.random.default_rng(33)
+    ours = [torch.tensor(rng.normal(size=shape)) for shape in [(5,), (5, 4), (5, 4, 4)]]
+    theirs = [t.clone() for t in ours]
+    adam, reference = Adam(ours, lr=0.05), torch.optim.Adam(theirs, lr=0.05, foreach=False)
+    for step in range(12):
+        if step == 8:
+            adam.lr = reference.param_groups[0]["lr"] = 0.005
+        grads = [torch.tensor(rng.normal(scale=10.0 ** rng.integers(-6, 3), size=t.shape)) for t in ours]
+        adam.step(grads)
+        for tensor, grad in zip(theirs, grads):
+            tensor.grad = grad.clone()
+        reference.step()
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b), step
+
+
+def test_fused_updates_run_on_the_cpu_only():
+    assert fused_updates_for(torch.device("cpu")) is fused_updates
+    assert fused_updates_for(torch.device("meta")) is None
+
+
+def test_a_fixed_parameters_copy_answers_for_its_own_masks():
+    fixed = _fixed(3, weights=[0])
+    assert fixed.has_fixed_weights
+    assert not dataclasses.replace(fixed, weights=torch.zeros(3, dtype=torch.bool)).has_fixed_weights
