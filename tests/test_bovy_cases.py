@@ -13,6 +13,15 @@ TOL = 10.0 / np.sqrt(N)
 AMP = 0.3  # the narrow component's weight in the two-component cases
 
 
+SETTINGS = {}  # for every case: the acceleration (below)
+
+
+@pytest.fixture(params=["none", "squarem"], autouse=True)
+def acceleration(request, monkeypatch):
+    """Every case with plain EM and with SQUAREM, which must reach the same fixed point."""
+    monkeypatch.setitem(SETTINGS, "acceleration", request.param)
+
+
 def _fit(y, ycovar, amp, mean, covar, **fix):
     model = XDGMM(
         len(amp),
@@ -24,6 +33,7 @@ def _fit(y, ycovar, amp, mean, covar, **fix):
         weights_init=amp,
         means_init=mean,
         covariances_init=covar,
+        **SETTINGS,
         **fix,
     )
     return model.fit(y, ycovar)
@@ -99,6 +109,7 @@ def test_weights_undo_an_oversampled_half():
         weights_init=np.ones(1),
         means_init=np.array([[y.mean() + y.std()]]),
         covariances_init=np.array([[[3 * y.var()]]]),
+        **SETTINGS,
     )
     model.fit(y, ycovar, sample_weight=weight)
     assert abs(model.means_[0, 0]) < TOL and abs(model.covariances_[0, 0, 0] - 1.0) < TOL

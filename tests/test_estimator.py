@@ -200,6 +200,7 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
         ("minibatch_em", {"averaging": "polyak", "truncation": True, "truncation_bound": 1.5, "batch_size": 50}),
         ("sgd", {"averaging": "polyak", "fix_means": np.array([True, False, False]), "fix_weights": True}),
         ("em", {"split_merge": True, "tol": 0.2, "split_merge_tries": 3}),  # interrupted in a partial EM
+        ("em", {"acceleration": "squarem"}),  # interrupted before the pass at an extrapolation
         ("minibatch_em", {"split_merge": True}),  # interrupted with a trial proposed, before its epoch
         ("sgd", {"split_merge": True, "batch_size": 100}),
     ],

@@ -50,6 +50,8 @@ class XDGMM(BaseEstimator):
     w : covariance regularisation (EM: Bovy et al.'s (sum + wI)/(q + 1); minibatch EM: wI after each
         update; SGD: the penalty sum_j w / tr V_j).
     tol : batch EM stops once an iteration improves the mean training log-likelihood by less (None: never).
+    acceleration : ``"squarem"`` extrapolates batch EM along its steps (Varadhan & Roland 2008; see
+        ``fit.squarem``), reaching EM's own fixed point in fewer passes; ``"none"`` is plain EM.
     averaging : ``"polyak"`` reports the running mean of the parameters over all updates (minibatch methods).
     truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave
         Nguyen, Forbes & McLachlan's growing compact sets (c1 = c2 = c3 = ``truncation_bound``).
@@ -99,6 +101,7 @@ class XDGMM(BaseEstimator):
         sgd_scaling: str = _FIT.sgd_scaling,
         w: float = _FIT.w,
         tol: float | None = _FIT.tol,
+        acceleration: str = _FIT.acceleration,
         split_merge: bool = _FIT.split_merge,
         split_merge_tries: int = _FIT.split_merge_tries,
         averaging: str = _FIT.averaging,

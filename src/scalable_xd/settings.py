@@ -23,6 +23,7 @@ MISSING_VARIANCE = 1e12
 MISSING_LOGLIK_CONSTANT = -0.5 * math.log(2 * math.pi * MISSING_VARIANCE)
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("none", "spread")
+ACCELERATIONS = ("squarem", "none")
 DTYPES = ("float32", "float64")
 # The statistics pass's implementations (``kernel.dispatch``); projected data take linalg whatever is asked.
 BACKENDS = ("auto", "fused", "triton", "compiled", "unrolled", "linalg")
@@ -128,6 +129,12 @@ class FitSettings(_Settings):
         "em stops once an iteration improves the mean training log-likelihood by less (None: run every epoch)",
         low=0,
         nullable=True,
+    )
+    acceleration: str = setting(
+        "squarem",
+        "batch EM (em without split_merge): squarem extrapolates along EM's steps (Varadhan & Roland 2008), "
+        "reaching EM's own fixed point in fewer passes; none is plain EM (Bovy et al., the paper)",
+        choices=ACCELERATIONS,
     )
     averaging: str = setting(
         "none",

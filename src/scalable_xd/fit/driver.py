@@ -24,7 +24,7 @@ from ..settings import FitSettings, KMeansSettings, resolve_seed
 from ..stream import ParquetSource
 from .checkpoint import Checkpoint
 from .init import initial_mixture, kmeans_sample
-from .loop import EVAL_BATCH, LoopConfig, improved_less_than, run, total_loglik
+from .loop import EVAL_BATCH, LoopConfig, last_gain, run, total_loglik
 from .methods import make_fitter, method
 from .parallel import Group
 from .updates import FixedParameters
@@ -111,7 +111,7 @@ def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> d
             raise ValueError(
                 f"{name} must be True, False or a boolean array of length n_components ({n_components}), got {value!r}"
             )
-        masks[name] = mask
+        masks[name] = np.ascontiguousarray(mask)  # a reversed view has negative strides torch refuses
     return masks
 
 
@@ -191,9 +191,9 @@ def _judged_converged(history: list, settings: FitSettings) -> bool:
     where the epoch budget ended first. ``tol=None`` asks for every epoch and judges nothing."""
     if settings.tol is None or len(history) < 2:
         return False
-    if improved_less_than(settings.tol, history):
-        return True
-    gain = history[-1]["train_loglik"] - history[-2]["train_loglik"]
+    gain = last_gain(history)
+    if gain is None or gain < settings.tol:
+        return gain is not None
     warnings.warn(
         f"{settings.method} ended by its budget of {settings.epochs} epochs while its last epoch still raised the "
         f"mean training log-likelihood by {gain:.3g} nats/star (more than tol = {settings.tol:g}): the fit has "

@@ -67,6 +67,10 @@ class Fitter(Protocol):
         """(Called where ``scores_its_pass``.) The summed training log-likelihood of the model the epoch's
         pass used."""
 
+    def pass_objective(self) -> float | None:
+        """(Called where ``scores_its_pass``.) What the fitter maximises, summed like ``pass_loglik``, where
+        that is not the log-likelihood alone (``tol`` then judges it); None where it is."""
+
     def observe_shadow(self, stats: Statistics) -> None:
         """(Called where ``shadow`` is not None.) The statistics of the trial model's pass over the batch."""
 
@@ -123,6 +127,9 @@ class EpochSums:
         """The summed (weighted) log-likelihood of the whole training set under the model the epoch's pass
         used: what an evaluation pass would compute, had the E-step not already done so."""
         return float(self._sums.loglik)
+
+    def pass_objective(self) -> float | None:
+        return None  # Bovy et al.'s EM judges convergence on the log-likelihood, whatever w
 
     def _sums_state(self) -> dict | None:
         """The epoch's sums so far, for a checkpoint written inside an epoch (without split-and-merge

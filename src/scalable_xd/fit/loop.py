@@ -183,6 +183,9 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         done, done_seconds = 0, 0.0
         if one_pass:  # the pass scored the parameters it started from: the last entry's figure
             history[-1]["train_loglik"] = fitter.pass_loglik() / train.total_weight
+            objective = fitter.pass_objective()
+            if objective is not None:
+                history[-1]["train_objective"] = objective / train.total_weight
             _log(cfg, history[-1])
             if improved_less_than(cfg.tol, history):
                 converged = True  # at the parameters just scored: no update from this pass
@@ -218,8 +221,22 @@ def _train_epoch_deferred(fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: i
 
 
 def improved_less_than(tol: float | None, history: list) -> bool:
-    """Whether the last entry's training log-likelihood is less than ``tol`` above the one before."""
-    return tol is not None and len(history) > 1 and history[-1]["train_loglik"] - history[-2]["train_loglik"] < tol
+    """Whether the last entry's training log-likelihood is less than ``tol`` above the one before; judged
+    only where the last entry's model is one update from the one before (``em_step``: see ``squarem``)."""
+    if tol is None or not history[-1].get("em_step", True):
+        return False
+    gain = last_gain(history)
+    return gain is not None and gain < tol
+
+
+def last_gain(history: list) -> float | None:
+    """The gain of the last entry that is one update from the entry before it (``em_step``), or None where
+    there is none: in the fitter's objective where both entries record one, else in mean log-likelihood."""
+    for before, after in zip(reversed(history[:-1]), reversed(history[1:])):
+        if after.get("em_step", True):
+            key = "train_objective" if "train_objective" in before and "train_objective" in after else "train_loglik"
+            return after[key] - before[key]
+    return None
 
 
 def _mean_loglik(data, mixture: Mixture, cfg: LoopConfig) -> float:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..mixture import Mixture
     from ..settings import FitSettings
     from .fitters import SGD, BatchEM, Fitter, MinibatchEM
+    from .squarem import SquaremEM
     from .updates import FixedParameters
 
 
@@ -50,9 +51,12 @@ class Method:
     in_paper: bool = False
 
 
-def _batch_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> BatchEM:
+def _batch_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> BatchEM | SquaremEM:
     from .fitters import BatchEM
+    from .squarem import SquaremEM
 
+    if s.acceleration == "squarem" and not stochastic:
+        return SquaremEM(mixture, w=s.w, fixed=fixed)
     return BatchEM(mixture, w=s.w, fixed=fixed, stochastic=stochastic)
 
 

@@ -24,7 +24,8 @@ from ..settings import FitSettings, KMeansSettings
 log = logging.getLogger("scalable_xd")
 
 # What a reference fit (see ``truth``) runs: batch EM in float64, longer and tighter than the fits.
-REFERENCE = FitSettings(method="em", epochs=100, tol=1e-5, dtype="float64", verbose=1)
+# Plain EM: the references of the recorded runs (README, "Reproducing the paper").
+REFERENCE = FitSettings(method="em", epochs=100, tol=1e-5, dtype="float64", verbose=1, acceleration="none")
 
 
 def check_writable(*paths) -> None:

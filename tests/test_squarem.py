@@ -1,0 +1,84 @@
+"""SQUAREM-accelerated batch EM (fit/squarem.py): plain EM's fixed point in a fraction of the passes."""
+
+import numpy as np
+import pytest
+from helpers import draw_xd_data, random_spd
+
+from scalable_xd import XDGMM
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(50)
+    k, d = 6, 3
+    weights, means, covs = rng.dirichlet(np.ones(k) * 3), rng.normal(scale=2.5, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, 6000, weights, means, covs, 0.3, 1.5)
+    return x, S
+
+
+def _fit(data, acceleration, **options):
+    settings = dict(epochs=6000, tol=1e-10, dtype="float64", device="cpu", random_state=0, acceleration=acceleration)
+    return XDGMM(6, "em", **{**settings, **options}).fit(*data)
+
+
+def _objective(model, data, w):
+    """What Bovy et al.'s EM increases (fit/squarem.py): the mean log-likelihood plus the log prior of w."""
+    V = model.covariances_
+    prior = -0.5 * (np.linalg.slogdet(V)[1].sum() + w * np.trace(np.linalg.inv(V), axis1=1, axis2=2).sum())
+    return model.score(*data) + prior / len(data[0])
+
+
+def _assert_same_fit(a, b, rtol):
+    order_a, order_b = np.argsort(a.means_[:, 0]), np.argsort(b.means_[:, 0])
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(a, attr)[order_a], getattr(b, attr)[order_b], rtol=rtol, atol=rtol)
+
+
+def test_squarem_reaches_plain_ems_fixed_point_in_a_fraction_of_the_passes(data):
+    """Maximum likelihood (w = 0): both run to a gain of 1e-10 nats a star."""
+    plain, fast = _fit(data, "none", w=0.0), _fit(data, "squarem", w=0.0)
+    assert plain.converged_ and fast.converged_
+    assert len(fast.history_) < len(plain.history_) / 5  # every pass is an entry: extrapolations included
+    assert fast.history_[-1]["extrapolations"] > 0
+    _assert_same_fit(fast, plain, rtol=2e-3)
+    assert fast.score(*data) == pytest.approx(plain.score(*data), abs=1e-7)
+
+
+def test_with_regularisation_squarem_climbs_what_em_climbs(data):
+    """With w > 0 EM maximises the likelihood times the prior its update implies, whose ridge is flat:
+    plain EM stopped by its log-likelihood gain is still far from its fixed point, which it reaches after
+    thousands of iterations more (6,000 here); SQUAREM gets there, judging convergence on that objective."""
+    w = 1e-3
+    fast = _fit(data, "squarem", w=w, tol=1e-9)
+    stopped = _fit(data, "none", w=w)
+    plain = _fit(data, "none", w=w, tol=None, epochs=6000)
+    assert fast.converged_ and len(fast.history_) < 1500
+    _assert_same_fit(fast, plain, rtol=0.02)
+    assert _objective(fast, data, w) > _objective(stopped, data, w) + 1e-4
+    assert _objective(fast, data, w) > _objective(plain, data, w)  # further up than 6,000 EM iterations
+
+
+def test_every_cycle_starts_higher_and_only_their_first_steps_judge_convergence(data):
+    fast = _fit(data, "squarem", epochs=80, tol=1e-4)
+    history = fast.history_
+    judged = [i for i, h in enumerate(history) if i > 0 and h["em_step"]]
+    gains = [history[i]["train_objective"] - history[i - 1]["train_objective"] for i in judged]
+    assert min(gains) > -1e-12  # a cycle's first step is an EM step: the objective never falls
+    assert fast.converged_ and judged[-1] == len(history) - 1 and gains[-1] < 1e-4
+    assert history[-1]["extrapolations"] > 0
+
+
+def test_squarem_keeps_fixed_parameters(data):
+    rng = np.random.default_rng(51)
+    fix = np.array([True, False, False, True, False, False])
+    start = dict(
+        weights_init=rng.dirichlet(np.ones(6)),
+        means_init=data[0][rng.choice(len(data[0]), 6, replace=False)],
+        covariances_init=np.stack([np.eye(3)] * 6),
+    )
+    fast = _fit(data, "squarem", epochs=40, fix_weights=fix, fix_means=fix, fix_covariances=fix[::-1], **start)
+    assert fast.history_[-1]["extrapolations"] > 0
+    np.testing.assert_allclose(fast.weights_[fix], start["weights_init"][fix], rtol=1e-14)  # normalised once
+    np.testing.assert_array_equal(fast.means_[fix], start["means_init"][fix])
+    np.testing.assert_array_equal(fast.covariances_[fix[::-1]], start["covariances_init"][fix[::-1]])
+    assert fast.weights_.sum() == pytest.approx(1.0, abs=1e-12)
