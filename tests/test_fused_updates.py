@@ -44,20 +44,20 @@ def _assert_mixtures_close(a: Mixture, b: Mixture, rtol: float) -> None:
         )
 
 
-@pytest.mark.parametrize("w", [0.0, 0.3])
+@pytest.mark.parametrize("w, data_size", [(0.0, None), (0.3, None), (0.3, 2000.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("fixed_rows", [{}, {"weights": [1], "means": [0, 2], "covariances": [2, 3]}])
-def test_online_em_step_equals_the_torch_update(w, dtype, fixed_rows):
+@pytest.mark.parametrize("fixed_rows", [{}, {"means": [0]}, {"weights": [1], "means": [0, 2], "covariances": [2, 3]}])
+def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows):
     state, x, S = _problem(30)
     fixed = _fixed(5, **fixed_rows, values=state.weights)
-    stats = batch_statistics(x.to(dtype), S.to(dtype), regularised(state, w, fixed))
+    stats = batch_statistics(x.to(dtype), S.to(dtype), regularised(state, w, fixed, data_size))
     stats.q[4] = 0.0  # a component that drew nothing and whose running weight is gone: frozen
     stats.U[4] = stats.UU[4] = stats.P[4] = 0.0
     state.weights[4] = 0.0
-    new_state, e_step = fused_updates.online_em_step(state, stats, 0.2, w, fixed)
-    expected = online_em_update(state, stats.double(), 0.2, w, fixed)
+    new_state, e_step = fused_updates.online_em_step(state, stats, 0.2, w, fixed, data_size)
+    expected = online_em_update(state, stats.double(), 0.2, w, fixed, data_size)
     _assert_mixtures_close(new_state, expected, rtol=1e-12)
-    _assert_mixtures_close(e_step, regularised(expected, w, fixed), rtol=1e-12)
+    _assert_mixtures_close(e_step, regularised(expected, w, fixed, data_size), rtol=1e-12)
     assert torch.equal(new_state.covariances[4], state.covariances[4])
 
 

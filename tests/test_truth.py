@@ -39,6 +39,30 @@ def test_gap_closed():
     assert math.isnan(gap_closed(-1.0, noisy=-1.0, oracle=-1.0))  # no gap: nothing to close
 
 
+class _Split:
+    """A features split as truth_metrics reads it: its true values and its length."""
+
+    def __init__(self, true):
+        self.true = true
+
+    def __len__(self):
+        return len(self.true)
+
+
+def test_the_share_of_the_achievable_measures_from_the_noisy_reference_to_converged_xd(noisy_mixture):
+    x, S, v, v_test = noisy_mixture
+
+    test = _Split(v_test)
+    model = XDGMM(2, "em", epochs=2, device="cpu", dtype="float64", random_state=0).fit(x, S)
+    scores = {"oracle": -1.0, "noisy": -3.0, "achievable": -1.5}
+    out = truth_metrics(model, test, {kind: {"test_true_loglik": value} for kind, value in scores.items()})
+    mine = true_loglik(model, v_test)
+    assert out["true_gap_closed"] == pytest.approx((mine + 3.0) / 2.0)
+    assert out["true_share_of_achievable"] == pytest.approx((mine + 3.0) / 1.5)
+    without = truth_metrics(model, test, {kind: {"test_true_loglik": scores[kind]} for kind in ("oracle", "noisy")})
+    assert "true_share_of_achievable" not in without and "true_gap_closed" in without
+
+
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_every_method_closes_most_of_the_gap(noisy_mixture, method):
     """References fitted by scikit-learn (independent of this package): a GMM of the true values and one of
@@ -65,6 +89,10 @@ def test_reference_data_keep_missingness_but_drop_noise(mock):
     true, zeros = reference_data(features, "oracle")
     np.testing.assert_array_equal(true, mock[[c for c in mock if c.startswith("true_")]].to_numpy())
     assert (zeros == 0).all()
+    X, noise = reference_data(features, "achievable")  # XD itself: the noise model as the fits see it
+    np.testing.assert_array_equal(X, features.X)
+    np.testing.assert_array_equal(noise.sigma.numpy(), features.sigma)
+    np.testing.assert_array_equal(noise.corr.numpy(), features.corr)
 
 
 def test_real_data_say_there_is_no_truth(mock):

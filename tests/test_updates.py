@@ -190,3 +190,28 @@ def test_psd_projection_clips_rounding_only():
     np.testing.assert_allclose(out[0].numpy(), rounding.numpy(), atol=2e-3)
     assert torch.linalg.eigvalsh(out[1]).min() < -4  # not rounding: left for the divergence check
     assert torch.equal(out[2], 0.5 * (healthy + healthy.mT))  # positive definite: untouched
+
+
+def test_online_em_with_the_prior_and_a_unit_step_on_all_data_is_bovys_em_step():
+    """online_regularisation="prior": the E-step covariance (c Vr + w I) / (c + 1), c = qhat N, is the one
+    batch EM's (sum + w I) / (q + 1) gives, so a unit step over all N points is one of Bovy et al.'s
+    regularised EM steps, w > 0 included (the paper's w I after each update is not)."""
+    from scalable_xd.fit.updates import em_update
+
+    rng = np.random.default_rng(26)
+    k, d, w = 4, 3, 0.3
+    weights, means, covs = rng.dirichlet(np.ones(k) * 4), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, 500, weights, means + 0.5, covs * 1.4, 0.2, 1.0)
+    n = float(len(x))
+    count = weights[:, None, None] * n
+    running = (covs * (count + 1) - w * np.eye(d)) / count  # the state whose E-step covariance is covs
+    state = Mixture(*_tensors(weights, means, running))
+    e_step = regularised(state, w, data_size=n)
+    np.testing.assert_allclose(e_step.covariances.numpy(), covs, rtol=1e-12)
+    stats = batch_statistics(*_tensors(x, S), e_step)
+    online = regularised(online_em_update(state, stats, 1.0, w, data_size=n), w, data_size=n)
+    bovy = em_update(Mixture(*_tensors(weights, means, covs)), stats, w)
+    for name in ("weights", "means", "covariances"):
+        np.testing.assert_allclose(getattr(online, name).numpy(), getattr(bovy, name).numpy(), rtol=1e-10)
+    paper = regularised(online_em_update(state, stats, 1.0, w), w)
+    assert not np.allclose(paper.covariances.numpy(), bovy.covariances.numpy(), rtol=1e-3)

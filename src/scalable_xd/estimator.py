@@ -47,8 +47,10 @@ class XDGMM(BaseEstimator):
     lr, lr_decay, sgd_scaling : Adam's learning rate (times ``lr_decay`` after ``decay_epoch`` epochs) and
         its parameters' units: the features' own (the paper) or each feature's spread (faster for wide
         features, but it can make a narrow component singular in float32).
-    w : covariance regularisation (EM: Bovy et al.'s (sum + wI)/(q + 1); minibatch EM: wI after each
-        update; SGD: the penalty sum_j w / tr V_j).
+    w, online_regularisation : covariance regularisation (EM: Bovy et al.'s (sum + wI)/(q + 1); minibatch
+        EM: by default the same prior, (c Vr + wI)/(c + 1) with c a component's share of the stars, or
+        with ``online_regularisation="paper"`` wI added after each update, the paper's; SGD: the penalty
+        sum_j w / tr V_j).
     tol : batch EM stops once an iteration improves the mean training log-likelihood by less (None: never).
     acceleration : ``"squarem"`` extrapolates batch EM along its steps (Varadhan & Roland 2008; see
         ``fit.squarem``), reaching EM's own fixed point in fewer passes; ``"none"`` is plain EM.
@@ -100,6 +102,7 @@ class XDGMM(BaseEstimator):
         decay_epoch: int = _FIT.decay_epoch,
         sgd_scaling: str = _FIT.sgd_scaling,
         w: float = _FIT.w,
+        online_regularisation: str = _FIT.online_regularisation,
         tol: float | None = _FIT.tol,
         acceleration: str = _FIT.acceleration,
         split_merge: bool = _FIT.split_merge,

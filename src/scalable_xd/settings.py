@@ -24,6 +24,7 @@ MISSING_LOGLIK_CONSTANT = -0.5 * math.log(2 * math.pi * MISSING_VARIANCE)
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("none", "spread")
 ACCELERATIONS = ("squarem", "none")
+ONLINE_REGULARISATIONS = ("prior", "paper")
 DTYPES = ("float32", "float64")
 # The statistics pass's implementations (``kernel.dispatch``); projected data take linalg whatever is asked.
 BACKENDS = ("auto", "fused", "triton", "compiled", "unrolled", "linalg")
@@ -123,6 +124,13 @@ class FitSettings(_Settings):
         "covariance regularisation (em: Bovy et al.'s w; minibatch_em: added after each "
         "update; sgd: the penalty w / tr V)",
         low=0,
+    )
+    online_regularisation: str = setting(
+        "prior",
+        "minibatch EM's use of w: prior, the prior batch EM's (sum + wI)/(q + 1) implies, scaled to the data "
+        "(V = (c Vr + wI)/(c + 1), c a component's share of the stars), so both have one fixed point; or "
+        "paper, w I added to every covariance, as the paper's code does (each variance then ends w too large)",
+        choices=ONLINE_REGULARISATIONS,
     )
     tol: float | None = setting(
         1e-6,

@@ -96,7 +96,15 @@ def raw_catalogue():
 
 # Truth metrics (``scalable_xd.pipeline.truth``) need the mock's noise-free values: real data have none.
 HAS_TRUTH = config["data"]["source"] == "mock"
-REFERENCE_KINDS = ["oracle", "noisy"]
+REFERENCE_KINDS = ["oracle", "noisy", "achievable"]
+
+
+def reference_budget(kind):
+    """The reference's options: the truth block's epochs and tol; the achievable one runs SQUAREM to tol."""
+    truth = config["truth"]
+    if kind == "achievable":
+        return f" --epochs {truth['achievable_epochs']} --tol {truth['reference_tol']} --acceleration squarem"
+    return f" --epochs {truth['reference_epochs']} --tol {truth['reference_tol']}"
 
 
 def reference_metrics(K):

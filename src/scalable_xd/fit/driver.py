@@ -159,7 +159,9 @@ def fit_mixture(
     if settings.split_merge and row.split_merge == "epoch":
         judged = val if val is not None else _judge_sample(train, seed)
         judge = _judge(judged, device, dtype, backend, group)
-    fitter = make_fitter(settings, mixture, _fixed_parameters(start.fixed, mixture), judge)
+    fitter = make_fitter(
+        settings, mixture, _fixed_parameters(start.fixed, mixture), judge, data_size=train.total_weight
+    )
     loop = LoopConfig(
         epochs=settings.epochs,
         batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),

@@ -195,7 +195,9 @@ class MinibatchEM:
     (1 - 1e-10) r^-0.6 is step_size = 1 - 1e-10, kappa = 0.6).
 
     The running state (``state``) is unregularised; ``mixture``, which the E-step uses and the fit reports,
-    adds ``w I`` to its covariances (see ``updates.regularised``). The initial covariances seed the state.
+    regularises its covariances (``updates.e_step_covariances``): with ``data_size`` N, the training data's
+    total weight, by the prior batch EM's update implies, so that both have one fixed point; without, by
+    adding ``w I``, as the paper's code does. The initial covariances seed the state.
 
     ``stochastic``: the minibatch form of stochastic EM (each batch's sums from sampled assignments).
     ``truncation``: the truncated algorithm of Nguyen, Forbes & McLachlan (seed 004, section 3.2) with
@@ -223,6 +225,7 @@ class MinibatchEM:
         fixed: FixedParameters | None = None,
         stochastic: bool = False,
         truncation: float | None = None,
+        data_size: float | None = None,
     ):
         if covariance_update == "naive" and fixed is not None and fixed.any():
             raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
@@ -238,6 +241,7 @@ class MinibatchEM:
         self.fixed = fixed
         self.samples_assignments = stochastic
         self.truncation = truncation
+        self.data_size = data_size
         self.update = online_em_update if covariance_update == "stable" else online_em_update_naive
         self._fused = fused_updates(mixture.means.device) if covariance_update == "stable" else None
         self._no_fixed = FixedParameters.none(mixture.n_components, mixture.means.device)
@@ -268,7 +272,7 @@ class MinibatchEM:
     @property
     def mixture(self) -> Mixture:
         if self._e_step is None:
-            self._e_step = regularised(self.state, self.w, self.fixed)
+            self._e_step = regularised(self.state, self.w, self.fixed, self.data_size)
         return self._e_step
 
     @property
@@ -277,15 +281,14 @@ class MinibatchEM:
 
     def observe(self, stats: Statistics) -> None:
         step = self.step_size(self._epoch)
+        fixed, data_size = self.fixed or self._no_fixed, self.data_size
         if self._fused is not None:
-            self.state, e_step = self._fused.online_em_step(
-                self.state, stats, step, self.w, self.fixed or self._no_fixed
-            )
+            self.state, e_step = self._fused.online_em_step(self.state, stats, step, self.w, fixed, data_size)
             self._e_step = e_step
         elif self.update is online_em_update:
-            self.state = online_em_update(self.state, stats.double(), step, self.w, self.fixed)
+            self.state = online_em_update(self.state, stats.double(), step, self.w, fixed, data_size)
         else:
-            self.state = self.update(self.state, stats.double(), step, self.w)
+            self.state = self.update(self.state, stats.double(), step, self.w, data_size)
         self.n_updates += 1
         if self.truncation is not None and not inside_compact_set(self.mixture, self.truncation + self.restarts):
             self.state = self.initial

@@ -11,6 +11,8 @@ rounding left indefinite (``updates.clip_rounding``) runs on the components this
 
 from __future__ import annotations
 
+import dataclasses
+
 import numba
 import numpy as np
 import torch
@@ -18,15 +20,16 @@ import torch
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from .adam import Adam
-from .updates import clip_rounding, share_weights
+from .updates import clip_rounding, e_step_covariances, share_weights
 
 _jit = numba.njit(cache=True, error_model="numpy")
 
 
 @_jit
-def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, fixed_means, fixed_cov, tiny):
+def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny):
     """``updates.online_em_update`` per component, returning the new running state, the E-step's
-    covariances (running + w I) and which components' new covariance failed a Cholesky factorisation."""
+    covariances (``updates.e_step_covariances``; ``data_size`` 0 for the paper's w I) and which
+    components' new covariance failed a Cholesky factorisation."""
     K, D = means.shape
     new_weights = np.empty(K)
     new_means = np.empty((K, D))
@@ -40,9 +43,13 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, fixed_means, f
     g = np.empty(D)
     for k in range(K):
         ridge = 0.0 if fixed_cov[k] else w
+        count = weights[k] * data_size
         for i in range(D):
             for j in range(D):
-                V[i, j] = cov[k, i, j] + (ridge if i == j else 0.0)
+                if data_size == 0.0 or fixed_cov[k]:
+                    V[i, j] = cov[k, i, j] + (ridge if i == j else 0.0)
+                else:
+                    V[i, j] = (count * cov[k, i, j] + (w if i == j else 0.0)) / (count + 1.0)
         q_b = q[k] / n
         q_new = (1.0 - step) * weights[k] + step * q_b
         live = q_new > tiny
@@ -60,12 +67,16 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, fixed_means, f
                     s += V[i, m] * inner[m, j]
                 t[i, j] = s
         shift = step * w * q_b / q_safe
+        pull = step * q_b / q_safe
         for i in range(D):
             for j in range(D):
                 s = 0.0
                 for m in range(D):
                     s += t[i, m] * V[m, j]
-                a[i, j] = cov[k, i, j] + (shift if i == j else 0.0) + s
+                if data_size == 0.0:
+                    a[i, j] = cov[k, i, j] + (shift if i == j else 0.0) + s
+                else:
+                    a[i, j] = cov[k, i, j] + pull * (V[i, j] - cov[k, i, j]) + s
         new_weights[k] = q_new
         for i in range(D):
             s = 0.0
@@ -74,11 +85,15 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, fixed_means, f
             new_means[k, i] = s + means[k, i] if live and not fixed_means[k] else means[k, i]
         update_cov = live and not fixed_cov[k]
         finite = True
+        new_count = q_new * data_size
         for i in range(D):
             for j in range(D):
                 value = 0.5 * (a[i, j] + a[j, i]) if update_cov else cov[k, i, j]
                 new_cov[k, i, j] = value
-                e_step_cov[k, i, j] = value + (ridge if i == j else 0.0)
+                if data_size == 0.0 or fixed_cov[k]:
+                    e_step_cov[k, i, j] = value + (ridge if i == j else 0.0)
+                else:
+                    e_step_cov[k, i, j] = (new_count * value + (w if i == j else 0.0)) / (new_count + 1.0)
                 finite = finite and np.isfinite(value)
         if update_cov and finite and not _factorises(new_cov[k], t):
             suspect[k] = True
@@ -219,7 +234,9 @@ def _arrays(stats: Statistics) -> tuple:
     return (stats.q.numpy(), stats.U.numpy(), stats.UU.numpy(), stats.P.numpy(), float(stats.n_points))
 
 
-def online_em_step(state: Mixture, stats: Statistics, step: float, w: float, fixed) -> tuple[Mixture, Mixture]:
+def online_em_step(
+    state: Mixture, stats: Statistics, step: float, w: float, fixed, data_size: float | None = None
+) -> tuple[Mixture, Mixture]:
     """``updates.online_em_update`` and ``updates.regularised`` in one compiled call: (the new running
     state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``."""
     weights, means, cov, e_step_cov, suspect = _online_em_loop(
@@ -229,6 +246,7 @@ def online_em_step(state: Mixture, stats: Statistics, step: float, w: float, fix
         *_arrays(stats),
         step,
         w,
+        0.0 if data_size is None or w == 0 else float(data_size),  # 0: V = Vr + w I (see e_step_covariances)
         fixed.means.numpy(),
         fixed.covariances.numpy(),
         np.finfo(np.float64).tiny,
@@ -236,13 +254,20 @@ def online_em_step(state: Mixture, stats: Statistics, step: float, w: float, fix
     weights, means, cov, e_step_cov = map(torch.from_numpy, (weights, means, cov, e_step_cov))
     if suspect.any():
         rows = torch.from_numpy(np.flatnonzero(suspect))
-        V = state.covariances[rows] + w * torch.eye(cov.shape[-1], dtype=cov.dtype)
+        V = e_step_covariances(_rows(state, rows), w, _rows(fixed, rows), data_size)
         cov[rows] = clip_rounding(cov[rows], V)
-        e_step_cov[rows] = cov[rows] + w * torch.eye(cov.shape[-1], dtype=cov.dtype)
+        e_step_cov[rows] = e_step_covariances(
+            Mixture(weights[rows], means[rows], cov[rows]), w, _rows(fixed, rows), data_size
+        )
     e_step_weights = weights
-    if fixed.has_fixed_weights:
+    if fixed.any():
         e_step_weights = share_weights(weights, fixed.weight_values, fixed.weights)
     return Mixture(weights, means, cov), Mixture(e_step_weights, means, e_step_cov)
+
+
+def _rows(parameters, rows: torch.Tensor):
+    """The components ``rows`` of a ``Mixture`` or ``FixedParameters``."""
+    return type(parameters)(*(getattr(parameters, f.name)[rows] for f in dataclasses.fields(parameters)))
 
 
 def sgd_step(params, adam: Adam, stats: Statistics, w: float) -> Mixture:

@@ -37,14 +37,15 @@ class Method:
     convergence by ``tol``, Bovy et al. 2011), ``"epoch"`` (one trial an epoch, judged on a validation
     sample) or None (not at all). ``truncation``: it can run Nguyen, Forbes & McLachlan's truncated form.
     ``in_paper``: one of the three methods Ritchie & Murray (2019) compare, whose claims the report checks.
-    ``build(settings, mixture, fixed)`` returns its fitter.
+    ``build(settings, mixture, fixed, data_size)`` returns its fitter (``data_size``: the training data's
+    total weight, which minibatch EM's prior regularisation is scaled by).
     """
 
     name: str
     label: str
     colour: str
     per_batch: bool
-    build: Callable[[FitSettings, Mixture, FixedParameters | None], Fitter]
+    build: Callable[[FitSettings, Mixture, FixedParameters | None, float], Fitter]
     uses_tol: bool = False
     split_merge: str | None = "epoch"
     truncation: bool = False
@@ -60,7 +61,7 @@ def _batch_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> Batc
     return BatchEM(mixture, w=s.w, fixed=fixed, stochastic=stochastic)
 
 
-def _online_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> MinibatchEM:
+def _online_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool, data_size: float) -> MinibatchEM:
     from .fitters import MinibatchEM
 
     return MinibatchEM(
@@ -75,10 +76,11 @@ def _online_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> Min
         fixed=fixed,
         stochastic=stochastic,
         truncation=s.truncation_bound if s.truncation else None,
+        data_size=data_size if s.online_regularisation == "prior" else None,
     )
 
 
-def _adam(s: FitSettings, mixture: Mixture, fixed) -> SGD:
+def _adam(s: FitSettings, mixture: Mixture, fixed, data_size: float) -> SGD:
     from .fitters import SGD
 
     return SGD(
@@ -95,7 +97,7 @@ METHODS: dict[str, Method] = {
             "Batch EM (Bovy et al. 2011)",
             "#1f77b4",
             per_batch=False,
-            build=lambda s, mixture, fixed: _batch_em(s, mixture, fixed, stochastic=False),
+            build=lambda s, mixture, fixed, n: _batch_em(s, mixture, fixed, stochastic=False),
             uses_tol=True,
             split_merge="converged",
             in_paper=True,
@@ -105,7 +107,7 @@ METHODS: dict[str, Method] = {
             "Minibatch EM",
             "#ff7f0e",
             per_batch=True,
-            build=lambda s, mixture, fixed: _online_em(s, mixture, fixed, stochastic=False),
+            build=lambda s, mixture, fixed, n: _online_em(s, mixture, fixed, stochastic=False, data_size=n),
             truncation=True,
             in_paper=True,
         ),
@@ -115,7 +117,7 @@ METHODS: dict[str, Method] = {
             "Stochastic EM",
             "#8c564b",
             per_batch=False,
-            build=lambda s, mixture, fixed: _batch_em(s, mixture, fixed, stochastic=True),
+            build=lambda s, mixture, fixed, n: _batch_em(s, mixture, fixed, stochastic=True),
             split_merge=None,
         ),
         Method(
@@ -123,7 +125,7 @@ METHODS: dict[str, Method] = {
             "Stochastic minibatch EM",
             "#e377c2",
             per_batch=True,
-            build=lambda s, mixture, fixed: _online_em(s, mixture, fixed, stochastic=True),
+            build=lambda s, mixture, fixed, n: _online_em(s, mixture, fixed, stochastic=True, data_size=n),
             truncation=True,
         ),
     )
@@ -147,9 +149,12 @@ def make_fitter(
     mixture: Mixture,
     fixed: FixedParameters | None = None,
     judge: Callable[[Mixture], float] | None = None,
+    *,
+    data_size: float,
 ) -> Fitter:
     """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held;
-    ``judge`` scores a mixture on a fixed validation sample (split-and-merge of the ``"epoch"`` kind)."""
+    ``judge`` scores a mixture on a fixed validation sample (split-and-merge of the ``"epoch"`` kind);
+    ``data_size``: the training data's total weight (see ``Method``)."""
     from .fitters import PolyakAverage
     from .split_merge import SplitMergeEM, StochasticSplitMerge
 
@@ -161,10 +166,10 @@ def make_fitter(
             raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
         plain = dataclasses.replace(s, split_merge=False)
         return StochasticSplitMerge(
-            row.build(plain, mixture, None),
+            row.build(plain, mixture, None, data_size),
             judge=judge,
             tries=s.split_merge_tries,
-            make_fitter=lambda start, held: make_fitter(plain, start, held),
+            make_fitter=lambda start, held: make_fitter(plain, start, held, data_size=data_size),
         )
-    fitter = row.build(s, mixture, fixed)
+    fitter = row.build(s, mixture, fixed, data_size)
     return PolyakAverage(fitter) if s.averaging == "polyak" else fitter

@@ -157,24 +157,40 @@ def em_update(mixture: Mixture, stats: Statistics, w: float, fixed: FixedParamet
     )
 
 
-def regularised(state: Mixture, w: float, fixed: FixedParameters | None = None) -> Mixture:
-    """The mixture an online-EM state describes: its running covariances plus ``w I`` (fixed covariances
-    as they are), and its running weights with the fixed ones restored (see ``FixedParameters``).
+def regularised(
+    state: Mixture, w: float, fixed: FixedParameters | None = None, data_size: float | None = None
+) -> Mixture:
+    """The mixture an online-EM state describes: its running weights (the fixed ones restored, see
+    ``FixedParameters``) and the E-step's covariances ``e_step_covariances``.
 
-    Online EM keeps its running statistics free of the regularisation and adds ``w I`` only to the
-    covariance the E-step uses and the fit reports, as the paper's code does with its running sums. Adding
-    it to the running state instead feeds it back through every later step: at the fixed point each
-    covariance then carries about ``(w / step) I`` extra (0.1 to 0.2 per feature at the paper's settings).
+    Online EM keeps its running statistics free of the regularisation and adds it only to the covariance
+    the E-step uses and the fit reports. Adding it to the running state instead feeds it back through every
+    later step: at the fixed point each covariance then carries about ``(w / step) I`` extra.
     """
-    if fixed is None or not fixed.any():  # asked of the host, once (see FixedParameters)
+    if (fixed is None or not fixed.any()) and data_size is None:  # asked of the host once (FixedParameters)
         if w == 0:
             return state
         return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
-    return Mixture(
-        share_weights(state.weights, fixed.weight_values, fixed.weights),
-        state.means,
-        state.covariances + _ridge(w, fixed, state.covariances),
-    )
+    fixed = fixed or FixedParameters.none(state.n_components, state.means.device)
+    weights = share_weights(state.weights, fixed.weight_values, fixed.weights) if fixed.any() else state.weights
+    return Mixture(weights, state.means, e_step_covariances(state, w, fixed, data_size))
+
+
+def e_step_covariances(state: Mixture, w: float, fixed: FixedParameters, data_size: float | None) -> torch.Tensor:
+    """The covariances an online-EM state's E-step uses (fixed ones as they are).
+
+    ``data_size`` None: the running covariances plus ``w I``, as the paper's code adds it after every
+    update; at the fixed point each variance is then ``w`` above the data's. A number N (the training
+    data's total weight): the prior that Bovy et al.'s batch-EM update V = (sum + w I) / (q + 1) is the
+    maximum of, with the component's share of the data, c = qhat N, in place of q:
+    V = (c Vr + w I) / (c + 1), so that online EM and batch EM have the same fixed point.
+    """
+    Vr = state.covariances
+    if data_size is None or w == 0:  # with w = 0 Bovy et al. divide by q alone: no prior
+        return Vr + _ridge(w, fixed, Vr)
+    count = (state.weights * data_size)[:, None, None]
+    prior = (count * Vr + w * _eye_like(Vr)) / (count + 1.0)
+    return torch.where(fixed.covariances[:, None, None], Vr, prior)
 
 
 def _ridge(w: float, fixed: FixedParameters, covariances: torch.Tensor) -> torch.Tensor:
@@ -183,24 +199,30 @@ def _ridge(w: float, fixed: FixedParameters, covariances: torch.Tensor) -> torch
 
 
 def online_em_update(
-    state: Mixture, stats: Statistics, step: float, w: float, fixed: FixedParameters | None = None
+    state: Mixture,
+    stats: Statistics,
+    step: float,
+    w: float,
+    fixed: FixedParameters | None = None,
+    data_size: float | None = None,
 ) -> Mixture:
     """One minibatch (online) EM step in the centred form above; returns the new running state.
 
     ``state`` holds the running weights, means and unregularised covariances Vr; the statistics were
-    computed with the E-step covariance V = Vr + w I (``regularised``). The posterior scatter of the batch
-    about m is then q V + V (UU - P) V, so the running centred scatter updates exactly as
+    computed with the E-step covariance V (``e_step_covariances``: Vr + w I, or the prior's with
+    ``data_size``). The posterior scatter of the batch about m is then q V + V (UU - P) V, so the running
+    centred scatter updates exactly as
 
-        Vr' = Vr + (lambda q_b / qhat') w I + V [lambda (UU - P) / qhat' - g g^T] V,
+        Vr' = Vr + (lambda q_b / qhat') (V - Vr) + V [lambda (UU - P) / qhat' - g g^T] V,
 
-    which is the module docstring's form when w = 0. A fixed mean drops the recentring term g g^T (the
+    which is the module docstring's form when V = Vr. A fixed mean drops the recentring term g g^T (the
     scatter is kept about it); a fixed covariance keeps Vr, which then holds the fixed covariance itself
     (``regularised`` adds no w I to it). The running weights always update: they normalise the means'
     and covariances' running sums; fixed weights are restored only in the mixture ``regularised`` gives.
     """
     Vr, m = state.covariances, state.means
     fixed = fixed or FixedParameters.none(len(m), m.device)
-    V = Vr + _ridge(w, fixed, Vr)
+    V = e_step_covariances(state, w, fixed, data_size)
     n = stats.n_points
     q_b = stats.q / n
     q_new = (1.0 - step) * state.weights + step * q_b
@@ -209,7 +231,10 @@ def online_em_update(
     g = step * stats.U / (n * q_safe[:, None])
     recentre = torch.where(fixed.means[:, None, None], 0.0, g[:, :, None] * g[:, None, :])
     inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - recentre
-    shift = (step * w * q_b / q_safe)[:, None, None] * _eye_like(Vr)
+    if data_size is None:  # V - Vr = w I
+        shift = (step * w * q_b / q_safe)[:, None, None] * _eye_like(Vr)
+    else:
+        shift = (step * q_b / q_safe)[:, None, None] * (V - Vr)
     new_cov = _psd(Vr + shift + V @ inner @ V, V)
     new_mean = m + (V @ g.unsqueeze(-1)).squeeze(-1)
     return Mixture(
@@ -219,15 +244,20 @@ def online_em_update(
     )
 
 
-def online_em_update_naive(state: Mixture, stats: Statistics, step: float, w: float) -> Mixture:
+def online_em_update_naive(
+    state: Mixture, stats: Statistics, step: float, w: float, data_size: float | None = None
+) -> Mixture:
     """The same step written as the paper's eq. 6-7: running raw sums, then Vr = S/q - m m^T.
 
     Kept for comparison (``covariance_update="naive"``): subtracting m m^T loses the covariance once the
     means exceed the spread ~1e4 times in float32 arithmetic, ~1e8 times in float64 (the fits' precision).
-    As in ``online_em_update``, ``state`` is unregularised and the statistics used V = Vr + w I.
+    As in ``online_em_update``, ``state`` is unregularised and the statistics used ``e_step_covariances``.
     """
     Vr, m = state.covariances, state.means
-    V = Vr + w * _eye_like(Vr)
+    if data_size is None:
+        V = Vr + w * _eye_like(Vr)
+    else:
+        V = e_step_covariances(state, w, FixedParameters.none(len(m), m.device), data_size)
     n = stats.n_points
     q_old = state.weights
     q_b = stats.q / n

@@ -24,6 +24,7 @@ from pathlib import Path
 from ..settings import FitSettings, KMeansSettings
 from . import steps
 from .gpu_slots import job_device
+from .truth import REFERENCES
 
 log = logging.getLogger("scalable_xd")
 
@@ -166,6 +167,7 @@ def _reference(args) -> None:
         device=args.device,
         dtype=args.dtype,
         backend=args.backend,
+        acceleration=args.acceleration,
     )
     steps.reference(
         train=args.train,
@@ -389,13 +391,18 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(f"--{name}", required=True, help=what)
     p.add_argument("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)")
-    p.add_argument("--kind", choices=["oracle", "noisy"], required=True, help="fit the true values or the noisy ones")
+    p.add_argument(
+        "--kind",
+        choices=REFERENCES,
+        required=True,
+        help="fit the true values, the noisy ones with the noise ignored, or XD itself to convergence",
+    )
     _seed(p, "the reference's seed")
     reference = steps.REFERENCE.as_dict()
     _add_settings(
         p,
         FitSettings,
-        skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "backend"},
+        skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "backend", "acceleration"},
         defaults=reference,
     )
     _threads(p)

@@ -98,6 +98,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "converge_seconds": time_to_converge(m.history),
             "true_test": m.true.get("test_true_loglik", np.nan),
             "gap_closed": m.true.get("true_gap_closed", np.nan),
+            "share_of_achievable": m.true.get("true_share_of_achievable", np.nan),
             "has_truth": bool(m.true.get("available", False)),
             "fitted_with": m.settings.get("method", m.method),
             "split_merge": bool(m.settings.get("split_merge")),
