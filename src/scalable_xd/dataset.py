@@ -81,7 +81,8 @@ class Dataset:
         check_rows(
             self.X,
             lambda v: torch.isinf(v) if marginalise else ~torch.isfinite(v),
-            f"{name} row {{row}} contains {'inf' if marginalise else 'NaN or inf'}",
+            f"{name} row {{row}} contains "
+            + ("inf" if marginalise else "NaN or inf; a NaN that marks a missing entry needs missing='marginalise'"),
         )
         if self.R is not None:
             check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")

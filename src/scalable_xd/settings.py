@@ -110,7 +110,14 @@ class FitSettings(_Settings):
     step_decay: float = setting(
         0.5, "factor on the step size after decay_epoch (schedule 'step')", low=0, high=1, low_open=True
     )
-    kappa: float = setting(0.6, "exponent of the cappe_moulines and power schedules", low=0.5, high=1, low_open=True)
+    kappa: float = setting(
+        0.51,
+        "exponent of the cappe_moulines and power schedules: near 0.5, the slowest decay Cappe & Moulines "
+        "allow (README, 'Converged fits'); Nguyen, Forbes & McLachlan's power schedule used 0.6",
+        low=0.5,
+        high=1,
+        low_open=True,
+    )
     lr: float = setting(1e-2, "SGD (Adam) learning rate", low=0, low_open=True)
     lr_decay: float = setting(0.1, "factor on the learning rate after decay_epoch", low=0, high=1, low_open=True)
     decay_epoch: int = setting(10, "epochs before the step size or learning rate decays", low=0)
