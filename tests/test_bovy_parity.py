@@ -175,6 +175,7 @@ def test_exact_conditioning_is_the_joint_over_the_marginal():
         ([np.nan] * 3, None, "at least one feature NaN"),
         ([np.nan, 0.2], None, r"X_given must have shape \(3,\)"),
         ([np.nan, np.inf, 0.3], None, "feature 1 is infinite"),
+        ([np.nan, 0.2, 1e200], None, "feature 2 is beyond 3.87e\\+153, whose squares overflow float64"),
         ([np.nan, 0.2, 0.3], np.ones(3), r"Xcov_given must be variances \(2,\)"),
         ([np.nan, 0.2, 0.3], -np.ones(2), "positive semi-definite"),
     ],

@@ -187,6 +187,8 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
     split_merge = dict(n_components=2, method="minibatch_em", split_merge=True, device="cpu")
     with pytest.raises(ValueError, match="split_merge fits checkpoint at epochs' ends only"):
         XDGMM(**split_merge).fit(x, S, checkpoint=tmp_path / "sm.ckpt", checkpoint_every=2)
+    with pytest.raises(ValueError, match=r"checkpoint_every: checkpoints inside an epoch need a checkpoint path"):
+        XDGMM(**settings).fit(x, S, checkpoint_every=2)  # silently ignored, once
 
 
 @pytest.mark.parametrize(

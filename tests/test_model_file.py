@@ -38,6 +38,7 @@ def test_a_saved_model_loads(saved):
         ("no meta", r"it lacks meta"),
         ("pickled meta", "holds Python objects, which are never loaded"),
         ("meta not JSON", "is empty, truncated or of another format"),
+        ("a .npy array", r"it is a single array \(.npy\), not an .npz archive"),
     ],
 )
 def test_damaged_or_foreign_files_are_refused_by_name(saved, tmp_path, damage, message):
@@ -50,6 +51,9 @@ def test_damaged_or_foreign_files_are_refused_by_name(saved, tmp_path, damage, m
         np.savez(target, **{k: v for k, v in arrays.items() if k != "meta"})
     elif damage == "pickled meta":
         _rewrite(target, arrays, meta=np.array([{"format_version": 1}], dtype=object))
+    elif damage == "a .npy array":
+        with open(target, "wb") as handle:  # np.save to a file object keeps the .npz name
+            np.save(handle, arrays["means"])
     else:
         _rewrite(target, arrays, meta=np.array("{not json"))
     with pytest.raises(ValueError, match=f"{target} is not a model written by XDGMM.save.*{message}"):

@@ -31,6 +31,13 @@ def measured_features(x_given, dim: int) -> tuple[np.ndarray, np.ndarray]:
         )
     if np.isinf(x_given).any():
         raise ValueError(f"X_given feature {int(np.flatnonzero(np.isinf(x_given))[0])} is infinite")
+    limit = math.sqrt(np.finfo(np.float64).max / (4 * dim))  # as a fit's range check (Dataset.check_range)
+    beyond = np.abs(np.nan_to_num(x_given)) > limit
+    if beyond.any():
+        raise ValueError(
+            f"X_given feature {int(np.flatnonzero(beyond)[0])} is beyond {limit:.3g}, whose squares overflow "
+            "float64; rescale the features"
+        )
     measured = ~np.isnan(x_given)
     if measured.all() or not measured.any():
         raise ValueError("X_given must leave at least one feature NaN (kept) and measure at least one")

@@ -185,6 +185,8 @@ class XDGMM(BaseEstimator):
         """
         settings, kmeans = self._validated()
         check_count("checkpoint_every", checkpoint_every, minimum=0)
+        if checkpoint_every and checkpoint is None:
+            raise ValueError("checkpoint_every: checkpoints inside an epoch need a checkpoint path (checkpoint=...)")
         if checkpoint_every and settings.split_merge:
             raise ValueError(
                 "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"

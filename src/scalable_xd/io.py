@@ -60,7 +60,10 @@ def read_npz(path, keys, not_ours: str) -> dict:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError(f"{not_ours}: it is a single array (.npy), not an .npz archive of named arrays")
+        with loaded as archive:
             missing = [key for key in keys if key not in archive.files]
             if missing:
                 raise ValueError(f"{not_ours}: it lacks {', '.join(missing)}")
