@@ -124,6 +124,12 @@ def test_k_must_match_the_init_file(files, caplog):
     _fails_with(_fit_args(files, **{"--n-components": "4"}), "holds an init of K = 3 components, not 4", caplog)
 
 
+def test_the_init_files_features_must_match_the_datas(files, caplog):
+    other = files / "init_of_three_features.npz"
+    np.savez(other, weights=np.ones(3) / 3, means=np.zeros((3, 3)), seconds=1.0)
+    _fails_with(_fit_args(files, **{"--init": other}), f"{other} holds means of shape (3, 3), not (3, 7)", caplog)
+
+
 def test_a_fit_without_validation_data(files):
     argv = _fit_args(files, **{"--output-metrics": files / "noval" / "metrics.json"})
     del argv[argv.index("--val") : argv.index("--val") + 2]

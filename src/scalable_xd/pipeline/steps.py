@@ -44,14 +44,19 @@ def check_writable(*paths) -> None:
             ) from None
 
 
-def read_init(path, n_components: int) -> dict:
-    """The arrays of a k-means init file (``kmeans``), checked to hold ``n_components`` components; a
-    ValueError names the file otherwise."""
+def read_init(path, n_components: int, n_features: int | None = None) -> dict:
+    """The arrays of a k-means init file (``kmeans``), checked to hold ``n_components`` components (of
+    ``n_features`` features, where given); a ValueError names the file otherwise."""
     init = read_npz(
         path, ("weights", "means", "seconds"), f"{path} is not an init file written by `scalable-xd kmeans`"
     )
     if len(init["weights"]) != n_components:
         raise ValueError(f"{path} holds an init of K = {len(init['weights'])} components, not {n_components}")
+    means = init["means"]
+    if n_features is not None and (means.ndim != 2 or means.shape[1] != n_features):
+        raise ValueError(
+            f"{path} holds means of shape {means.shape}, not ({n_components}, {n_features}) for these data"
+        )
     return init
 
 
@@ -204,8 +209,8 @@ def fit(
 
     _set_threads(threads)
     check_writable(output_model, output_metrics, checkpoint)
-    start = read_init(init, n_components)
     (X, Xcov), train_facts, _ = data(train, "X")
+    start = read_init(init, n_components, X.shape[1] if hasattr(X, "shape") else len(X.x_columns))
     (X_val, Xcov_val), val_facts = (None, None), None
     if val is not None:
         (X_val, Xcov_val), val_facts, _ = data(val, "X_val")
@@ -293,8 +298,8 @@ def reference(
 
     _set_threads(threads)
     check_writable(output_metrics)
-    start = read_init(init, n_components)
     train_split, test_split = read_features(train), read_features(test)
+    start = read_init(init, n_components, train_split.X.shape[1])
     test_true = require_truth(test_split, test)
     X, variances = reference_data(train_split, kind)
     model = XDGMM(
