@@ -45,6 +45,18 @@ def test_a_raw_catalogue_where_features_are_expected(files, caplog):
     )
 
 
+@pytest.mark.parametrize("content", [b"not parquet at all", b"ra,dec\n1,2\n", b"PAR1"])
+@pytest.mark.parametrize("step", ["kmeans", "fit"])
+def test_a_file_that_is_not_parquet_is_named(files, caplog, content, step):
+    """Garbage, a CSV or a truncated file where features are expected: named, not pyarrow's bare message."""
+    bad = files / "not_features.parquet"
+    bad.write_bytes(content)
+    argv = ["kmeans", "--train", str(bad), "--n-components", "3", "--output", str(files / "k.npz")]
+    if step == "fit":
+        argv = _fit_args(files, **{"--train": bad})
+    _fails_with(argv, f"{bad} is not a features file written by `scalable-xd features`: it is not a readable", caplog)
+
+
 def test_wrong_columns_are_named_not_dumped(files, caplog):
     import pandas as pd
 

@@ -214,7 +214,7 @@ def read_features(path) -> Features:
     """Features stored by ``scalable-xd features`` (one split's Parquet file)."""
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
+    schema = _readable(path, lambda: pq.read_schema(path))
     meta = _metadata(path, schema)
     spec = FeatureSpec.from_dict(meta["spec"])
     require_columns(path, WHAT, schema.names, spec.columns)
@@ -241,7 +241,18 @@ def _dataset(path):
 
     from ..stream import parquet_files
 
-    return ds.dataset(parquet_files(path), format="parquet")
+    return _readable(path, lambda: ds.dataset(parquet_files(path), format="parquet"))
+
+
+def _readable(path, read):
+    """``read()``, with pyarrow's complaint about a file that is not Parquet (garbage, truncated, a CSV)
+    turned into one that names ``path``."""
+    import pyarrow as pa
+
+    try:
+        return read()
+    except pa.ArrowInvalid as err:
+        raise ValueError(f"{path} is not {WHAT}: it is not a readable Parquet file ({err})") from None
 
 
 def features_source(
