@@ -81,6 +81,18 @@ def test_fixed_parameters_and_weights_are_part_of_the_fingerprint(tmp_path):
         XDGMM(**SETTINGS, fix_means=np.array([True, False])).fit(*_data(0), sample_weight=weights, checkpoint=path)
 
 
+def test_another_k_is_named_first_and_its_masks_shortly(tmp_path):
+    """A checkpoint of K = 16 offered to a fit of K = 2: K leads, the K-long masks are summarised."""
+    path = tmp_path / "fit.ckpt"
+    XDGMM(**{**SETTINGS, "n_components": 16}).fit(*_data(0), checkpoint=path)
+    with pytest.raises(CheckpointError) as refused:
+        XDGMM(**SETTINGS).fit(*_data(0), checkpoint=path)
+    message = str(refused.value)
+    assert "(other settings: n_components 16 in the checkpoint, 2 now;" in message
+    assert "[False, False, False, False, ... (16 entries)] in the checkpoint" in message
+    assert len(message) < 600
+
+
 def test_the_same_data_resumes_and_other_settings_are_named(finished):
     resumed = XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
     assert resumed.n_iter_ == 2

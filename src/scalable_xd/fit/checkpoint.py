@@ -125,13 +125,24 @@ def check_matches(state: dict, fingerprint: dict, path) -> None:
     differing = [key for key in sorted(set(saved) | set(fingerprint)) if saved.get(key) != fingerprint.get(key)]
     if differing:
         what = "other data" if DATA_KEYS & set(differing) else "other settings"
+        differing.sort(key=lambda key: len(repr(saved.get(key))))  # the short, telling ones (K, a setting) first
         details = "; ".join(
-            f"{key} {saved.get(key)!r} in the checkpoint, {fingerprint.get(key)!r} now" for key in differing
+            f"{key} {_short(saved.get(key))} in the checkpoint, {_short(fingerprint.get(key))} now" for key in differing
         )
         raise CheckpointError(
             f"checkpoint {path} was written by a different fit ({what}: {details}); "
             "delete it or choose another checkpoint path to start fresh"
         )
+
+
+def _short(value) -> str:
+    """``value``'s repr, or for a long list (a K-long mask) its length and first entries."""
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(repr, value[:4]))}, ... ({len(value)} entries)]"
+    return text[:57] + "..."
 
 
 class Checkpoint:
