@@ -132,3 +132,7 @@ def test_posteriors_of_stars_with_missing_entries_and_the_errors(problem):
         XDGMM(K, "em", epochs=1, device="cpu", **init).fit(x_nan, S)
     with pytest.raises(ValueError, match="unknown missing 'drop'"):
         XDGMM(K, "em", epochs=1, device="cpu", missing="drop").fit(x_nan, S)
+    S_nan = np.array(S, dtype=np.float64)
+    S_nan[0, 0, 0] = np.nan  # marking a missing entry in the noise instead of in X
+    with pytest.raises(ValueError, match=r"Xcov row 0 contains NaN or inf; .* marked by NaN in X .*not by NaN in Xcov"):
+        XDGMM(K, "em", epochs=1, device="cpu", missing="marginalise", **init).fit(x_nan, S_nan)

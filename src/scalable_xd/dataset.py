@@ -86,7 +86,15 @@ class Dataset:
         )
         if self.R is not None:
             check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")
-        self.noise.validate()
+        try:
+            self.noise.validate()
+        except ValueError as err:
+            if marginalise and "NaN" in str(err):
+                raise ValueError(
+                    f"{err}; with missing='marginalise' a missing entry is marked by NaN in X (or a variance "
+                    ">= 1e12), not by NaN in Xcov"
+                ) from None
+            raise
 
     def check_range(self, dtype: torch.dtype, name: str = "X") -> None:
         """Refuse values whose squares overflow ``dtype``, naming the first such row.
