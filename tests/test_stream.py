@@ -193,6 +193,24 @@ def test_bad_values_are_named_by_their_row_in_the_whole_data_set_and_their_file(
         _source(tmp_path / "empty")
 
 
+def test_a_file_of_a_folder_without_a_column_or_with_text_is_named(tmp_path):
+    """The folder's first file decides pyarrow's schema; a later one that lacks a sigma column, or holds
+    text in one, is named with the column (pyarrow's 'No match for FieldRef' and numpy's dtype object did
+    not)."""
+    x, sigma, corr = _problem(n=400)
+    folder = _write_shards(tmp_path / "gap", x, sigma, corr, shards=4, row_group=50)
+    table = pq.read_table(folder / "part-2.parquet")
+    pq.write_table(table.drop_columns(["s2"]), folder / "part-2.parquet")
+    with pytest.raises(ValueError, match=r"part-2.parquet lacks the columns s2"):
+        _source(folder)
+    folder = _write_shards(tmp_path / "text", x, sigma, corr, shards=4, row_group=50)
+    table = pq.read_table(folder / "part-1.parquet")
+    text = pa.array([str(v) for v in table.column("x1").to_numpy()])
+    pq.write_table(table.set_column(table.schema.get_field_index("x1"), "x1", text), folder / "part-1.parquet")
+    with pytest.raises(ValueError, match=r"part-1.parquet: column x1 holds string, not numbers"):
+        _source(folder)
+
+
 def test_a_streamed_fit_marginalises_missing_entries_as_in_memory(tmp_path):
     """Entries with variance 1e12 (the features' convention) marginalised the same way from disk."""
     x, sigma, corr = _problem(n=900, seed=5)

@@ -109,15 +109,10 @@ class ParquetSource:
             raise ValueError("corr_columns needs sigma_columns and one dimension pair (i, j) per column")
         self._columns = self.x_columns + (self.sigma_columns or []) + self.corr_columns
         dataset = ds.dataset(parquet_files(path), format="parquet")
-        missing = [column for column in self._columns if column not in dataset.schema.names]
-        if missing:
-            raise ValueError(
-                f"{path} lacks the columns {', '.join(missing[:5])}"
-                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            )
         self._pieces = []
         start = 0
         for fragment in dataset.get_fragments():
+            self._check_columns(fragment.path, fragment.physical_schema)
             for number, group in enumerate(fragment.split_by_row_group()):
                 rows = group.row_groups[0].num_rows
                 if rows:
@@ -130,6 +125,21 @@ class ParquetSource:
         self._sums = None
         if validate:
             self.validate()
+
+    def _check_columns(self, path, schema) -> None:
+        """Every column this source reads is in the file at ``path`` (of ``schema``), and numeric."""
+        import pyarrow as pa
+
+        missing = [column for column in self._columns if column not in schema.names]
+        if missing:
+            raise ValueError(
+                f"{path} lacks the columns {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            )
+        for column in self._columns:
+            kind = schema.field(column).type
+            if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
+                raise ValueError(f"{path}: column {column} holds {kind}, not numbers")
 
     # ------------------------------------------------------------------ shape
 
