@@ -2,6 +2,8 @@
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment). Usage:
 
     python tests/parallel_worker.py OUTPUT.npz JSON_SETTINGS [CHECKPOINT] [DIE_AFTER_BATCHES]
+
+RANK1_DATA="fewer rows" or "other values" in the environment gives rank 1 other data than rank 0.
 """
 
 import json
@@ -39,6 +41,10 @@ def main(output, settings, checkpoint=None, die_after=None):
 
         scalable_xd.fit.loop.batch_statistics = dying
     x, S = problem()
+    if dist.get_rank() == 1 and os.environ.get("RANK1_DATA") == "fewer rows":
+        x, S = x[:-100], S[:-100]
+    if dist.get_rank() == 1 and os.environ.get("RANK1_DATA") == "other values":
+        x = x + 0.5
     model = XDGMM(**json.loads(settings)).fit(x, S, checkpoint=checkpoint or None)
     if dist.get_rank() == 0:
         np.savez(

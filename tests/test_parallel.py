@@ -30,11 +30,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two(tmp_path, settings, checkpoint="", die_after=None, timeout=240):
+def _run_two(tmp_path, settings, checkpoint="", die_after=None, timeout=240, **environ):
     """Start ranks 0 and 1; return (rank 0's result file, the processes' return codes and stderr)."""
     output = tmp_path / "rank0.npz"
     env = {
         **os.environ,
+        **environ,
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
@@ -72,6 +73,24 @@ def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
         np.testing.assert_allclose(two[name], getattr(one, f"{name}_"), rtol=1e-9, atol=1e-12)
     curve_two = [h["train_loglik"] for h in json.loads(str(two["history"]))]
     np.testing.assert_allclose(curve_two, [h["train_loglik"] for h in one.history_], rtol=1e-12)
+
+
+@pytest.mark.parametrize("given, differs", [("fewer rows", "rows, data"), ("other values", "data")])
+def test_processes_given_different_data_fail_together_naming_it(tmp_path, given, differs):
+    """Ranks with other data used to abort in gloo (other sizes) or return different models (same size)."""
+    settings = {**BASE, "method": "minibatch_em"}
+    _, results = _run_two(tmp_path, settings, timeout=120, RANK1_DATA=given)
+    for rank, (code, err) in enumerate(results):
+        assert code != 0, err
+        assert f"rank {rank} of 2: the processes of this data-parallel fit were given different {differs} (" in err
+    if given == "fewer rows":
+        assert "rows: rank 0 2100, rank 1 2000" in results[0][1]
+
+
+def test_processes_without_a_random_state_share_rank_0s_seed(tmp_path):
+    settings = {**BASE, "method": "minibatch_em", "random_state": None}
+    _, results = _run_two(tmp_path, settings)
+    assert all(code == 0 for code, _ in results), results
 
 
 def test_a_checkpoint_of_two_processes_resumes_in_one(tmp_path):

@@ -22,11 +22,11 @@ from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, resolve_seed
 from ..stream import ParquetSource
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, data_digest
 from .init import initial_mixture, kmeans_sample
 from .loop import EVAL_BATCH, LoopConfig, last_gain, run, total_loglik
 from .methods import make_fitter, method
-from .parallel import Group
+from .parallel import Group, check_same_fit, shared_seed
 from .updates import FixedParameters
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
@@ -142,18 +142,18 @@ def fit_mixture(
         seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
     else:
         seed = resolve_seed(random_state)
+    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
+    if random_state is None:
+        seed = shared_seed(group, seed)  # one seed drawn for all the processes: rank 0's
+    # how the fit is logged and which kernel computes it do not change its result: resume across them
+    record = {**settings_record(start.n_components, settings, kmeans), "verbose": None, "backend": None}
+    record.update(start.record())
+    if group.parallel:
+        check_same_fit(group, {"rows": len(train), "data": data_digest(train), "settings": record, "seed": seed})
     if store is not None:
-        # how the fit is logged and which kernel computes it do not change its result: resume across them
-        record = {
-            **settings_record(start.n_components, settings, kmeans),
-            "verbose": None,
-            "backend": None,
-            **start.record(),
-        }
         store.bind(record, seed, train, val, (start.weights, start.means, start.covariances))
     mixture = _starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
     row = method(settings.method)
-    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
     backend = fit_backend(settings.backend, device)
     judge = None
     if settings.split_merge and row.split_merge == "epoch":

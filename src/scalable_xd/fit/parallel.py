@@ -17,6 +17,7 @@ wait), which ``reduce_statistics`` turns into a ``RuntimeError`` naming the rank
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -62,6 +63,41 @@ class Group:
 
 
 ONE_PROCESS = Group()
+
+
+def check_same_fit(group: Group, fit: dict) -> None:
+    """Every process of ``group`` was given the same fit: ``fit`` (what identifies it: rows, a digest of the
+    data, the settings, the seed) is compared across the processes, and a difference is one ValueError on
+    every process, naming the ranks and what differs, before any work that would fail obscurely (gloo's
+    size mismatch) or silently (one model per rank)."""
+    if not group.parallel:
+        return
+    everyone = [None] * group.size
+    dist.all_gather_object(everyone, fit)
+    differing = [key for key in fit if len({json.dumps(each[key], sort_keys=True) for each in everyone}) > 1]
+    if differing:
+        details = "; ".join(
+            f"{key}: " + ", ".join(f"rank {rank} {_brief(each[key])}" for rank, each in enumerate(everyone))
+            for key in differing
+        )
+        raise ValueError(
+            f"rank {group.rank} of {group.size}: the processes of this data-parallel fit were given different "
+            f"{', '.join(differing)} ({details}); every process must fit the same data with the same settings"
+        )
+
+
+def shared_seed(group: Group, seed: int) -> int:
+    """Rank 0's ``seed`` on every process (a fit without random_state draws one per process)."""
+    if not group.parallel:
+        return seed
+    shared = [seed]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def _brief(value) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @contextlib.contextmanager
