@@ -5,10 +5,9 @@
 #   snakemake --cores all --configfile config/demo.yaml            # quick start, offline, ~15 min on a laptop
 #   snakemake --report report.html --configfile config/demo.yaml   # captioned HTML report
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("8.0")
-
 
 # A --configfile replaces the paper's config instead of extending it: each config states only what differs
 # from the schema's defaults, so keys of config/config.yaml must not leak into it.
@@ -18,7 +17,7 @@ if not workflow.overwrite_configfiles:
 
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+include: "workflow/rules/config.smk"
 
 
 include: "workflow/rules/common.smk"

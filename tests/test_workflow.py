@@ -230,6 +230,20 @@ def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
     assert all("gpu=1" in r.split(", ") for rule, r in jobs if rule == "kmeans")
 
 
+def test_a_config_typo_is_one_line_naming_the_key(tmp_path):
+    """Snakemake's validation message is followed by hundreds of lines of schema; ours names the key."""
+    config = {**SMOKE, "data": {**{k: v for k, v in SMOKE["data"].items() if k != "n_rows"}, "n_row": 10}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
+    result = subprocess.run(
+        command + ["--configfile", str(tmp_path / "config.yaml"), "--dry-run"], capture_output=True, text=True
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "the config's data: Additional properties are not allowed ('n_row' was unexpected)" in output
+    assert len(output.splitlines()) < 15, output
+
+
 def test_fit_nodes_start_one_torchrun_per_node_under_srun(tmp_path):
     config = {**SMOKE, "fit": {**SMOKE["fit"], "processes": 4, "nodes": 2, "device": "cuda"}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
