@@ -1,6 +1,16 @@
-"""Exceptions that carry enough context (row, component, epoch) to act on."""
+"""Exceptions that carry enough context (row, component, epoch) to act on, and how a value is shown in one."""
 
 from __future__ import annotations
+
+
+def brief(value) -> str:
+    """``value``'s repr for an error message, or for a long list (a K-long mask) its length and first entries."""
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(repr, value[:4]))}, ... ({len(value)} entries)]"
+    return text[:57] + "..."
 
 
 class NotPositiveDefiniteError(ValueError):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..dataset import Dataset
+from ..errors import brief
 from ..io import atomic_path
 
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
@@ -127,22 +128,12 @@ def check_matches(state: dict, fingerprint: dict, path) -> None:
         what = "other data" if DATA_KEYS & set(differing) else "other settings"
         differing.sort(key=lambda key: len(repr(saved.get(key))))  # the short, telling ones (K, a setting) first
         details = "; ".join(
-            f"{key} {_short(saved.get(key))} in the checkpoint, {_short(fingerprint.get(key))} now" for key in differing
+            f"{key} {brief(saved.get(key))} in the checkpoint, {brief(fingerprint.get(key))} now" for key in differing
         )
         raise CheckpointError(
             f"checkpoint {path} was written by a different fit ({what}: {details}); "
             "delete it or choose another checkpoint path to start fresh"
         )
-
-
-def _short(value) -> str:
-    """``value``'s repr, or for a long list (a K-long mask) its length and first entries."""
-    text = repr(value)
-    if len(text) <= 60:
-        return text
-    if isinstance(value, (list, tuple)):
-        return f"[{', '.join(map(repr, value[:4]))}, ... ({len(value)} entries)]"
-    return text[:57] + "..."
 
 
 class Checkpoint:
@@ -158,16 +149,18 @@ class Checkpoint:
         """The seed the checkpointed fit used (so that a fit without random_state resumes it), or None."""
         return None if self.saved is None else self.saved["fingerprint"].get("seed")
 
-    def bind(self, settings: dict, seed: int, train: Dataset, val: Dataset | None, init_arrays=()) -> None:
-        """Fingerprint this fit (settings, seed, shapes, digests of the data and of explicit initial arrays;
-        one pass over X) and refuse a saved state from any other fit."""
+    def bind(
+        self, settings: dict, seed: int, train: Dataset, train_digest: str, val: Dataset | None, init_arrays=()
+    ) -> None:
+        """Fingerprint this fit (settings, seed, shapes, digests of the data, ``train_digest`` being
+        ``data_digest(train)``, and of explicit initial arrays) and refuse a saved state from any other fit."""
         self.fingerprint = {
             **settings,
             "seed": seed,
             "n": len(train),
             "d": train.obs_dim,
             "D": train.model_dim,
-            "data": data_digest(train),
+            "data": train_digest,
             "val_data": None if val is None else data_digest(val),
             "init": array_digest(*init_arrays),
         }

@@ -148,10 +148,11 @@ def fit_mixture(
     # how the fit is logged and which kernel computes it do not change its result: resume across them
     record = {**settings_record(start.n_components, settings, kmeans), "verbose": None, "backend": None}
     record.update(start.record())
+    digest = data_digest(train) if group.parallel or store is not None else None  # one pass over X
     if group.parallel:
-        check_same_fit(group, {"rows": len(train), "data": data_digest(train), "settings": record, "seed": seed})
+        check_same_fit(group, {"rows": len(train), "data": digest, "settings": record, "seed": seed})
     if store is not None:
-        store.bind(record, seed, train, val, (start.weights, start.means, start.covariances))
+        store.bind(record, seed, train, digest, val, (start.weights, start.means, start.covariances))
     mixture = _starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
     row = method(settings.method)
     backend = fit_backend(settings.backend, device)

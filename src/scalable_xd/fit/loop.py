@@ -27,7 +27,6 @@ from tqdm.auto import tqdm
 from .. import deferred_checks
 from .._torch import synchronize
 from ..batching import Batch, generator
-from ..deferred_checks import deferring
 from ..errors import FitDivergedError, NotPositiveDefiniteError
 from ..kernel.dispatch import batch_statistics, log_densities
 from ..kernel.statistics import Statistics, summed_loglik
@@ -211,7 +210,7 @@ def _train_epoch_deferred(fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: i
     """``train_epoch`` with the per-batch tests deferred to its end (``deferred_checks``); where one
     tripped, the epoch again from the fitter's state at its start, testing at every batch."""
     start = copy.deepcopy(fitter.state_dict())
-    with deferring(cfg.device) as checks:
+    with deferred_checks.deferring(cfg.device) as checks:
         train_epoch(converged)
     if reduce_sum(float(checks.tripped()), cfg.group, cfg.device) > 0:  # tripped in any process
         log.debug("epoch %d: a deferred check tripped, so the epoch runs again testing at every batch", epoch)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import deferred_checks
+from ..errors import brief
 from ..kernel.statistics import Criteria, Statistics, symmetric_from_triangle
 
 
@@ -77,7 +78,7 @@ def check_same_fit(group: Group, fit: dict) -> None:
     differing = [key for key in fit if len({json.dumps(each[key], sort_keys=True) for each in everyone}) > 1]
     if differing:
         details = "; ".join(
-            f"{key}: " + ", ".join(f"rank {rank} {_brief(each[key])}" for rank, each in enumerate(everyone))
+            f"{key}: " + ", ".join(f"rank {rank} {brief(each[key])}" for rank, each in enumerate(everyone))
             for key in differing
         )
         raise ValueError(
@@ -93,11 +94,6 @@ def shared_seed(group: Group, seed: int) -> int:
     shared = [seed]
     dist.broadcast_object_list(shared, src=0)
     return shared[0]
-
-
-def _brief(value) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ class SquaremEM(EpochSums):
     samples_assignments = wants_criteria = finished = False
     shadow = None
     scores_its_pass = True
+    _SCALARS = ("phase", "objective0", "step_max", "em_step", "extrapolations", "rejections")  # in state_dict
 
     def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None):
         self.mixture = mixture
@@ -121,10 +122,9 @@ class SquaremEM(EpochSums):
         return {"em_step": self.em_step, "extrapolations": self.extrapolations, "rejections": self.rejections}
 
     def state_dict(self) -> dict:
-        keep = ("phase", "objective0", "step_max", "em_step", "extrapolations", "rejections")
         models = {"mixture": self.mixture, "theta0": self.theta0, "theta2": self.theta2}
         return {
-            **{name: getattr(self, name) for name in keep},
+            **{name: getattr(self, name) for name in self._SCALARS},
             **{name: None if m is None else mixture_state(m) for name, m in models.items()},
             "sums": self._sums_state(),
         }
@@ -133,7 +133,7 @@ class SquaremEM(EpochSums):
         like = self.mixture
         for name in ("mixture", "theta0", "theta2"):
             setattr(self, name, None if state[name] is None else mixture_from_state(state[name], like))
-        for name in ("phase", "objective0", "step_max", "em_step", "extrapolations", "rejections"):
+        for name in self._SCALARS:
             setattr(self, name, state[name])
         self._load_sums(state["sums"], like.means.device)
 

@@ -254,10 +254,7 @@ def online_em_update_naive(
     As in ``online_em_update``, ``state`` is unregularised and the statistics used ``e_step_covariances``.
     """
     Vr, m = state.covariances, state.means
-    if data_size is None:
-        V = Vr + w * _eye_like(Vr)
-    else:
-        V = e_step_covariances(state, w, FixedParameters.none(len(m), m.device), data_size)
+    V = e_step_covariances(state, w, FixedParameters.none(len(m), m.device), data_size)
     n = stats.n_points
     q_old = state.weights
     q_b = stats.q / n
