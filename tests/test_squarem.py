@@ -82,3 +82,32 @@ def test_squarem_keeps_fixed_parameters(data):
     np.testing.assert_array_equal(fast.means_[fix], start["means_init"][fix])
     np.testing.assert_array_equal(fast.covariances_[fix[::-1]], start["covariances_init"][fix[::-1]])
     assert fast.weights_.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_an_invalid_stabilising_step_is_rejected_for_plain_ems_two_steps(data, monkeypatch):
+    """Where EM's map at the extrapolated point gives an indefinite covariance (float32 sums of a nearly empty
+    component did on the demo's mock at K = 64), the cycle ends at theta2, as for a drop in the objective."""
+    from scalable_xd.fit import squarem
+    from scalable_xd.mixture import Mixture
+
+    end_epoch, update = squarem.SquaremEM.end_epoch, squarem.em_update
+    phase, broken = [None], []
+
+    def watched_end_epoch(self):
+        phase[0] = self.phase  # 2: the pass scored an extrapolation
+        end_epoch(self)
+
+    def indefinite_after_an_extrapolation(scored, sums, w, fixed):
+        mapped = update(scored, sums, w, fixed)
+        if phase[0] != 2 or broken:
+            return mapped
+        broken.append(True)
+        covariances = mapped.covariances.clone()
+        covariances[1] = -covariances[1]
+        return Mixture(mapped.weights, mapped.means, covariances)
+
+    monkeypatch.setattr(squarem.SquaremEM, "end_epoch", watched_end_epoch)
+    monkeypatch.setattr(squarem, "em_update", indefinite_after_an_extrapolation)
+    fast = _fit(data, "squarem", epochs=60, tol=None)  # raised FitDivergedError before
+    assert broken and fast.history_[-1]["rejections"] >= 1
+    assert np.all(np.linalg.eigvalsh(fast.covariances_) > 0)

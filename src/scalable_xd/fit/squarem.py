@@ -8,8 +8,9 @@ the fit is past its first few steps; SQUAREM extrapolates along it. A cycle, one
    step alpha = |r| / |v| (scheme S3), clamped to [1, step_max], extrapolates to
    theta' = theta0 + 2 alpha r + alpha^2 v (alpha = 1 gives theta2, plain EM's two steps);
 3. the pass at theta' scores it: if its objective is at least theta0's, the cycle ends at F(theta')
-   (the stabilising EM step, Varadhan & Roland's section 6); otherwise at theta2 (the monotone safeguard:
-   the cycle is then plain EM's two steps, one pass wasted).
+   (the stabilising EM step, Varadhan & Roland's section 6); otherwise, or where F(theta') is not a valid
+   mixture (a nearly empty component that float32 sums leave indefinite), at theta2 (the monotone
+   safeguard: the cycle is then plain EM's two steps, one pass wasted).
 
 The objective is what EM increases: the log-likelihood, plus, where w > 0, the log of the prior that
 Bovy et al.'s regularisation V = (sum + w I) / (q + 1) is the maximum of, sum_j -(log|V_j| + w tr V_j^-1)
@@ -77,7 +78,7 @@ class SquaremEM(EpochSums):
                 self.theta2 = mapped
                 self.extrapolations += 1
                 self._next(extrapolated, em_step=False, phase=2)
-        elif self._objective(scored, sums) >= self.objective0:
+        elif self._objective(scored, sums) >= self.objective0 and mapped.first_invalid_component() is None:
             self._next(mapped, em_step=False, phase=0)
         else:
             self.rejections += 1
