@@ -58,7 +58,7 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
     x, S, mixture = synthetic(batch * steps, k, dtype)
     x, S = x.to(device), S.to(device)
     start = mixture.to(device, torch.float64)
-    fitter = make_fitter(FitSettings(method=method), start, data_size=len(x))
+    fitter = make_fitter(FitSettings(method=method).for_data(len(x)), start, data_size=len(x))
     fitter.start_epoch(0)
     rows = [slice(i * batch, (i + 1) * batch) for i in range(steps)]
 

@@ -120,6 +120,7 @@ def rounding_prone_fit(method: str, copies: int = 1):
         w=1e-6,
         online_regularisation="paper",  # w I itself: the prior's w / (c + 1) would be larger with two stars
         step_size=1.0,
+        step_schedule="cappe_moulines",  # decreasing steps: a constant step of 1 would fit the two stars exactly
         batch_size=2,
         tol=None,
         device="cpu",

@@ -11,7 +11,14 @@ from sklearn.mixture import GaussianMixture
 from scalable_xd import XDGMM
 from scalable_xd.pipeline.gaia.features import compute_features
 from scalable_xd.pipeline.gaia.mock import make_mock
-from scalable_xd.pipeline.truth import NO_TRUTH, gap_closed, reference_data, true_loglik, truth_metrics
+from scalable_xd.pipeline.truth import (
+    NO_TRUTH,
+    gap_closed,
+    reference_data,
+    seconds_to_share,
+    true_loglik,
+    truth_metrics,
+)
 
 WEIGHTS = np.array([0.4, 0.6])
 MEANS = np.array([[0.0, 0.0], [3.0, 1.0]])
@@ -31,6 +38,42 @@ def test_true_loglik_matches_scipy(noisy_mixture):
     model = XDGMM(2, "em", epochs=3, device="cpu", dtype="float64", random_state=0).fit(x, S)
     expected = xd_loglik(v_test[:300], np.zeros((300, 2, 2)), model.weights_, model.means_, model.covariances_)
     assert true_loglik(model, v_test[:300]) == pytest.approx(expected.mean(), rel=1e-10)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em"])
+def test_eval_sets_follow_the_true_values_epoch_by_epoch(noisy_mixture, method):
+    """Each history entry scores its own parameters on the monitored set: the last entry against scipy, and
+    entry e against a fit stopped after e epochs (the same trajectory); the training clock is unchanged."""
+    x, S, _, v_test = noisy_mixture
+    v, zeros = v_test[:300], np.zeros((300, 2, 2))
+    kw = dict(device="cpu", dtype="float64", random_state=0, tol=None)
+    model = XDGMM(2, method, epochs=3, **kw).fit(x, S, eval_sets={"true": (v, zeros)})
+    assert [set(entry) >= {"true_loglik"} for entry in model.history_] == [True] * 4
+    expected = xd_loglik(v, zeros, model.weights_, model.means_, model.covariances_).mean()
+    assert model.history_[-1]["true_loglik"] == pytest.approx(expected, rel=1e-10)
+    shorter = XDGMM(2, method, epochs=2, **kw).fit(x, S)
+    expected = xd_loglik(v, zeros, shorter.weights_, shorter.means_, shorter.covariances_).mean()
+    assert model.history_[2]["true_loglik"] == pytest.approx(expected, rel=1e-10)
+
+
+def test_eval_sets_are_checked_by_name(noisy_mixture):
+    x, S, _, v_test = noisy_mixture
+    model = XDGMM(2, "em", epochs=1, device="cpu", random_state=0)
+    with pytest.raises(ValueError, match="'val' is not a usable name"):
+        model.fit(x, S, eval_sets={"val": (v_test, None)})
+    with pytest.raises(ValueError, match=r"eval_sets\['truth'\] must have the same dimensions"):
+        model.fit(x, S, eval_sets={"truth": (v_test[:, :1], None)})
+    bad = v_test.copy()
+    bad[7, 1] = np.nan
+    with pytest.raises(ValueError, match=r"eval_sets\['truth'\] row 7"):
+        model.fit(x, S, eval_sets={"truth": (bad, None)})
+
+
+def test_seconds_to_share_is_the_first_entry_at_each_mark():
+    history = [{"seconds": float(t), "true_loglik": ll} for t, ll in enumerate([-3.0, -2.0, -1.22, -1.1, -1.25])]
+    # noisy -3, achievable -1: shares 0, 0.5, 0.89, 0.95, 0.875
+    assert seconds_to_share(history, noisy=-3.0, achievable=-1.0) == {"0.9": 3.0, "0.95": 3.0}
+    assert seconds_to_share(history[:3], noisy=-3.0, achievable=-1.0) == {"0.9": None, "0.95": None}
 
 
 def test_gap_closed():

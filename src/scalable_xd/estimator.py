@@ -7,6 +7,7 @@ fit; everything else uses a fitted model.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -16,7 +17,15 @@ from sklearn.exceptions import NotFittedError
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .conditioning import condition, measured_features, measurement_noise
 from .dataset import Dataset
-from .fit.driver import Start, data_source, fit_mixture, fixed_masks, settings_record, training_data
+from .fit.driver import (
+    Start,
+    data_source,
+    fit_mixture,
+    fixed_masks,
+    monitored_data,
+    settings_record,
+    training_data,
+)
 from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
@@ -24,7 +33,8 @@ from .model_file import read_model, write_model
 from .posterior import posterior_moments
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
 
-_FIT, _KMEANS = FitSettings(), KMeansSettings()
+# The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
+_FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
 
 
 class XDGMM(BaseEstimator):
@@ -91,7 +101,7 @@ class XDGMM(BaseEstimator):
         n_components: int = 1,
         method: str = _FIT.method,
         *,
-        epochs: int = _FIT.epochs,
+        epochs: int | None = _FIT.epochs,
         batch_size: int = _FIT.batch_size,
         step_size: float = _FIT.step_size,
         step_schedule: str = _FIT.step_schedule,
@@ -99,7 +109,7 @@ class XDGMM(BaseEstimator):
         kappa: float = _FIT.kappa,
         lr: float = _FIT.lr,
         lr_decay: float = _FIT.lr_decay,
-        decay_epoch: int = _FIT.decay_epoch,
+        decay_epoch: int | None = _FIT.decay_epoch,
         sgd_scaling: str = _FIT.sgd_scaling,
         w: float = _FIT.w,
         online_regularisation: str = _FIT.online_regularisation,
@@ -167,6 +177,7 @@ class XDGMM(BaseEstimator):
         R_val=None,
         checkpoint=None,
         checkpoint_every: int = 0,
+        eval_sets=None,
     ) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
@@ -176,7 +187,10 @@ class XDGMM(BaseEstimator):
         as two copies (Bovy's ``weight``; the k-means initial means ignore them). Validation data, if given,
         is scored after every epoch. ``checkpoint``: a file written atomically after each epoch (and every
         ``checkpoint_every`` batches inside one, for epochs too long to lose: not with split_merge); if it
-        exists, the fit resumes from it where it was written.
+        exists, the fit resumes from it where it was written. ``eval_sets``: {name: (X, Xcov) or (X, Xcov, R)},
+        more data scored after every epoch as validation data are (each history entry's ``<name>_loglik``)
+        without entering the fit, e.g. a mock's noise-free values with zero covariances, to follow how well
+        the deconvolved density is recovered epoch by epoch.
 
         Data-parallel: called on every process of an initialised ``torch.distributed`` group (each with the
         same data and settings), every global batch is split across the processes and their sums are
@@ -192,12 +206,15 @@ class XDGMM(BaseEstimator):
                 "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
             )
         train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, self.n_components, settings)
+        monitored = monitored_data(eval_sets, train, settings)
         warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
         init = (self.weights_init, self.means_init, self.covariances_init)
         masks = fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
         start = Start(self.n_components, masks, *init, warm=warm)
-        fitted = fit_mixture(train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every)
-        self._set_fitted(fitted.mixture, fitted.history, fitted.converged, settings, kmeans)
+        fitted = fit_mixture(
+            train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored
+        )
+        self._set_fitted(fitted.mixture, fitted.history, fitted.converged, fitted.settings, kmeans)
         self.n_features_in_ = train.obs_dim
         return self
 
@@ -307,7 +324,8 @@ class XDGMM(BaseEstimator):
             path,
             self._fitted(),
             {
-                "params": self.describe(),
+                # as given, so that a loaded model refits as this one would: the budget resolved anew for its data
+                "params": {**self.describe(), "epochs": self.epochs, "decay_epoch": self.decay_epoch},
                 "history": self.history_,
                 "converged": self.converged_,
                 "dtype": dtype_name(self._dtype),

@@ -62,6 +62,7 @@ class Fitted:
     mixture: Mixture
     history: list
     converged: bool
+    settings: FitSettings  # as run: the epoch budget resolved for the data (``FitSettings.for_data``)
 
 
 def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
@@ -96,6 +97,28 @@ def training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, n_component
             raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
         val.check_range(dtype, "X_val")
     return train, val
+
+
+def monitored_data(eval_sets, train, settings: FitSettings) -> dict:
+    """``eval_sets`` ({name: (X, Xcov) or (X, Xcov, R)}) as validated data sets of ``train``'s dimensions,
+    or a ValueError naming the set."""
+    if eval_sets is None:
+        return {}
+    if not isinstance(eval_sets, dict):
+        raise ValueError(f"eval_sets must be a dict of name: (X, Xcov) or (X, Xcov, R), got {type(eval_sets).__name__}")
+    monitored = {}
+    for name, arrays in eval_sets.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in ("train", "val"):
+            raise ValueError(f"eval_sets: {name!r} is not a usable name (an identifier other than train and val)")
+        if not isinstance(arrays, (tuple, list)) or len(arrays) not in (2, 3):
+            raise ValueError(f"eval_sets[{name!r}] must be a tuple (X, Xcov) or (X, Xcov, R)")
+        X, Xcov, R = (*arrays, None)[:3]
+        data = data_source(X, Xcov, R, None, f"eval_sets[{name!r}]", settings.missing)
+        if data.obs_dim != train.obs_dim or data.model_dim != train.model_dim:
+            raise ValueError(f"eval_sets[{name!r}] must have the same dimensions as X (and R)")
+        data.check_range(resolve_dtype(settings.dtype), f"eval_sets[{name!r}]")
+        monitored[name] = data
+    return monitored
 
 
 def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> dict[str, np.ndarray]:
@@ -133,9 +156,11 @@ def fit_mixture(
     start: Start,
     checkpoint=None,
     checkpoint_every: int = 0,
+    monitored: dict | None = None,
 ) -> Fitted:
-    """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` after every epoch where
-    given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes."""
+    """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and each ``monitored`` set after
+    every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes."""
+    settings = settings.for_data(len(train))
     device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
     store = None if checkpoint is None else Checkpoint(checkpoint, device)
     if random_state is None and store is not None and store.seed is not None:
@@ -178,8 +203,8 @@ def fit_mixture(
         checkpoint_every=checkpoint_every if store is not None else 0,
         defer_checks=defers_checks(device),
     )
-    history, converged = run(fitter, train, val, loop, store)
-    return Fitted(fitter.result, history, converged or _judged_converged(history, settings))
+    history, converged = run(fitter, train, val, loop, store, monitored)
+    return Fitted(fitter.result, history, converged or _judged_converged(history, settings), settings)
 
 
 def defers_checks(device: torch.device) -> bool:

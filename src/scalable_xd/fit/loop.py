@@ -130,10 +130,11 @@ def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with
     return reduce_statistics(stats, cfg.group, with_criteria)
 
 
-def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None):
+def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None, monitored=None):
     """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from the checkpoint's
     saved state when there is one and saving to it after every epoch (and every ``cfg.checkpoint_every``
-    batches); returns (history, converged).
+    batches); returns (history, converged). ``monitored`` ({name: data}) are scored after every epoch as
+    ``val`` is, into each entry's ``<name>_loglik``.
 
     A checkpoint written inside an epoch records the batches done; a resumed fit runs the same epoch's
     batches from there (the data source serves that epoch's batches again, skipping those done: a streamed
@@ -147,6 +148,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
             "seconds": seconds,
             "train_loglik": _mean_loglik(train, fitter.result, cfg) if score_train else None,
             "val_loglik": None if val is None else _mean_loglik(val, fitter.result, cfg),
+            **{f"{name}_loglik": _mean_loglik(data, fitter.result, cfg) for name, data in (monitored or {}).items()},
             "step_size": fitter.step_size(max(epoch - 1, 0)),
             **fitter.diagnostics(),
         }

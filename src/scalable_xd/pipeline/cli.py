@@ -47,8 +47,13 @@ def _count(minimum: int):
 POSITIVE, NON_NEGATIVE = _count(1), _count(0)
 
 
-def _optional_float(text: str) -> float | None:
-    return None if text.lower() in ("none", "null") else float(text)
+def _optional(parse):
+    """``parse``, with "none" or "null" read as None."""
+
+    def parse_optional(text: str):
+        return None if text.lower() in ("none", "null") else parse(text)
+
+    return parse_optional
 
 
 def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
@@ -63,11 +68,14 @@ def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
         help_text = f"{meta['help']} (default: {default})"
         if kind == "bool":
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        elif meta["nullable"]:
-            p.add_argument(flag, dest=f.name, type=_optional_float, default=default, metavar="X|none", help=help_text)
         else:
             parse = {"int": _count(meta["low"]) if meta["low"] is not None else int, "float": float, "str": str}[kind]
-            p.add_argument(flag, dest=f.name, type=parse, default=default, choices=meta["choices"], help=help_text)
+            if meta["nullable"]:
+                p.add_argument(
+                    flag, dest=f.name, type=_optional(parse), default=default, metavar="X|none", help=help_text
+                )
+            else:
+                p.add_argument(flag, dest=f.name, type=parse, default=default, choices=meta["choices"], help=help_text)
 
 
 def _settings_of(args, cls, **fixed):

@@ -19,6 +19,7 @@ import pandas as pd
 
 from ...io import write_json
 from ...settings import MISSING_LOGLIK_CONSTANT
+from ..truth import SHARE_MARKS
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05
@@ -74,6 +75,14 @@ def time_to_converge(history: list[dict], within: float = CONVERGED_NATS) -> flo
     return float(history[-1]["seconds"])
 
 
+def _seconds_to(true: dict, mark: float) -> float:
+    """Seconds to ``mark`` of the achievable: NaN where not followed, inf where the fit never got there."""
+    reached = true.get("seconds_to_share", {})
+    if str(mark) not in reached:
+        return np.nan
+    return np.inf if reached[str(mark)] is None else reached[str(mark)]
+
+
 def _score(split: dict | None, key: str) -> float:
     return np.nan if split is None else split.get(key, np.nan)
 
@@ -99,6 +108,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "true_test": m.true.get("test_true_loglik", np.nan),
             "gap_closed": m.true.get("true_gap_closed", np.nan),
             "share_of_achievable": m.true.get("true_share_of_achievable", np.nan),
+            **{f"seconds_to_{round(100 * mark)}": _seconds_to(m.true, mark) for mark in SHARE_MARKS},
             "has_truth": bool(m.true.get("available", False)),
             "fitted_with": m.settings.get("method", m.method),
             "split_merge": bool(m.settings.get("split_merge")),
