@@ -94,7 +94,10 @@ def test_warm_start_continues_batch_em_exactly(blobs):
     warm.fit(X, variances)  # five more epochs from where the first five stopped, no k-means
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(warm, attr), getattr(ten, attr), rtol=1e-12, atol=1e-14)
-    assert warm.history_[0]["train_loglik"] == pytest.approx(ten.history_[5]["train_loglik"], rel=1e-12)
+    assert warm.n_iter_ == 10 and [e["epoch"] for e in warm.history_] == list(range(11))  # counted on
+    for e in (5, 10):
+        assert warm.history_[e]["train_loglik"] == pytest.approx(ten.history_[e]["train_loglik"], rel=1e-12)
+    assert np.all(np.diff([e["seconds"] for e in warm.history_]) >= 0)
     cold = XDGMM(3, epochs=5, **settings).fit(X, variances).fit(X, variances)  # without warm_start: restarts
     np.testing.assert_allclose(cold.means_, XDGMM(3, epochs=5, **settings).fit(X, variances).means_)
     with pytest.raises(ValueError, match="warm_start: the fitted model has K = 3"):

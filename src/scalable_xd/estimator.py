@@ -87,7 +87,8 @@ class XDGMM(BaseEstimator):
         component (True) or those marked in a boolean array of length K (Bovy et al.'s fixamp, fixmean and
         fixcovar; see ``updates.FixedParameters``).
     verbose : 0 silent, 1 a line per epoch on the ``scalable_xd.fit`` logger, 2 also a progress bar.
-    warm_start : a second ``fit`` starts from the fitted parameters instead of k-means.
+    warm_start : a second ``fit`` starts from the fitted parameters instead of k-means, and its ``history_``
+        and ``n_iter_`` count on from the first fit's.
 
     Defaults and constraints live in ``settings.FitSettings``; they are checked when ``fit`` is called, as
     in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``, ``get_params``/``set_params``,
@@ -214,7 +215,8 @@ class XDGMM(BaseEstimator):
         fitted = fit_mixture(
             train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored
         )
-        self._set_fitted(fitted.mixture, fitted.history, fitted.converged, fitted.settings, kmeans)
+        history = fitted.history if warm is None else _continued(self.history_, fitted.history)
+        self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans)
         self.n_features_in_ = train.obs_dim
         return self
 
@@ -360,3 +362,13 @@ class XDGMM(BaseEstimator):
         model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         return model
+
+
+def _continued(before: list[dict], after: list[dict]) -> list[dict]:
+    """A warm-started fit's history after the one it continued: its epochs and training seconds counted on
+    from where ``before`` ended (its entry 0, the parameters ``before`` ended with, is dropped)."""
+    if not before:
+        return after
+    last = before[-1]
+    shifted = [{**e, "epoch": e["epoch"] + last["epoch"], "seconds": e["seconds"] + last["seconds"]} for e in after[1:]]
+    return before + shifted
