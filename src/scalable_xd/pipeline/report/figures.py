@@ -128,7 +128,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     pad = 0.05 * (high - low or 1.0)
     ax.set_ylim(low - pad, high + pad)
     ax.set_xlabel("training time [s] (epochs rescaled)")
-    ax.set_ylabel("mean training log-likelihood per star")
+    ax.set_ylabel("training log-likelihood [nats per star]")
     ax.set_title(
         f"Training curves, K = {n_components}: mean ± 1 sd over seeds\n"
         f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})"
