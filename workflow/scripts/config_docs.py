@@ -18,16 +18,18 @@ REPO = Path(__file__).resolve().parents[2]
 INTRO = """# config/
 
 One YAML file per run of the workflow, passed as `snakemake --cores all --configfile config/<name>.yaml`
-(without `--configfile`: `config/config.yaml`, the paper on Gaia DR2). Outputs land in `results/<name>/`.
+(without `--configfile`: `config/config.yaml`, the paper on Gaia DR2). Outputs land in `results/<name>/`;
+the README's 'Reproducing the paper' table gives each run's measured time.
 
 | file | what |
 | --- | --- |
 | `config.yaml` | the paper: Gaia DR2, random_index < 2,000,000, K in {64, 128, 256, 512}, ten seeds (network; a GPU) |
 | `mock.yaml` | the same grid offline on a 2,000,000-row DR2-like mock, scored against its true values |
-| `midscale.yaml` | the paper's protocol on a 500,000-row mock, K in {64, 128}, two seeds (~55 min on 2 cores) |
-| `demo.yaml` | the quick start: a 100,000-row mock, K in {16, 32, 64}, three seeds (~15 min on 2 cores) |
+| `midscale.yaml` | the paper's protocol on a 500,000-row mock, K in {64, 128}, two seeds |
+| `demo.yaml` | the quick start: a 100,000-row mock, K in {16, 32, 64}, three seeds |
 | `methods.yaml` | stochastic EM and Polyak averaging beside the paper's methods, on the demo's mock at K = 64 |
 | `split_merge.yaml` | each method with and without split-and-merge on the demo's mock at K = 64 |
+| `converge.yaml` | each method at the paper's protocol and at the defaults, with its time to 90% of the achievable |
 | `smoke.yaml` | the CI smoke run: 3,000 rows, two epochs |
 
 A config states only what differs from the defaults below, which come from
