@@ -1,6 +1,8 @@
-"""Device and dtype resolution shared by the estimator, the k-means init and the CLI."""
+"""Device, dtype and thread settings shared by the estimator, the fit loop, the k-means init and the CLI."""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -45,3 +47,17 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work so that wall-clock timings mean something."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextmanager
+def one_thread(when: bool = True):
+    """torch's CPU work on this thread alone inside the block (``when``): for loops of small tensors, where
+    a thread pool gains little and its threads spin on a core after every parallel region, which on a
+    shared machine takes the core from the work itself."""
+    before = torch.get_num_threads()
+    if when:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

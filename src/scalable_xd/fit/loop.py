@@ -25,10 +25,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import deferred_checks
-from .._torch import synchronize
+from .._torch import one_thread, synchronize
 from ..batching import Batch, generator
 from ..errors import FitDivergedError, NotPositiveDefiniteError
 from ..kernel.dispatch import batch_statistics, log_densities
+from ..kernel.fused import PARALLEL_PAIRS
 from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
 from .checkpoint import Checkpoint
@@ -175,10 +176,11 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         train_epoch = functools.partial(
             _train_epoch, fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history
         )
-        if cfg.defer_checks and not cfg.checkpoint_every:
-            _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged)
-        else:
-            train_epoch(converged)
+        with one_thread(_small_steps(cfg, fitter)):
+            if cfg.defer_checks and not cfg.checkpoint_every:
+                _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged)
+            else:
+                train_epoch(converged)
         synchronize(cfg.device)
         seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
         done, done_seconds = 0, 0.0
@@ -206,6 +208,11 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
         _log(cfg, history[-1])
     return history, converged
+
+
+def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
+    """Whether an epoch is minibatch steps too small for more than one CPU thread (``kernel.fused``)."""
+    return cfg.device.type == "cpu" and cfg.shuffle and cfg.batch_size * fitter.mixture.n_components < PARALLEL_PAIRS
 
 
 def _train_epoch_deferred(fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: int, converged: bool) -> None:

@@ -30,6 +30,9 @@ from .unrolled_source import factorise_and_solve, import_generated, invert_facto
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
 SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependence analysis gives up
+# (star, component) pairs below which a chunk runs on one thread: ~1 ms of work, beyond the cost of a
+# parallel region, and above the minibatches of the paper's grid (500 stars x K <= 512)
+PARALLEL_PAIRS = 300_000
 # exp(x) for x below this is < 1e-304 (and 0 below -745) and is taken as 0: glibc's exp raises the
 # underflow exception there on a slow path, and at K = 512 on the mock most pairs land there (the pass
 # ran 1.4x faster on real batches without it)
@@ -187,8 +190,9 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     return "\n".join(head + indent(point, 3)) + "\n"
 
 
-def _module_source(dim: int, with_stats: bool, dtype: str) -> str:
-    """A module defining the kernel, compiled with numba's on-disk cache."""
+def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> str:
+    """A module defining the kernel, compiled with numba's on-disk cache (``parallel``: its blocks spread
+    over numba's threads; otherwise run one after another on the calling thread)."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
         "import math",
@@ -200,7 +204,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str) -> str:
         f"EXP_CUTOFF = {EXP_CUTOFF!r}",
         "",
         "",
-        "@njit(parallel=True, fastmath={"
+        f"@njit(parallel={parallel}, fastmath={{"
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
     ]
@@ -208,14 +212,15 @@ def _module_source(dim: int, with_stats: bool, dtype: str) -> str:
 
 
 @cache
-def compiled_kernel(dim: int, with_stats: bool, dtype: str):
-    """The numba-compiled kernel for dimension ``dim`` and float dtype ``dtype`` ("float32" or "float64").
+def compiled_kernel(dim: int, with_stats: bool, dtype: str, parallel: bool = True):
+    """The numba-compiled kernel for dimension ``dim`` and float dtype ``dtype`` ("float32" or "float64"),
+    multi-threaded or serial (``_module_source``).
 
     Its source is written once into the kernel cache folder under a name holding its digest, so that numba's
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
     folder cannot be written it is compiled in memory, a few seconds per process."""
-    source = _module_source(dim, with_stats, dtype)
-    stem = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}"
+    source = _module_source(dim, with_stats, dtype, parallel)
+    stem = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}{'' if parallel else '_serial'}"
     try:
         return import_generated(stem, source).kernel
     except OSError:
@@ -272,18 +277,24 @@ def fused_chunk(
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I."""
     import numba
 
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     n, dim = x.shape
     k, at = mixture.n_components, layout(dim)
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    # a small chunk runs serially on this thread: a parallel region waits for every thread of the pool
+    # (stalling the step where one is descheduled on a shared machine), and the pool's threads spin on a
+    # core after each region
+    parallel = threads > 1 and n * k >= PARALLEL_PAIRS
+    if parallel:
+        numba.set_num_threads(threads)
     n_tiles = -(-k // TILE)
     x_np, S_np = x.detach().contiguous().numpy(), S.detach().contiguous().numpy()
     empty = np.empty(0, x_np.dtype)
     as_array = lambda v: empty if v is None else v.detach().to(x.dtype).contiguous().numpy()  # noqa: E731
-    n_blocks = max(1, min(n, 4 * numba.get_num_threads()))
+    n_blocks = max(1, min(n, 4 * numba.config.NUMBA_NUM_THREADS))  # not the threads now: the same sums either way
     loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.zeros(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)
-    compiled_kernel(dim, with_stats, str(x_np.dtype))(
+    compiled_kernel(dim, with_stats, str(x_np.dtype), parallel)(
         x_np,
         S_np,
         pack_parameters(mixture, x_np.dtype),
