@@ -12,6 +12,10 @@ decide it. The thresholds are stated in each line, so that a reader can disagree
    minibatch methods than for batch EM at every K.
 4. Training time grows sublinearly with K for the minibatch methods: the log-log slope of mean training
    time against K below 1.
+
+Claims 3 and 4 time each fit at its median epoch's pace (``metrics.epoch_seconds``: epochs times the
+median epoch), which a burst of load on a shared machine moves little; the wall clock of a whole fit
+takes such a burst in full, and flipped these verdicts between two runs of the same demo.
 5. Where both covariance modes ran, how much ``paper`` and ``corrected`` modes differ.
 6. (This project's check, not the paper's.) On a mock, every method reaches at least ``SHARE_GOAL`` of
    what XD run to convergence from the same start achieves (``truth``: the share of the achievable, with
@@ -91,12 +95,13 @@ def claim_faster(runs):
     ok = all(bool((seconds[m] < seconds["em"]).all()) for m in minibatch)
     detail = "; ".join(f"{method_name(m)}: {_fmt(seconds[m], 1)} s" for m in ["em"] + minibatch)
     return (HOLDS if ok else FAILS), (
-        f"seconds to come within {CONVERGED_NATS} nats/star of the final training log-likelihood, {detail}"
+        f"seconds (at the median epoch's pace) to come within {CONVERGED_NATS} nats/star of the final training "
+        f"log-likelihood, {detail}"
     )
 
 
 def claim_sublinear(runs, device_note):
-    seconds = _means(runs, "train_seconds")
+    seconds = _means(runs, "steady_seconds")
     minibatch = [m for m in PAPER_MINIBATCH if m in seconds]
     if len(seconds) < 2 or not minibatch:
         return UNMEASURED, "needs a minibatch method at two or more K"
@@ -105,7 +110,10 @@ def claim_sublinear(runs, device_note):
     device = device_note or ", ".join(sorted(runs.device.unique()))
     verdict = HOLDS if all(s < 1.0 for s in slopes.values()) else FAILS
     detail = "; ".join(f"{method_name(m)}: {s:.2f}" for m, s in slopes.items())
-    return verdict, f"log-log slope of training time against K (1 is linear), {detail}; timed on {device}"
+    return verdict, (
+        f"log-log slope of training time (at the median epoch's pace) against K (1 is linear), {detail}; "
+        f"timed on {device}"
+    )
 
 
 def claim_modes(runs):

@@ -66,13 +66,24 @@ class FitMetrics:
             ) from None
 
 
+def epoch_seconds(history: list[dict]) -> float:
+    """The fit's median epoch, in training seconds: its pace, which a burst of load on a shared machine moves
+    little (the wall clock of the whole fit takes the burst in full)."""
+    durations = np.diff([entry["seconds"] for entry in history])
+    return float(np.median(durations)) if len(durations) else 0.0
+
+
+def steady_seconds(history: list[dict]) -> float:
+    """Training seconds of the whole fit at its median epoch's pace (``epoch_seconds``)."""
+    return epoch_seconds(history) * (len(history) - 1)
+
+
 def time_to_converge(history: list[dict], within: float = CONVERGED_NATS) -> float:
-    """Training seconds until the training log-likelihood first comes within ``within`` of its final value."""
+    """Training seconds, at the median epoch's pace, until the training log-likelihood first comes within
+    ``within`` of its final value."""
     final = history[-1]["train_loglik"]
-    for entry in history:
-        if entry["train_loglik"] >= final - within:
-            return float(entry["seconds"])
-    return float(history[-1]["seconds"])
+    reached = next(e for e, entry in enumerate(history) if entry["train_loglik"] >= final - within)
+    return epoch_seconds(history) * reached
 
 
 def _seconds_to(true: dict, mark: float) -> float:
@@ -104,6 +115,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "wall_seconds": m.wall_seconds,
             "train_seconds": m.train_seconds,
             "kmeans_seconds": m.kmeans_seconds,
+            "steady_seconds": steady_seconds(m.history),
             "converge_seconds": time_to_converge(m.history),
             "true_test": m.true.get("test_true_loglik", np.nan),
             "gap_closed": m.true.get("true_gap_closed", np.nan),
