@@ -89,7 +89,9 @@ def test_every_rule_names_an_existing_conda_env_and_a_log():
         assert text.count("    log:\n") == n_rules, path.name
 
 
-@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "smoke", "gaia_full"])
+@pytest.mark.parametrize(
+    "name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "converge", "smoke", "gaia_full"]
+)
 def test_configs_validate_against_the_schema(name):
     from snakemake.utils import validate
 

@@ -89,7 +89,9 @@ def test_the_command_line_states_the_same_defaults():
     assert (reference["epochs"], reference["tol"], reference["dtype"]) == (REFERENCE.epochs, REFERENCE.tol, "float64")
 
 
-@pytest.mark.parametrize("name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "smoke", "gaia_full"])
+@pytest.mark.parametrize(
+    "name", ["config", "mock", "demo", "midscale", "methods", "split_merge", "converge", "smoke", "gaia_full"]
+)
 def test_configs_state_only_what_differs_from_the_defaults(name):
     config = yaml.safe_load((REPO / "config" / f"{name}.yaml").read_text())
     defaults = {**FitSettings.defaults(), **{f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()}}
