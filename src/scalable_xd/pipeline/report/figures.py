@@ -163,6 +163,16 @@ def data_rows(data, n_rows: int, seed: int, complete: bool):
     return _subsample(data.X[data.n_missing == 0] if complete else data.X, n_rows, seed)
 
 
+def _fit_histograms(fig, n_features: int) -> None:
+    """Each 1-D panel's y axis up to its tallest histogram: corner sets it from the first set drawn, which
+    clips a taller model or true-value histogram drawn over it."""
+    for i in range(n_features):
+        ax = fig.axes[i * n_features + i]
+        tops = [patch.get_path().vertices[:, 1].max() for patch in ax.patches]
+        if tops:
+            ax.set_ylim(0, 1.1 * max(tops))
+
+
 def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0) -> dict:
     """Corner plot of the deconvolved model's samples over the noisy data and, where the data know them (a
     mock), the true values: every feature, 1-D histograms normalised to unit area, contours holding 39% and
@@ -183,6 +193,7 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         plot_density=False,
         levels=CONTOUR_LEVELS,
         label_kwargs={"fontsize": 8},
+        max_n_ticks=3,  # five ticks a panel crowd each other at print size
     )
     colour = METHODS[model.method].colour if model.method in METHODS else "tab:red"
     plt = pyplot()
@@ -207,6 +218,9 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         label: float(np.mean((samples[:, k] < lo) | (samples[:, k] > hi)))
         for k, (label, (lo, hi)) in enumerate(zip(FEATURE_LABELS, ranges))
     }
+    _fit_histograms(fig, observed.shape[1])
+    for ax in fig.axes:
+        ax.tick_params(labelsize=6)
     fig.subplots_adjust(top=0.98, left=0.08, bottom=0.07, right=0.98)
     # the legend and notes sit in the empty upper-right triangle, clear of every panel
     fig.text(0.97, 0.975, f"{method_name(model.method)}, K = {model.n_components}", ha="right", va="top", fontsize=10)

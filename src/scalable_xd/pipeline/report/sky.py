@@ -49,13 +49,29 @@ def to_galactic(ra_deg, dec_deg):
     return galactic.l.deg, galactic.b.deg
 
 
+def _label_graticule(hp, ax, lon: str) -> None:
+    """Longitudes along the equator, latitudes along the left edge, and which way is east (left: the sky
+    as seen from inside, as astronomers draw it)."""
+    from matplotlib import patheffects
+
+    style = dict(
+        lonlat=True, fontsize=5, color="0.1", path_effects=[patheffects.withStroke(linewidth=1.5, foreground="w")]
+    )
+    for degrees in (0, 60, 120, 240, 300):
+        hp.projtext(degrees, 2.0, f"{degrees}°", ha="center", va="bottom", **style)
+    for degrees in (-60, -30, 30, 60):
+        hp.projtext(179.0, degrees, f"{degrees:+d}° ", ha="right", va="center", **style)
+    ax.text(0.0, 1.0, f"← east ({lon} grows)", transform=ax.transAxes, fontsize=5, color="0.3", va="bottom")
+
+
 def plot_sky_density(
     model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0, frame: str = "icrs"
 ) -> dict:
     """Mollweide maps of the data's and the model samples' stars per square degree (Figure 2), in ``frame``
-    ``"icrs"`` (ra, dec) or ``"galactic"`` (l, b). Samples that fall off the sky (a Gaussian does not know
-    that |dec| <= 90 or that ra is periodic) are left out and their fraction stated. Returns the maps and
-    their scale."""
+    ``"icrs"`` (ra, dec) or ``"galactic"`` (l, b). A Gaussian does not know that ra is periodic or that
+    |dec| <= 90: samples' ra are taken modulo 360 (a component near ra = 0 spills across it, as the data
+    do), and samples beyond the poles are left out and their fraction stated. Returns the maps and their
+    scale."""
     import healpy as hp
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LogNorm
@@ -66,8 +82,9 @@ def plot_sky_density(
         raise ValueError(f"unknown frame {frame!r}: choose icrs or galactic")
     model, samples = model_samples(model_path, n_samples, seed)
     stars = data_rows(read_split(data_path), n_samples, seed, complete=False)  # ra and dec are never missing
-    on_sky = (samples[:, 0] >= 0) & (samples[:, 0] < 360) & (np.abs(samples[:, 1]) <= 90)
-    points = {"data": stars[:, :2], "model": samples[on_sky, :2]}
+    on_sky = np.abs(samples[:, 1]) <= 90
+    wrapped = np.column_stack([np.mod(samples[on_sky, 0], 360.0), samples[on_sky, 1]])  # ra is periodic
+    points = {"data": stars[:, :2], "model": wrapped}
     if frame == "galactic":
         points = {name: np.column_stack(to_galactic(p[:, 0], p[:, 1])) for name, p in points.items()}
     nside = resolution(points["data"][:, 0], points["data"][:, 1])
@@ -104,6 +121,7 @@ def plot_sky_density(
             margins=(0.01, 0.2, 0.01, 0.1),
         )
         hp.graticule(dpar=30, dmer=60, alpha=0.3)
+        _label_graticule(hp, plt.gca(), "l" if frame == "galactic" else "ra")
     for ax in fig.axes:
         ax.title.set_fontsize(8)
     norm = LogNorm(vmin=vmin, vmax=vmax)
