@@ -30,9 +30,9 @@ from .unrolled_source import factorise_and_solve, import_generated, invert_facto
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
 SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependence analysis gives up
-# (star, component) pairs below which a chunk runs on one thread: ~1 ms of work, beyond the cost of a
-# parallel region, and above the minibatches of the paper's grid (500 stars x K <= 512)
-PARALLEL_PAIRS = 300_000
+# (star, component) pairs below which a chunk runs on one thread: ~1 ms of work on one core, where a
+# parallel region's cost and its threads' spinning outweigh what a second thread saves (500 stars x K < 60)
+PARALLEL_PAIRS = 30_000
 # exp(x) for x below this is < 1e-304 (and 0 below -745) and is taken as 0: glibc's exp raises the
 # underflow exception there on a slow path, and at K = 512 on the mock most pairs land there (the pass
 # ran 1.4x faster on real batches without it)
