@@ -85,18 +85,24 @@ def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
 
 def training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, n_components: int, settings: FitSettings):
     """The validated training and validation sets (in memory, or streamed sources)."""
-    dtype = resolve_dtype(settings.dtype)
     train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
-    train.check_range(dtype)
+    train.check_range(resolve_dtype(settings.dtype))
     if n_components > len(train):
         raise ValueError(f"n_components={n_components} is larger than the number of points ({len(train)})")
     val = None
     if X_val is not None:
-        val = data_source(X_val, Xcov_val, R_val, None, "X_val", settings.missing)
-        if val.obs_dim != train.obs_dim or val.model_dim != train.model_dim:
-            raise ValueError("X_val (and R_val) must have the same dimensions as X (and R)")
-        val.check_range(dtype, "X_val")
+        val = _scored_beside(X_val, Xcov_val, R_val, "X_val", "X_val (and R_val)", train, settings)
     return train, val
+
+
+def _scored_beside(X, Xcov, R, name: str, subject: str, train, settings: FitSettings):
+    """Data scored beside the fit (validation data, ``eval_sets``), validated as ``name``: of ``train``'s
+    dimensions (else a ValueError naming ``subject``) and within the fit's dtype's range."""
+    data = data_source(X, Xcov, R, None, name, settings.missing)
+    if data.obs_dim != train.obs_dim or data.model_dim != train.model_dim:
+        raise ValueError(f"{subject} must have the same dimensions as X (and R)")
+    data.check_range(resolve_dtype(settings.dtype), name)
+    return data
 
 
 def monitored_data(eval_sets, train, settings: FitSettings) -> dict:
@@ -113,11 +119,8 @@ def monitored_data(eval_sets, train, settings: FitSettings) -> dict:
         if not isinstance(arrays, (tuple, list)) or len(arrays) not in (2, 3):
             raise ValueError(f"eval_sets[{name!r}] must be a tuple (X, Xcov) or (X, Xcov, R)")
         X, Xcov, R = (*arrays, None)[:3]
-        data = data_source(X, Xcov, R, None, f"eval_sets[{name!r}]", settings.missing)
-        if data.obs_dim != train.obs_dim or data.model_dim != train.model_dim:
-            raise ValueError(f"eval_sets[{name!r}] must have the same dimensions as X (and R)")
-        data.check_range(resolve_dtype(settings.dtype), f"eval_sets[{name!r}]")
-        monitored[name] = data
+        label = f"eval_sets[{name!r}]"
+        monitored[name] = _scored_beside(X, Xcov, R, label, label, train, settings)
     return monitored
 
 
