@@ -9,7 +9,8 @@ back to back (one device synchronisation per run, so a GPU's queue stays full as
 * ``pass_s``: the statistics pass alone (``batch_statistics`` on a batch already on the device);
 * ``step_s``: the pass and the fitter's float64 update (``fitter.observe``);
 * ``loop_step_s``: a whole fit's training seconds per batch (``XDGMM.fit``, evaluation excluded): batch
-  gathering, the pass, the update and the loop's Python.
+  gathering, the pass, the update and the loop's Python; on CUDA also ``graphed_loop_step_s``, the same
+  with each step replayed as one CUDA graph (``fit/cuda_graphs.py``, the fit's default there).
 
 ``overhead_s`` = ``step_s`` - ``pass_s`` and ``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a
 faster kernel cannot remove. ``updates`` says which updates ran: "fused" (the compiled CPU updates,
@@ -72,22 +73,30 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
 
     pass_s = best_per_step(passes, steps, rounds, device)
     step_s = best_per_step(updates, steps, rounds, device)
-    with forced_kernel(backend):
-        model = XDGMM(
-            k,
-            method,
-            batch_size=batch,
-            epochs=rounds + 1,
-            tol=None,
-            device=str(device),
-            dtype=str(dtype).removeprefix("torch."),
-            random_state=0,
-            weights_init=start.weights.cpu().numpy(),
-            means_init=start.means.cpu().numpy(),
-            covariances_init=start.covariances.cpu().numpy(),
-        ).fit(x.cpu(), S.cpu())
-    epoch_s = min(b["seconds"] - a["seconds"] for a, b in zip(model.history_, model.history_[1:]))
-    loop_step_s = epoch_s / steps
+
+    def loop_step(cuda_graphs: bool) -> float:
+        with forced_kernel(backend):
+            model = XDGMM(
+                k,
+                method,
+                batch_size=batch,
+                epochs=rounds + 1,
+                tol=None,
+                device=str(device),
+                dtype=str(dtype).removeprefix("torch."),
+                cuda_graphs=cuda_graphs,
+                random_state=0,
+                weights_init=start.weights.cpu().numpy(),
+                means_init=start.means.cpu().numpy(),
+                covariances_init=start.covariances.cpu().numpy(),
+            ).fit(x.cpu(), S.cpu())
+        return min(b["seconds"] - a["seconds"] for a, b in zip(model.history_, model.history_[1:])) / steps
+
+    loop_step_s = loop_step(cuda_graphs=False)
+    graphed = {}
+    if device.type == "cuda":  # each step replayed as one CUDA graph (``fit.cuda_graphs``)
+        graphed_step_s = loop_step(cuda_graphs=True)
+        graphed = {"graphed_loop_step_s": graphed_step_s, "graphed_loop_overhead_s": graphed_step_s - pass_s}
     return {
         "method": method,
         "K": k,
@@ -101,6 +110,7 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
         "overhead_s": step_s - pass_s,
         "loop_step_s": loop_step_s,
         "loop_overhead_s": loop_step_s - pass_s,
+        **graphed,
     }
 
 

@@ -33,7 +33,7 @@ step() {
 
 for name in "$@"; do
   case "$name" in
-    tests) step tests 170 python3 -m pytest -q -m cuda tests/test_cuda.py ;;
+    tests) step tests 170 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py ;;
     pass) step pass 170 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --label gpu ;;
     step) for backend in triton unrolled; do

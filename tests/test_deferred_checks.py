@@ -37,6 +37,20 @@ def _flatten(items):
         yield from (_flatten(item) if isinstance(item, (tuple, list)) else (item,))
 
 
+def count_waits_per_epoch(monkeypatch) -> list:
+    """A list that gets, for every epoch's batches (``loop._train_epoch``), the calls that would wait."""
+    waits_per_epoch = []
+    original = loop._train_epoch
+
+    def counted(*args, **kwargs):
+        with _HostWaits() as waits:
+            original(*args, **kwargs)
+        waits_per_epoch.append(waits.calls)
+
+    monkeypatch.setattr(loop, "_train_epoch", counted)
+    return waits_per_epoch
+
+
 @pytest.fixture
 def gpu_path(monkeypatch):
     """Fits on the CPU taking the GPU's path: torch updates (not the compiled CPU ones), checks deferred."""
@@ -55,15 +69,7 @@ def _data(seed=40, n=2000, k=3, d=3):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_a_minibatch_epoch_waits_for_the_device_at_no_batch(method, weighted, gpu_path, monkeypatch):
     x, S = _data()
-    waits_per_epoch = []
-    original = loop._train_epoch
-
-    def counted(*args, **kwargs):
-        with _HostWaits() as waits:
-            original(*args, **kwargs)
-        waits_per_epoch.append(waits.calls)
-
-    monkeypatch.setattr(loop, "_train_epoch", counted)
+    waits_per_epoch = count_waits_per_epoch(monkeypatch)
     weights = np.random.default_rng(41).uniform(0.5, 2.0, len(x)) if weighted else None
     XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(
         x, S, sample_weight=weights

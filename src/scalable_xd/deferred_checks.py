@@ -27,6 +27,10 @@ class DeferredChecks:
         """Record (without waiting for the device) whether any entry of ``event`` is true."""
         self._flag |= event.any()
 
+    def clear(self) -> None:
+        """Lower the flag, in place (a captured CUDA graph keeps writing to the same flag)."""
+        self._flag.zero_()
+
     def tripped(self) -> bool:
         """Whether any event was noted: the one question asked of the device."""
         return bool(self._flag)
@@ -41,9 +45,13 @@ def active() -> DeferredChecks | None:
 
 
 @contextmanager
-def deferring(device):
-    """Defer the per-batch tests within the block to the ``DeferredChecks`` it yields."""
-    checks = DeferredChecks(device)
+def deferring(device, checks: DeferredChecks | None = None):
+    """Defer the per-batch tests within the block to the ``DeferredChecks`` it yields: ``checks``, cleared,
+    where given (the flag a captured step writes to, ``cuda_graphs``), else new ones."""
+    if checks is None:
+        checks = DeferredChecks(device)
+    else:
+        checks.clear()
     token = _active.set(checks)
     try:
         yield checks

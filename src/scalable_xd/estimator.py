@@ -81,6 +81,8 @@ class XDGMM(BaseEstimator):
         Triton kernel on CUDA where triton is installed, else torch.compile's), ``"fused"``, ``"triton"``,
         ``"compiled"``, ``"unrolled"`` or ``"linalg"``; projected data take ``"linalg"``. The one chosen is
         ``backend_``; all give the same results to float tolerance.
+    cuda_graphs : on CUDA, each minibatch step (statistics pass and update) is captured once as a CUDA graph
+        and replayed, one launch a batch instead of ~100 (``fit.cuda_graphs``); False launches them one by one.
     random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds k-means and the batch order.
     weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
     fix_weights, fix_means, fix_covariances : hold these parameters at their initial values, for every
@@ -126,6 +128,7 @@ class XDGMM(BaseEstimator):
         device: str = _FIT.device,
         dtype: str = _FIT.dtype,
         backend: str = _FIT.backend,
+        cuda_graphs: bool = _FIT.cuda_graphs,
         verbose: int = _FIT.verbose,
         kmeans_epochs: int = _KMEANS.epochs,
         kmeans_batch_size: int = _KMEANS.batch_size,

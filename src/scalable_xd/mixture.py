@@ -28,6 +28,10 @@ class Mixture:
         # A weight of exactly zero (a frozen, empty component) gives -inf, which logsumexp handles.
         return torch.log(self.weights)
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, means, covariances), the tensors themselves (``dataclasses.astuple`` would copy them)."""
+        return self.weights, self.means, self.covariances
+
     def to(self, device=None, dtype=None) -> Mixture:
         return Mixture(
             self.weights.to(device=device, dtype=dtype),

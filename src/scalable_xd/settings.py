@@ -202,6 +202,9 @@ class FitSettings(_Settings):
         "CPU), triton (CUDA), compiled (torch.compile), unrolled (eager torch) or linalg (batched LAPACK)",
         choices=BACKENDS,
     )
+    cuda_graphs: bool = setting(
+        True, "on CUDA, replay each minibatch step as one CUDA graph (False: its ~100 kernels launched one by one)"
+    )
     verbose: int = setting(
         0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per epoch", low=0, high=2
     )

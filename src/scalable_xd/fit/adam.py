@@ -35,13 +35,25 @@ class Adam:
     def step(self, grads: list[torch.Tensor]) -> None:
         """One step along ``grads`` (one per parameter)."""
         self.steps += 1
-        beta1, beta2 = self.betas
         step_size, bias_correction2_sqrt = self.corrections()
+        for param, exp_avg, denom in self._moments(grads, bias_correction2_sqrt):
+            param.addcdiv_(exp_avg, denom, value=-step_size)
+
+    def step_on_device(self, grads: list[torch.Tensor], corrections: torch.Tensor) -> None:
+        """The step with its ``corrections()`` read from a (2,) tensor on the parameters' device, set before
+        the step (``steps`` counted by the caller), as a replayed CUDA graph needs (``cuda_graphs``); equal
+        to ``step`` up to the rounding of the last multiply-add."""
+        step_size, bias_correction2_sqrt = corrections[0], corrections[1]
+        for param, exp_avg, denom in self._moments(grads, bias_correction2_sqrt):
+            param.sub_(step_size * (exp_avg / denom))
+
+    def _moments(self, grads: list[torch.Tensor], bias_correction2_sqrt):
+        """Update the moment estimates in place; yield (parameter, first moment, step's denominator)."""
+        beta1, beta2 = self.betas
         for param, grad, exp_avg, exp_avg_sq in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-            param.addcdiv_(exp_avg, denom, value=-step_size)
+            yield param, exp_avg, (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
 
     def state_dict(self) -> dict:
         return {

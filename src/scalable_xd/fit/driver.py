@@ -174,7 +174,12 @@ def fit_mixture(
     if random_state is None:
         seed = shared_seed(group, seed)  # one seed drawn for all the processes: rank 0's
     # how the fit is logged and which kernel computes it do not change its result: resume across them
-    record = {**settings_record(start.n_components, settings, kmeans), "verbose": None, "backend": None}
+    record = {
+        **settings_record(start.n_components, settings, kmeans),
+        "verbose": None,
+        "backend": None,
+        "cuda_graphs": None,
+    }
     record.update(start.record())
     digest = data_digest(train) if group.parallel or store is not None else None  # one pass over X
     if group.parallel:
@@ -205,6 +210,7 @@ def fit_mixture(
         group=group,
         checkpoint_every=checkpoint_every if store is not None else 0,
         defer_checks=defers_checks(device),
+        graph_steps=settings.cuda_graphs and graphs_steps(device),
     )
     history, converged = run(fitter, train, val, loop, store, monitored)
     return Fitted(fitter.result, history, converged or _judged_converged(history, settings), settings)
@@ -213,6 +219,12 @@ def fit_mixture(
 def defers_checks(device: torch.device) -> bool:
     """Whether fits on ``device`` defer their per-batch tests to each epoch's end (``deferred_checks``):
     on GPUs, where a test waits for the device; on the CPU a test costs nothing."""
+    return device.type == "cuda"
+
+
+def graphs_steps(device: torch.device) -> bool:
+    """Whether minibatch steps on ``device`` run on static buffers, replayed as CUDA graphs
+    (``cuda_graphs``): on GPUs, where each of a step's ~100 kernels costs a launch."""
     return device.type == "cuda"
 
 

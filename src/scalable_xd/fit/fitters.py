@@ -248,6 +248,7 @@ class MinibatchEM:
         self.n_updates = 0
         self.restarts = 0
         self._epoch = 0
+        self._step: torch.Tensor | None = None  # the step size on the device (``prepare_step``)
 
     def step_size(self, epoch: int) -> float:
         if self.schedule == "cappe_moulines":
@@ -293,6 +294,34 @@ class MinibatchEM:
         if self.truncation is not None and not inside_compact_set(self.mixture, self.truncation + self.restarts):
             self.state = self.initial
             self.restarts += 1
+
+    # The step as ``cuda_graphs`` replays it: the host's part, then the device's, in place.
+    @property
+    def graphable(self) -> bool:
+        """Whether the step can be replayed (truncation asks the host, the naive update is kept for study)."""
+        return self.update is online_em_update and self.truncation is None
+
+    def live_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step reads and writes: the running state's and the E-step mixture's."""
+        return [*self.state.tensors(), *self.mixture.tensors()]
+
+    def bind(self, tensors: list[torch.Tensor]) -> None:
+        self._state, self._e_step = Mixture(*tensors[:3]), Mixture(*tensors[3:])
+
+    def prepare_step(self) -> None:
+        """The host's part of the next step: its step size, into a scalar on the device."""
+        if self._step is None:
+            self._step = torch.zeros((), dtype=torch.float64, device=self.state.means.device)
+        self._step.fill_(self.step_size(self._epoch))
+        self.n_updates += 1
+
+    def step_in_place(self, stats: Statistics) -> None:
+        """``observe``'s update (less truncation) written into ``live_tensors``, asking the host nothing."""
+        fixed = self.fixed or self._no_fixed
+        state = online_em_update(self.state, stats.double(), self._step, self.w, fixed, self.data_size)
+        e_step = regularised(state, self.w, self.fixed, self.data_size)
+        for live, new in zip(self.live_tensors(), [*state.tensors(), *e_step.tensors()]):
+            live.copy_(new)
 
     def end_epoch(self) -> None:
         return None
@@ -380,6 +409,7 @@ class SGD:
         self.optimizer = Adam(self.params.tensors(), lr=lr)
         self.mixture = self.params.mixture()
         self._fused = fused_updates(mixture.means.device)
+        self._corrections: torch.Tensor | None = None  # Adam's, on the device (``prepare_step``)
 
     def step_size(self, epoch: int) -> float:
         return self.base_lr * (self.lr_decay if epoch >= self.decay_epoch else 1.0)
@@ -393,6 +423,33 @@ class SGD:
             return
         self.optimizer.step(self.params.loss_gradients(stats.double(), self.w))
         self.mixture = self.params.mixture()
+
+    # The step as ``cuda_graphs`` replays it: the host's part, then the device's, in place.
+    @property
+    def graphable(self) -> bool:
+        """Whether the step can be replayed (fixed weights select the free ones by a mask, asking the host)."""
+        return not self.params.fixed.has_fixed_weights
+
+    def live_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step rebinds (the parameters and Adam's moments are updated in place anyway)."""
+        return list(self.mixture.tensors())
+
+    def bind(self, tensors: list[torch.Tensor]) -> None:
+        self.mixture = Mixture(*tensors)
+
+    def prepare_step(self) -> None:
+        """The host's part of the next step: Adam's step count and corrections, into the device."""
+        if self._corrections is None:
+            self._corrections = torch.zeros(2, dtype=torch.float64, device=self.mixture.means.device)
+        self.optimizer.steps += 1
+        for slot, value in zip(self._corrections, self.optimizer.corrections()):
+            slot.fill_(value)
+
+    def step_in_place(self, stats: Statistics) -> None:
+        """``observe``'s Adam step, its mixture written into ``live_tensors``, asking the host nothing."""
+        self.optimizer.step_on_device(self.params.loss_gradients(stats.double(), self.w), self._corrections)
+        for live, new in zip(self.live_tensors(), self.params.mixture().tensors()):
+            live.copy_(new)
 
     @property
     def result(self) -> Mixture:

@@ -33,6 +33,7 @@ from ..kernel.fused import PARALLEL_PAIRS
 from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
 from .checkpoint import Checkpoint
+from .cuda_graphs import GraphedStep
 from .fitters import Fitter
 from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
 
@@ -87,6 +88,7 @@ class LoopConfig:
     group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
     checkpoint_every: int = 0  # batches between checkpoints inside an epoch (0: at epochs' ends only)
     defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
+    graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``cuda_graphs``)
 
 
 def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
@@ -167,6 +169,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         if not one_pass:
             _log(cfg, history[0])
     epoch = start + 1
+    graphed = GraphedStep.for_fit(fitter, cfg)
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
         tick = time.perf_counter()
@@ -174,11 +177,21 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
             fitter.load_state_dict(checkpoint.saved["fitter"])
         train_epoch = functools.partial(
-            _train_epoch, fitter, train, cfg, epoch, done, done_seconds, tick, checkpoint if saving else None, history
+            _train_epoch,
+            fitter,
+            train,
+            cfg,
+            epoch,
+            done,
+            done_seconds,
+            tick,
+            checkpoint if saving else None,
+            history,
+            graphed,
         )
         with one_thread(_small_steps(cfg, fitter)):
             if cfg.defer_checks and not cfg.checkpoint_every:
-                _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged)
+                _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged, graphed)
             else:
                 train_epoch(converged)
         synchronize(cfg.device)
@@ -215,16 +228,21 @@ def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
     return cfg.device.type == "cpu" and cfg.shuffle and cfg.batch_size * fitter.mixture.n_components < PARALLEL_PAIRS
 
 
-def _train_epoch_deferred(fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: int, converged: bool) -> None:
-    """``train_epoch`` with the per-batch tests deferred to its end (``deferred_checks``); where one
-    tripped, the epoch again from the fitter's state at its start, testing at every batch."""
+def _train_epoch_deferred(
+    fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: int, converged: bool, graphed: GraphedStep | None
+) -> None:
+    """``train_epoch`` with the per-batch tests deferred to its end (``deferred_checks``; to the graphed
+    step's flag where there is one); where one tripped, the epoch again from the fitter's state at its
+    start, testing at every batch."""
     start = copy.deepcopy(fitter.state_dict())
-    with deferred_checks.deferring(cfg.device) as checks:
+    with deferred_checks.deferring(cfg.device, None if graphed is None else graphed.checks) as checks:
         train_epoch(converged)
     if reduce_sum(float(checks.tripped()), cfg.group, cfg.device) > 0:  # tripped in any process
         log.debug("epoch %d: a deferred check tripped, so the epoch runs again testing at every batch", epoch)
         fitter.start_epoch(epoch - 1)
         fitter.load_state_dict(start)
+        if graphed is not None:
+            graphed.forget()
         train_epoch(converged)
 
 
@@ -261,10 +279,12 @@ def _train_epoch(
     tick: float,
     checkpoint: Checkpoint | None,
     history: list,
+    graphed: GraphedStep | None,
     converged: bool,
 ) -> None:
     """One epoch's batches from batch ``done`` on (those before it are in the checkpoint): the kernel's
-    statistics of each, observed by the fitter; a checkpoint every ``cfg.checkpoint_every`` batches."""
+    statistics of each, observed by the fitter (or the graphed step, where it takes the batch); a
+    checkpoint every ``cfg.checkpoint_every`` batches."""
     batches = train.epoch_batches(
         cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype, skip=done
     )
@@ -281,6 +301,8 @@ def _train_epoch(
         if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
             uniforms = assignment_uniforms(cfg.seed, epoch, number, batch.size, cfg.device, cfg.dtype)
             uniforms = uniforms[cfg.group.share(slice(0, batch.size), batch.size)]
+        if graphed is not None and graphed.step(batch, uniforms):
+            continue  # graphs run only without mid-epoch checkpoints (``GraphedStep.for_fit``)
         try:
             stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria)
             shadow = None  # a split-and-merge trial: its own pass over the same batch

@@ -1,0 +1,162 @@
+"""The minibatch step that CUDA graphs replay (fit.cuda_graphs): run on the CPU on its static buffers, it
+gives the fit of the ordinary step, waits for the device at no batch, and hands over to the ordinary step
+where it must (an epoch's last, smaller batch; an epoch run again after a deferred check tripped). On CUDA
+it is captured and replayed (skipped without a GPU)."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd, rounding_prone_fit
+from test_deferred_checks import count_waits_per_epoch
+
+from scalable_xd import XDGMM
+from scalable_xd.fit import cuda_graphs, driver, fitters
+from scalable_xd.fit.adam import Adam
+
+
+@pytest.fixture
+def gpu_path(monkeypatch):
+    """Fits on the CPU taking the GPU's path: torch updates, checks deferred (graphs as each test says)."""
+    monkeypatch.setattr(fitters, "fused_updates", lambda device: None)
+    monkeypatch.setattr(driver, "defers_checks", lambda device: True)
+
+
+@pytest.fixture
+def graphed_steps(monkeypatch):
+    """Counts the steps the graphed path takes, with graphs asked for on the CPU."""
+    monkeypatch.setattr(driver, "graphs_steps", lambda device: True)
+    taken = []
+    original = cuda_graphs.GraphedStep._body
+
+    def counted(self):
+        taken.append(self.layout[0])
+        original(self)
+
+    monkeypatch.setattr(cuda_graphs.GraphedStep, "_body", counted)
+    return taken
+
+
+def _data(seed=50, n=2050, k=3, d=3):
+    rng = np.random.default_rng(seed)
+    weights, means, covs = rng.dirichlet(np.ones(k) * 5), rng.normal(scale=4, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, n, weights, means, covs, 0.1, 0.6)
+    return x, S
+
+
+def _fit_both(monkeypatch, method, fit_kwargs=None, **settings):
+    """(graphed, ordinary) fits of the same settings on the GPU's path."""
+    x, S = _data()
+    settings = dict(n_components=3, method=method, batch_size=200, epochs=3, tol=None, backend="unrolled", **settings)
+    graphed = XDGMM(random_state=0, **settings).fit(x, S, **(fit_kwargs or {}))
+    monkeypatch.setattr(driver, "graphs_steps", lambda device: False)
+    ordinary = XDGMM(random_state=0, **settings).fit(x, S, **(fit_kwargs or {}))
+    return graphed, ordinary
+
+
+def _assert_same_fit(a, b, rtol):
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(a, attr), getattr(b, attr), rtol=rtol, atol=0)
+    np.testing.assert_allclose(
+        [h["train_loglik"] for h in a.history_], [h["train_loglik"] for h in b.history_], rtol=rtol
+    )
+
+
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("minibatch_em", {}),
+        ("minibatch_em", {"online_regularisation": "paper", "fix_means": [True, False, False]}),
+        ("stochastic_minibatch_em", {}),
+        ("sgd", {}),
+        ("sgd", {"sgd_scaling": "none", "fix_covariances": [False, True, False]}),
+    ],
+)
+def test_the_graphed_step_gives_the_ordinary_steps_fit(method, settings, gpu_path, graphed_steps, monkeypatch):
+    graphed, ordinary = _fit_both(monkeypatch, method, **settings)
+    # 2,050 stars in batches of 200: nine an epoch take the graphed step, the last one (250) the ordinary step
+    assert graphed_steps == [200] * 27
+    _assert_same_fit(graphed, ordinary, rtol=1e-12)
+
+
+def test_weighted_batches_take_the_graphed_step(gpu_path, graphed_steps, monkeypatch):
+    weights = np.random.default_rng(51).uniform(0.5, 2.0, 2050)
+    graphed, ordinary = _fit_both(monkeypatch, "minibatch_em", {"sample_weight": weights})
+    assert len(graphed_steps) == 27
+    _assert_same_fit(graphed, ordinary, rtol=1e-12)
+
+
+def test_fits_the_graph_cannot_take_take_the_ordinary_step(gpu_path, graphed_steps):
+    x, S = _data()
+    base = dict(batch_size=200, epochs=2, tol=None, backend="unrolled", random_state=0)
+    XDGMM(3, "minibatch_em", truncation=True, **base).fit(x, S)
+    XDGMM(3, "minibatch_em", averaging="polyak", **base).fit(x, S)
+    XDGMM(3, "sgd", fix_weights=[True, False, False], **base).fit(x, S)
+    XDGMM(3, "minibatch_em", cuda_graphs=False, **base).fit(x, S)
+    assert graphed_steps == []
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_the_graphed_step_waits_for_the_device_at_no_batch(method, gpu_path, graphed_steps, monkeypatch):
+    x, S = _data()
+    waits_per_epoch = count_waits_per_epoch(monkeypatch)
+    XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(x, S)
+    assert len(graphed_steps) == 38 and waits_per_epoch == [[], []]
+
+
+def test_a_tripped_check_runs_the_epoch_again_with_ordinary_steps(gpu_path, graphed_steps, monkeypatch, caplog):
+    x, S, settings = rounding_prone_fit("minibatch_em", copies=4)
+    settings.update(epochs=2, dtype="float32", backend="unrolled")
+    with caplog.at_level("DEBUG", logger="scalable_xd.fit"):
+        graphed = XDGMM(**settings).fit(x, S)
+    assert "a deferred check tripped" in caplog.text and graphed_steps
+    monkeypatch.setattr(driver, "defers_checks", lambda device: False)
+    immediate = XDGMM(**settings).fit(x, S)
+    np.testing.assert_allclose(graphed.covariances_, immediate.covariances_, rtol=1e-12)
+    np.testing.assert_allclose(graphed.means_, immediate.means_, rtol=1e-12)
+
+
+def test_adams_step_on_the_device_equals_its_host_step():
+    rng = np.random.default_rng(52)
+    start = [torch.tensor(rng.normal(size=shape)) for shape in ((4,), (4, 3), (4, 3, 3))]
+    host, device = Adam([t.clone() for t in start], lr=0.05), Adam([t.clone() for t in start], lr=0.05)
+    corrections = torch.zeros(2, dtype=torch.float64)
+    for _ in range(30):
+        grads = [torch.tensor(rng.normal(size=t.shape)) for t in start]
+        host.step(grads)
+        device.steps += 1
+        corrections.copy_(torch.tensor(device.corrections(), dtype=torch.float64))
+        device.step_on_device([g.clone() for g in grads], corrections)
+    for a, b in zip(host.params, device.params):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+@pytest.mark.parametrize("backend", ["triton", "unrolled"])
+def test_cuda_captures_the_step_and_replays_it_to_the_uncaptured_fit(method, backend, monkeypatch):
+    replays = []
+    original = cuda_graphs.GraphedStep.step
+
+    def watched(self, batch, uniforms):
+        taken = original(self, batch, uniforms)
+        replays.append(self.replays)
+        return taken
+
+    monkeypatch.setattr(cuda_graphs.GraphedStep, "step", watched)
+    x, S = _data()
+    settings = dict(batch_size=200, epochs=3, tol=None, device="cuda", backend=backend, dtype="float64")
+    captured = XDGMM(3, method, random_state=0, **settings).fit(x, S)
+    uncaptured = XDGMM(3, method, random_state=0, cuda_graphs=False, **settings).fit(x, S)
+    assert max(replays) == 27 - 2  # the first full batch warms up, the second is captured, all replayed
+    _assert_same_fit(captured, uncaptured, rtol=1e-10)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_captures_again_after_an_epoch_ran_again():
+    x, S, settings = rounding_prone_fit("minibatch_em", copies=8)
+    settings.update(epochs=3, dtype="float32", backend="unrolled", device="cuda")
+    captured = XDGMM(**settings).fit(x, S)
+    uncaptured = XDGMM(**settings, cuda_graphs=False).fit(x, S)
+    _assert_same_fit(captured, uncaptured, rtol=1e-10)
