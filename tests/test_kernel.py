@@ -12,7 +12,7 @@ import torch
 from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error, xd_log_densities, xd_pair_posteriors
 
 from scalable_xd.errors import NotPositiveDefiniteError
-from scalable_xd.kernel import dispatch
+from scalable_xd.kernel import dispatch, fused
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
 
@@ -24,6 +24,27 @@ TRITON = pytest.param(
         reason="triton on the CPU runs through its interpreter where there is no GPU (test_cuda.py covers GPUs)",
     ),
 )
+
+
+# The fused kernel in its looped form (``fused.UNROLLED_MAX_DIM``) at every D: backend "fused" under the
+# ``looped_fused`` fixture.
+LOOPED = pytest.param("looped", id="fused_looped")
+
+
+@pytest.fixture
+def looped_fused(monkeypatch):
+    monkeypatch.setattr(fused, "UNROLLED_MAX_DIM", 0)
+    fused.compiled_kernel.cache_clear()
+    yield
+    fused.compiled_kernel.cache_clear()
+
+
+def _kernel(backend: str, request) -> str:
+    """The backend to ask for; "looped" asks for the fused kernel in its looped form."""
+    if backend != "looped":
+        return backend
+    request.getfixturevalue("looped_fused")
+    return "fused"
 
 
 def _mixture(weights, means, covs):
@@ -69,8 +90,9 @@ def test_statistics_reproduce_eq5_sums(projected, backend):
     np.testing.assert_allclose(from_stats, scatter, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["fused", TRITON, "unrolled", "compiled", "linalg"])
-def test_failed_factorisation_names_row_and_component(backend):
+@pytest.mark.parametrize("backend", ["fused", LOOPED, TRITON, "unrolled", "compiled", "linalg"])
+def test_failed_factorisation_names_row_and_component(backend, request):
+    backend = _kernel(backend, request)
     rng = np.random.default_rng(3)
     x, S, weights, means, covs = kernel_problem(rng, n=10, k=3, d=2)
     S[:] = 0.0
@@ -86,9 +108,10 @@ def test_failed_factorisation_names_row_and_component(backend):
     assert (err.value.row, err.value.component) == (0, 2)
 
 
-@pytest.mark.parametrize("backend", ["fused", "unrolled", "compiled"])
+@pytest.mark.parametrize("backend", ["fused", LOOPED, "unrolled", "compiled"])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
-def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol):
+def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol, request):
+    backend = _kernel(backend, request)
     x, S, weights, means, covs = hard_kernel_problem(np.random.default_rng(4))
     weights[3] = 0.0  # a frozen component: log alpha = -inf
     args = [torch.tensor(a, dtype=dtype) for a in (x, S)] + [_mixture(weights, means, covs).to(dtype=dtype)]
@@ -119,27 +142,45 @@ def test_projected_batches_take_the_lapack_path_whatever_is_requested(backend, m
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("backend", ["fused", LOOPED])
 @pytest.mark.parametrize("d, k", [(1, 3), (2, 17), (7, 40)])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
-def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(d, k, dtype, rtol):
+def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(backend, d, k, dtype, rtol, request):
     """K not a multiple of the kernel's tile (padded components must contribute nothing), D = 1 (one pivot),
     per-point weights, sampled one-hot assignments and the split-and-merge sums, against the LAPACK path."""
+    backend = _kernel(backend, request)
     rng = np.random.default_rng(6)
     x, S, weights, means, covs = kernel_problem(rng, n=300, k=k, d=d)
     weights[1] = 0.0  # frozen
     args = [torch.tensor(a, dtype=dtype) for a in (x, S)] + [_mixture(weights, means, covs).to(dtype=dtype)]
     extra = {"point_weights": torch.tensor(rng.uniform(0.5, 2.0, 300), dtype=dtype), "with_criteria": True}
     for draws in (None, torch.tensor(rng.uniform(size=300), dtype=dtype)):
-        fused = batch_statistics(*args, backend="fused", uniforms=draws, **extra)
+        fast = batch_statistics(*args, backend=backend, uniforms=draws, **extra)
         reference = batch_statistics(*args, backend="linalg", uniforms=draws, **extra)
         for name in ("q", "U", "UU", "P"):
-            got, want = (getattr(stats, name).double().numpy() for stats in (fused, reference))
+            got, want = (getattr(stats, name).double().numpy() for stats in (fast, reference))
             assert max_row_relative_error(got, want) < rtol, (name, draws is None)
         for name in ("overlap", "r_log_r", "r_log_n"):
-            got, want = (getattr(stats.criteria, name).double().numpy() for stats in (fused, reference))
+            got, want = (getattr(stats.criteria, name).double().numpy() for stats in (fast, reference))
             assert max_row_relative_error(got, want) < 10 * rtol, name
-        assert fused.n_points == pytest.approx(reference.n_points)
-        assert float(fused.loglik) == pytest.approx(float(reference.loglik), rel=rtol)
+        assert fast.n_points == pytest.approx(reference.n_points)
+        assert float(fast.loglik) == pytest.approx(float(reference.loglik), rel=rtol)
+
+
+@pytest.mark.parametrize("d", [13, 20, 32])
+def test_above_the_unrolled_bound_the_fused_kernel_loops_over_d(d):
+    """Beyond ``UNROLLED_MAX_DIM`` the kernel's source does not grow with D (an unrolled D = 20 kernel took
+    four minutes to compile), and it still equals the LAPACK path."""
+    assert d > fused.UNROLLED_MAX_DIM
+    rng = np.random.default_rng(8)
+    x, S, weights, means, covs = kernel_problem(rng, n=100, k=5, d=d)
+    args = [torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs)]
+    fast, reference = (batch_statistics(*args, backend=b) for b in ("fused", "linalg"))
+    for name in ("q", "U", "UU", "P"):
+        got, want = (getattr(stats, name).double().numpy() for stats in (fast, reference))
+        assert max_row_relative_error(got, want) < 1e-10, name
+    looped_sizes = [len(fused._source(n, True, "np.float64")) for n in (fused.UNROLLED_MAX_DIM + 1, d)]
+    assert looped_sizes[1] < 1.1 * looped_sizes[0] < len(fused._source(fused.UNROLLED_MAX_DIM, True, "np.float64"))
 
 
 def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
@@ -179,11 +220,12 @@ def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkey
     assert dispatch.choose_backend("auto", None, torch.device("meta")) == "unrolled"
 
 
-@pytest.mark.parametrize("backend", ["fused", TRITON, "unrolled", "linalg"])
-def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, caplog):
+@pytest.mark.parametrize("backend", ["fused", LOOPED, TRITON, "unrolled", "linalg"])
+def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, caplog, request):
     """A component with condition number 1e11 and stars with tiny noise in its thin directions: float32's
     Cholesky of V_j + S_i fails where float64's does not. The pass then equals the float64 pass (rounded
     to float32) instead of stopping the fit; a covariance that is indefinite still raises."""
+    backend = _kernel(backend, request)
     rng = np.random.default_rng(7)
     x, S, weights, means, covs = kernel_problem(rng, n=200, k=4, d=7)
     q, _ = np.linalg.qr(rng.normal(size=(7, 7)))

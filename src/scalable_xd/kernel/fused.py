@@ -10,9 +10,12 @@ nothing of size (K, B) is written but the log-densities, where the torch kernels
 intermediates through memory. On two cores at D = 7, K = 64 this is ~2x torch.compile's code.
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
-compiled on first use for each (D, dtype, with_stats), in 5-8 seconds, then cached on disk
-(``compiled_kernel``). numba installs from wheels; where it is missing the dispatcher falls back to the
-torch kernel with a message (``dispatch.choose_backend``).
+compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_kernel``). The
+unrolled source grows as D^3, and numba's compile time with it: 5 s at D = 2, 9 s at 7, 22 s at 12, 83 s
+at 20. Above ``UNROLLED_MAX_DIM`` the algebra runs in loops over D instead (the tile's components still
+innermost, so still vectorised), which compiles in 6-7 s at any D and runs 1.5-7x slower than unrolled
+code would (``benchmarks/bench_compile.py``). numba installs from wheels; where it is missing the
+dispatcher falls back to the torch kernel with a message (``dispatch.choose_backend``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependenc
 # (star, component) pairs below which a chunk runs on one thread: ~1 ms of work on one core, where a
 # parallel region's cost and its threads' spinning outweigh what a second thread saves (500 stars x K < 60)
 PARALLEL_PAIRS = 30_000
+# Dimensions up to which the algebra is unrolled entry by entry; above, it runs in loops over D (see above)
+UNROLLED_MAX_DIM = 12
 # exp(x) for x below this is < 1e-304 (and 0 below -745) and is taken as 0: glibc's exp raises the
 # underflow exception there on a slow path, and at K = 512 on the mock most pairs land there (the pass
 # ran 1.4x faster on real batches without it)
@@ -97,6 +102,111 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
     return lines
 
 
+def _component_loop_looped(dim: int, with_stats: bool, real: str) -> list[str]:
+    """``_component_loop`` for large D, for a whole tile: the same scratch rows, computed in loops over the
+    dimensions with the tile's components innermost, so that LLVM still vectorises across them while the
+    source, and numba's compile time, no longer grow with D. The tile's parameters and scratch are read as
+    (rows, TILE) arrays (``par2``, ``scr2``); work rows: L and W = L^-1 row-major in ``lf`` and ``wf``, the
+    residual ``dv``, z ``zv``, the pivots ``pv``, one row of TILE entries each."""
+    at = layout(dim)
+    lines = [
+        f"par2, scr2 = tile_par.reshape({at['n_params']}, TILE), tile_scr.reshape({at['n_scratch']}, TILE)",
+        "for i in range(D):",
+        "    xi = x[p, i]",
+        "    for c in range(TILE):",
+        f"        dv[i, c] = xi - par2[{at['means']} + i, c]",
+        "for j in range(D):",
+        "    for i in range(j, D):",
+        "        sij, vij = S[p, i, j], i * (i + 1) // 2 + j",
+        "        for c in range(TILE):",
+        "            av[c] = par2[vij, c] + sij",
+        "        for m in range(j):",
+        "            for c in range(TILE):",
+        "                av[c] -= lf[i * D + m, c] * lf[j * D + m, c]",
+        "        if i == j:",
+        "            for c in range(TILE):",
+        "                pv[j, c] = av[c]",
+        "                lf[j * D + j, c] = math.sqrt(av[c])",
+        f"                wf[j * D + j, c] = {real}(1.0) / lf[j * D + j, c]",
+        "        else:",
+        "            for c in range(TILE):",
+        "                lf[i * D + j, c] = av[c] * wf[j * D + j, c]",
+        "for c in range(TILE):",
+        f"    scr2[{at['maha']}, c], scr2[{at['lo']}, c], scr2[{at['hi']}, c] = 0.0, math.inf, -math.inf",
+        "for i in range(D):",
+        "    for c in range(TILE):",
+        "        av[c] = dv[i, c]",
+        "    for m in range(i):",
+        "        for c in range(TILE):",
+        "            av[c] -= lf[i * D + m, c] * zv[m, c]",
+        "    for c in range(TILE):",
+        "        zv[i, c] = av[c] * wf[i * D + i, c]",
+        f"        scr2[{at['maha']}, c] += zv[i, c] * zv[i, c]",
+        # -1 where a pivot is not positive (NaN included), so that the density loop's check fails
+        f"        scr2[{at['lo']}, c] = min(scr2[{at['lo']}, c], pv[i, c]) if pv[i, c] > 0 else -1.0",
+        f"        scr2[{at['hi']}, c] = max(scr2[{at['hi']}, c], pv[i, c])",
+        "for h in range((D + 1) // 2):",
+        "    for c in range(TILE):",
+        f"        scr2[{at['det']} + h, c] = pv[2 * h, c] * pv[2 * h + 1, c] if 2 * h + 1 < D else pv[2 * h, c]",
+    ]
+    if not with_stats:
+        return lines
+    return lines + [
+        "for i in range(D):",  # W's off-diagonal entries, as invert_factor
+        "    for j in range(i):",
+        "        for c in range(TILE):",
+        "            av[c] = 0.0",
+        "        for m in range(j, i):",
+        "            for c in range(TILE):",
+        "                av[c] += lf[i * D + m, c] * wf[m * D + j, c]",
+        "        for c in range(TILE):",
+        "            wf[i * D + j, c] = -av[c] * wf[i * D + i, c]",
+        "for i in range(D):",  # u = W^T z and T^-1 = W^T W, as u_entry and t_inv_entry
+        "    for c in range(TILE):",
+        "        av[c] = 0.0",
+        "    for m in range(i, D):",
+        "        for c in range(TILE):",
+        "            av[c] += wf[m * D + i, c] * zv[m, c]",
+        "    for c in range(TILE):",
+        f"        scr2[{at['u']} + i, c] = av[c]",
+        "    for j in range(i + 1):",
+        "        for c in range(TILE):",
+        "            av[c] = 0.0",
+        "        for m in range(i, D):",
+        "            for c in range(TILE):",
+        "                av[c] += wf[m * D + i, c] * wf[m * D + j, c]",
+        "        for c in range(TILE):",
+        f"            scr2[{at['t_inv']} + i * (i + 1) // 2 + j, c] = av[c]",
+    ]
+
+
+def _accumulate_looped(dim: int) -> list[str]:
+    """``_accumulate_loops`` for large D: loops over the dimensions, the tile's components innermost."""
+    at = layout(dim)
+    return [
+        f"scr2, acc2 = tile_scr.reshape({at['n_scratch']}, TILE), tile_acc.reshape({at['n_sums']}, TILE)",
+        "for c in range(TILE):",
+        f"    acc2[{at['q']}, c] += tile_resp[c]",
+        "for i in range(D):",
+        "    for c in range(TILE):",
+        f"        acc2[{at['U']} + i, c] += tile_resp[c] * scr2[{at['u']} + i, c]",
+        "    for j in range(i + 1):",
+        "        for c in range(TILE):",
+        f"            acc2[{at['UU']} + i * (i + 1) // 2 + j, c] += "
+        f"tile_resp[c] * scr2[{at['u']} + i, c] * scr2[{at['u']} + j, c]",
+        f"for e in range({dim * (dim + 1) // 2}):",
+        "    for c in range(TILE):",
+        f"        acc2[{at['P']} + e, c] += tile_resp[c] * scr2[{at['t_inv']} + e, c]",
+    ]
+
+
+def _loop_work(dim: int) -> list[str]:
+    """The looped kernel's per-block work rows (``_component_loop_looped``), in the block's prologue."""
+    rows = {"lf": dim * dim, "wf": dim * dim, "dv": dim, "zv": dim, "pv": dim}
+    work = [f"        {name} = np.empty(({n}, TILE), x.dtype)" for name, n in rows.items()]
+    return [f"        D = {dim}", *work, "        av = np.empty(TILE, x.dtype)"]
+
+
 def _density_loop(dim: int, real: str) -> list[str]:
     """Statements for component c of a tile: log alpha_k N_pk into ``dens[k]``, and the first failed
     factorisation into ``failed[p]``."""
@@ -147,9 +257,13 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         inner = ["for c in range(TILE):", *indent(body)] if loop else body
         return ["for t in range(n_tiles):", *indent([views[v] for v in names] + inner)]
 
-    point = [f"x{i} = x[p, {i}]" for i in range(dim)]
-    point += [f"s{i}_{j} = S[p, {i}, {j}]" for i in range(dim) for j in range(i + 1)]
-    point += tiles(_component_loop(dim, with_stats, real), ["par", "scr"])
+    looped = dim > UNROLLED_MAX_DIM
+    if looped:
+        point = tiles(_component_loop_looped(dim, with_stats, real), ["par", "scr"], loop=False)
+    else:
+        point = [f"x{i} = x[p, {i}]" for i in range(dim)]
+        point += [f"s{i}_{j} = S[p, {i}, {j}]" for i in range(dim) for j in range(i + 1)]
+        point += tiles(_component_loop(dim, with_stats, real), ["par", "scr"])
     point += ["failed[p] = -1", *tiles(_density_loop(dim, real), ["par", "scr"])]
     point += [
         "top = -math.inf",
@@ -176,7 +290,7 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
             "    resp[min(chosen, n_comp - 1)] = 1.0",
             "if point_weights.shape[0]:",
             "    resp *= point_weights[p]",
-            *tiles(_accumulate_loops(dim), ["scr", "acc", "resp"], loop=False),
+            *tiles(_accumulate_looped(dim) if looped else _accumulate_loops(dim), ["scr", "acc", "resp"], loop=False),
         ]
     head = [
         "def kernel(x, S, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
@@ -185,6 +299,7 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, x.dtype)",
         "        dens = np.empty(n_tiles * TILE, x.dtype)",
         *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
+        *(_loop_work(dim) if looped else []),
         "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
     ]
     return "\n".join(head + indent(point, 3)) + "\n"
