@@ -2,7 +2,7 @@
 # (Ritchie & Murray 2019) from the Gaia DR2 archive, or offline from a DR2-like mock.
 #
 #   snakemake --cores all --use-conda                              # the paper (config/config.yaml)
-#   snakemake --cores all --configfile config/demo.yaml            # quick start, offline (run times: README)
+#   snakemake --cores all --configfile config/demo.yaml            # quick start, offline (run times: docs/reproducing.md)
 #   snakemake --report report.html --configfile config/demo.yaml   # captioned HTML report
 
 from snakemake.utils import min_version

@@ -1,5 +1,5 @@
 """Peers timed in the same run as ours, on the same data and initial parameters; writes JSON to results/.
-The README's peer figures come from this script only.
+The documentation's peer figures (docs/performance.md) come from this script only.
 
     python benchmarks/bench_peers.py                  # N = 100,000, D = 7, K = 64
 

@@ -4,7 +4,7 @@ gap closed, split-and-merge moves, and the training and wall seconds, beside the
 
     python benchmarks/summarise_run.py results/methods       # -> benchmarks/results/run_methods_cpu.json
 
-The workflow's outputs are not committed (they are regenerated); this keeps the numbers the README and the
+The workflow's outputs are not committed (they are regenerated); this keeps the numbers the documentation and the
 notes quote.
 """
 

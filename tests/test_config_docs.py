@@ -27,3 +27,20 @@ def test_every_schema_key_has_a_meaning():
         for key in spec.get("properties", {}):
             row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
             assert row.split("|")[3].strip(), f"{block}.{key} has no meaning in config/README.md"
+
+
+def test_fit_settings_are_described_once_in_fit_settings():
+    """A fit setting's meaning is its ``FitSettings`` help (the CLI's --help, the estimator's and this
+    file's), so the schema states none of its own that could drift from it."""
+    import dataclasses
+
+    from scalable_xd.settings import FitSettings
+
+    fields = {f.name: f.metadata["help"] for f in dataclasses.fields(FitSettings)}
+    fit = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]["fit"]
+    for key, prop in fit["properties"].items():
+        assert key not in fields or "description" not in prop, f"fit.{key}: the schema repeats FitSettings' help"
+    text = (REPO / "config" / "README.md").read_text()
+    for key in fit["properties"].keys() & fields.keys():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
+        assert " ".join(fields[key].split()) in row, key

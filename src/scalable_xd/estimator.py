@@ -69,7 +69,7 @@ class XDGMM(BaseEstimator):
         Nguyen, Forbes & McLachlan's growing compact sets (c1 = c2 = c3 = ``truncation_bound``).
     split_merge, split_merge_tries : Ueda et al.'s split-and-merge moves, at most ``split_merge_tries``:
         batch EM's after convergence (Bovy et al. 2011), the minibatch methods' one an epoch, judged on the
-        validation data or 20,000 training stars (docs/split_merge.md).
+        validation data or 20,000 training stars (docs/design/split-merge.md).
     covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
     missing : ``"variance"`` (the paper's convention: missing entries are value 0 with variance 1e12, scored
         like measured ones) or ``"marginalise"`` (NaN or variance >= 1e12 marks an entry, and each star is

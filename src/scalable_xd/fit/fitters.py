@@ -150,7 +150,7 @@ class EpochSums:
 class BatchEM(EpochSums):
     """Bovy et al. (2011) EM: full passes, sums accumulated over the data set, one M-step per epoch.
 
-    ``stochastic``: stochastic EM (Celeux & Diebolt's SEM; seed 003): the sums come from one sampled
+    ``stochastic``: stochastic EM (Celeux & Diebolt 1985): the sums come from one sampled
     assignment per star (the S-step) rather than its responsibilities, the true values still integrated
     out analytically. A component that draws no star is frozen with weight zero, as in batch EM.
     """
@@ -200,7 +200,7 @@ class MinibatchEM:
     adding ``w I``, as the paper's code does. The initial covariances seed the state.
 
     ``stochastic``: the minibatch form of stochastic EM (each batch's sums from sampled assignments).
-    ``truncation``: the truncated algorithm of Nguyen, Forbes & McLachlan (seed 004, section 3.2) with
+    ``truncation``: the truncated algorithm of Nguyen, Forbes & McLachlan (2020, section 3.2) with
     c1 = c2 = c3 = ``truncation``: after the m-th restart the parameters must stay in the compact set
     K_m (weights >= 1/(c + m), every mean entry within +-(c + m), covariance eigenvalues in
     [1/(c + m), c + m], in the features' units); an update that leaves it restarts the running state from
@@ -364,7 +364,7 @@ class MinibatchEM:
 
 def inside_compact_set(mixture: Mixture, bound: float) -> bool:
     """Whether the parameters lie in the truncation set of bound c: weights >= 1/c, |mean entries| <= c,
-    covariance eigenvalues in [1/c, c] (seed 004, section 3.2)."""
+    covariance eigenvalues in [1/c, c] (Nguyen, Forbes & McLachlan 2020, section 3.2)."""
     eigenvalues = torch.linalg.eigvalsh(mixture.covariances)
     return bool(
         (mixture.weights >= 1.0 / bound).all()
@@ -493,7 +493,7 @@ class SGD:
 class PolyakAverage:
     """Polyak-Ruppert averaging around a minibatch fitter: the update and the E-step are the wrapped
     fitter's own; what the fit reports (``result``) is the running mean of its parameters over all updates
-    so far, theta_bar_r = theta_bar_{r-1} + (theta_r - theta_bar_{r-1}) / r (seed 004's "P" variants).
+    so far, theta_bar_r = theta_bar_{r-1} + (theta_r - theta_bar_{r-1}) / r (Nguyen, Forbes & McLachlan's "P" variants).
     Weights, means and covariances are averaged as they are; an average of positive-definite matrices is
     positive definite, and of weights that sum to one sums to one.
     """

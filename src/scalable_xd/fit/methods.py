@@ -41,7 +41,7 @@ class Method:
     ``build(settings, mixture, fixed, data_size)`` returns its fitter (``data_size``: the training data's
     total weight, which minibatch EM's prior regularisation is scaled by). ``epochs`` and ``min_updates``:
     its default budget (``budget``), in which its default settings reached 90% of the achievable on the
-    README's mocks (``pipeline.truth``).
+    documentation's mocks (docs/user-guide/converged.md) (``pipeline.truth``).
     """
 
     name: str

@@ -1,6 +1,6 @@
 """Split-and-merge (Ueda et al. 2000, as Bovy, Hogg & Roweis 2011 apply it to XD): for batch EM, and a
 stochastic form for the minibatch methods (``StochasticSplitMerge``; design and reasoning in
-docs/split_merge.md).
+docs/design/split-merge.md).
 
 EM runs to convergence; then the components are ranked for a move: merge candidates (j, k) by the overlap
 of their responsibilities, sum_i r_ij r_ik, and split candidates l by the local Kullback-Leibler divergence
@@ -200,7 +200,7 @@ class SplitMergeEM(EpochSums):
 
 
 class StochasticSplitMerge:
-    """Split-and-merge for minibatch EM and SGD without full passes (docs/split_merge.md).
+    """Split-and-merge for minibatch EM and SGD without full passes (docs/design/split-merge.md).
 
     * Criteria: the ``Criteria`` sums of every batch of an epoch, each at the parameters of its update, added
       up over the epoch: every star enters once, so they estimate the full-data criteria up to the drift of

@@ -19,7 +19,7 @@ above needs no such recentring.)
 Rounding. The scatter V + V (...) V is positive semi-definite in exact arithmetic. Where a component holds
 a handful of stars whose scatter is nearly singular in some direction (and the noise there is tiny, like
 Gaia's positions), the float32 sums leave it indefinite by rounding: the update cancels terms of the size
-of V, so the error is ~eps |V|, which can exceed w. Such eigenvalues (down to -1e-4 times V's largest
+of V, so the error is ~eps ‖V‖, which can exceed w. Such eigenvalues (down to -1e-4 times V's largest
 variance) are clipped to zero before the regularisation is added; anything more negative is not rounding
 and is left for the divergence check to report.
 """

@@ -1,7 +1,7 @@
 """The CPU statistics pass as fused loops over (point, component) pairs, compiled by numba (R_i = I).
 
 Threads split the points, each with its own sums. For each point, three loops run over the components,
-in tiles of TILE: the first factorises T_ij = V_j + S_i, solves z = L^-1 d and keeps |z|^2, the pivots,
+in tiles of TILE: the first factorises T_ij = V_j + S_i, solves z = L^-1 d and keeps z^T z, the pivots,
 u = T^-1 d and the lower triangle of T^-1 in a per-point scratch of a few kB; the second turns them
 into log alpha_j N_ij and the point's log-likelihood; the third adds r_ij times u, u u^T and T^-1 to the
 thread's sums, in float64. Every 7 x 7 entry is a scalar local and every array is read with unit stride

@@ -1,4 +1,4 @@
-"""The paper's claims (seed 001: Table 1, Figure 1, Discussion) as verdicts on one run's metrics.
+"""The paper's claims (Ritchie & Murray 2019: Table 1, Figure 1, Discussion) as verdicts on one run's metrics.
 
 Each claim becomes a line: **holds**, **does not hold** or **not measured**, with the numbers of this run that
 decide it. The thresholds are stated in each line, so that a reader can disagree with them:

@@ -1,9 +1,9 @@
-"""The simulation study of Nguyen, Forbes & McLachlan (seed 004, section 4.2), run with our XD code:
+"""The simulation study of Nguyen, Forbes & McLachlan (2020; section 4.2 of its supplement), run with our XD code:
 batch EM against minibatch EM with their learning rate, Polyak averaging and truncation, plus stochastic EM
 and split-and-merge.
 
-    python benchmarks/bench_seed004.py --reps 5             # n = 10^6, 5 replications (~15 min on 2 cores)
-    python benchmarks/bench_seed004.py --n 100000 --reps 2  # a quick look
+    python benchmarks/bench_minibatch_study.py --reps 5             # n = 10^6, 5 replications (~15 min on 2 cores)
+    python benchmarks/bench_minibatch_study.py --n 100000 --reps 2  # a quick look
 
 Scenarios: ``elki``, the seed's ELKI mixture (3 components in 2-D) observed without noise (XD then reduces to
 a plain Gaussian mixture, the seed's setting), and ``elki_noisy``, the same true values observed with
@@ -19,7 +19,7 @@ c1 = c2 = c3 = 1000, no regularisation (w = 0). Metrics, as the seed's: the mean
 observed data, the squared error of the parameters after the best matching of components (sum over
 components of (pi - pi*)^2 + |mu - mu*|^2 + |Sigma - Sigma*|_F^2), the adjusted Rand index of the fitted
 labels against the true ones; and ours: the mean log-likelihood of the noise-free true values under the
-deconvolved model. Results in benchmarks/results/seed004_<scenario>.json.
+deconvolved model. Results in benchmarks/results/minibatch_study_<scenario>.json.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def algorithms(n: int) -> dict[str, dict]:
         variants[f"mbEM {label} T"] = {**base, "truncation": True}
     variants["SEM"] = dict(method="stochastic_em")
     variants["SEM n/10"] = dict(method="stochastic_minibatch_em", batch_size=n // 10, **NFM_STEP)
-    # split-and-merge (docs/split_merge.md): batch EM tries moves once it gains < 1e-3 nats/star per
+    # split-and-merge (docs/design/split-merge.md): batch EM tries moves once it gains < 1e-3 nats/star per
     # iteration (the 10-iteration budget leaves no room for a tighter tolerance); minibatch EM one per
     # other epoch, judged on 20,000 training stars
     variants["EM SM"] = dict(method="em", split_merge=True, tol=1e-3)
@@ -156,14 +156,14 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def markdown_table(scenarios) -> str:
-    """The README's table from the written results: mean (sd) over replications per algorithm."""
+    """The user guide's table from the written results: mean (sd) over replications per algorithm."""
     import json
 
     from _common import RESULTS
 
     lines = []
     for scenario in scenarios:
-        result = json.loads((RESULTS / f"seed004_{scenario}.json").read_text())
+        result = json.loads((RESULTS / f"minibatch_study_{scenario}.json").read_text())
         lines += [
             f"{scenario} (n = {result['n']:,}, {result['reps']} replications):",
             "",
@@ -198,7 +198,7 @@ def main(argv=None) -> None:
     for scenario in args.scenarios:
         result = run(args.n, args.reps, scenario != "elki", args.seed, trapped=scenario == "trap")
         write_result(
-            f"seed004_{scenario}",
+            f"minibatch_study_{scenario}",
             {"machine": machine(), "scenario": scenario, "n": args.n, "reps": args.reps, "seed": args.seed, **result},
         )
 
