@@ -212,7 +212,7 @@ def test_real_rows_give_valid_features():
     assert (features.n_missing == np.isnan(np.asarray(real["bp_rp"], dtype=float)).astype(int)).all()
     assert sum(features.counts.values()) == 0
     assert set(ASTROMETRY) <= set(real.colnames)
-    # Photometric errors from the archive's flux columns: the medians GAIA_FACTS.md quotes for this sample.
+    # Photometric errors from the archive's flux columns: the medians measured on this sample.
     g = np.asarray(real["phot_g_mean_mag"], dtype=float)
     sigma_g = features.sigma[:, 6]
     for (lo, hi), expected in (((12, 14), 0.0018), ((16.5, 17.5), 0.0021), ((19.5, 20.5), 0.0068)):

@@ -10,7 +10,7 @@ builds the 7x7 matrices batch by batch on the fitting device). Two modes:
     variance 1e-2 as the paper's appendix B states. Any missing value, bp_rp included, becomes x = 0
     with variance 1e12 and no correlations.
 ``paper``
-    What the paper's public code did (GAIA_FACTS.md): ra_error and dec_error in mas used as if in degrees,
+    What the paper's public preprocessing code did: ra_error and dec_error in mas used as if in degrees,
     bp_rp/G variance 1e-4, missing astrometry x = 0 with variance 1e12, but a missing bp_rp (or G) becomes
     x = 0 with variance 1e-4: a confident wrong colour. Use it to compare with the paper's Table 1.
 

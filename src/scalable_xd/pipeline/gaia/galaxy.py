@@ -6,14 +6,14 @@ halo) and the two Magellanic Clouds, seen through a dust layer by a magnitude-li
 * Positions: disks with scale lengths 2.6 / 2.0 kpc and heights 0.3 / 0.9 kpc; bulge a Gaussian ellipsoid
   (0.9 x 0.35 x 0.3 kpc) tilted 27 deg; halo rho ~ r^-3.5 from 1 to 80 kpc; Sun at 8.122 kpc (astropy's
   Galactocentric frame). LMC at (80.894, -69.756) deg and 49.6 kpc, SMC at (13.187, -72.829) deg and
-  62.1 kpc (GAIA_FACTS.md), exponential disks of 1.5 and 0.7 kpc.
+  62.1 kpc, exponential disks of 1.5 and 0.7 kpc.
 * Kinematics: flat rotation curve 229 km/s with dispersions (35, 25, 18) / (60, 45, 40) km/s for the
   disks (thick disk lagging by 30 km/s), bulge and halo dispersions 100 / 120 km/s; LMC and SMC bulk proper
   motions (1.91, 0.23) and (0.77, -1.12) mas/yr (Gaia Collaboration, Helmi et al. 2018). Proper motions
   and positions come from astropy's Galactocentric -> ICRS transformation.
 * Photometry: absolute G from a dwarf/giant mixture per population; extinction 0.8 mag/kpc in a 110 pc
   dust layer; E(BP-RP) = A_G / 2. The survey keeps stars brighter than a completeness limit that falls
-  from G = 21.3 to 18.9 towards the crowded Galactic centre (GAIA_FACTS.md), with a soft roll-off.
+  from G = 21.3 to 18.9 towards the crowded Galactic centre (Gaia DR2's 99%-completeness limit), with a soft roll-off.
 """
 
 from __future__ import annotations

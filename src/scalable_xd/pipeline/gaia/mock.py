@@ -5,11 +5,11 @@ magnitude-limited survey (``galaxy``); here they get DR2-like uncertainties and 
 
 * Uncertainties: the parallax error follows G through the medians of real DR2 five-parameter stars
   (0.042 / 0.098 / 0.31 / 0.68 / 1.27 mas in G bins 14-16 / 16-18 / 18-19.5 / 19.5-20.5 / >20.5,
-  GAIA_FACTS.md and the shared real sample), with 0.3 dex scatter and a scanning-law factor that varies
+  measured on a real DR2 sample; Lindegren et al. 2018), with 0.3 dex scatter and a scanning-law factor that varies
   with ecliptic latitude; the other errors scale by 0.80 (ra*), 0.78 (dec), 1.70 (pmra), 1.56 (pmdec)
   (Lindegren et al. 2018). ``ra_error`` is sigma_ra* in mas, as in the archive.
 * Photometry errors: each passband's photon-noise error in mag is a + b 10^(c (G - 17)), through the
-  medians of the real sample (GAIA_FACTS.md; mmag: G 0.3 / 1.0 / 6.6, BP 1.8 / 10 / 120, RP 1.0 / 5.0 / 53
+  medians of a real DR2 sample (Evans et al. 2018; mmag: G 0.3 / 1.0 / 6.6, BP 1.8 / 10 / 120, RP 1.0 / 5.0 / 53
   at G 13 / 17 / 20), with 0.1 dex scatter, capped at 0.5 mag. The catalogue publishes them as the archive
   does, ``phot_<band>_mean_flux_over_error`` = (2.5 / ln 10) / error; the noise drawn also includes the
   zero-point uncertainty (Evans et al. 2018), which ``features`` adds back as its floor.
