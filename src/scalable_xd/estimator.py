@@ -30,7 +30,7 @@ from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, write_model
-from .posterior import posterior_moments
+from .posterior import posterior_moments, posterior_summary
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
@@ -287,6 +287,19 @@ class XDGMM(BaseEstimator):
             means.append(mean.cpu())
             covs.append(cov.cpu())
         return torch.cat(means).numpy(), torch.cat(covs).numpy()
+
+    def posterior_quantiles(self, X, Xcov=None, R=None, q=(0.16, 0.5, 0.84)) -> np.ndarray:
+        """Quantiles (N, D, len(q)) of each feature of each point's true value given x_i: its marginal
+        posterior is a mixture of Gaussians (not the Gaussian of ``posterior``'s moments), so the 16th and
+        84th percentiles give an interval that is right where the components disagree."""
+        probs = np.atleast_1d(np.asarray(q, dtype=float))
+        if probs.ndim != 1 or not np.all((probs > 0) & (probs < 1)):
+            raise ValueError(f"q must be probabilities strictly between 0 and 1, got {q!r}")
+        data = self._data_for_model(X, Xcov, R)
+        parts = []
+        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, self._dtype):
+            parts.append(posterior_summary(x, S, self._mixture, Rb, observed, probs)[2].cpu())
+        return torch.cat(parts).numpy()
 
     def condition(self, X_given, Xcov_given=None) -> XDGMM:
         """The mixture of the features left NaN in ``X_given`` (D,), given measurements of the others with

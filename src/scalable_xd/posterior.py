@@ -21,17 +21,32 @@ _MAX_PAIRS = 1 << 14
 def posterior_moments(x, S, mixture: Mixture, R=None, observed=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean (B, D) and covariance (B, D, D) of p(v_i | x_i) for a batch; with ``observed`` (B, d), given the
     observed entries only (R_i selecting them, per pattern of observed entries)."""
+    mean, cov, _ = posterior_summary(x, S, mixture, R, observed)
+    return mean, cov
+
+
+def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=None):
+    """(mean (B, D), covariance (B, D, D), quantiles (B, D, Q) or None) of p(v_i | x_i): ``quantiles``, a
+    sequence of probabilities in (0, 1), asks for those quantiles of each feature's marginal posterior,
+    itself a mixture of Gaussians N(b_ijd, B_ijdd) with weights r_ij (``marginal_quantiles``)."""
+    probs = None if quantiles is None else torch.as_tensor(quantiles, dtype=torch.float64, device=x.device)
     if observed is not None:
         mean = torch.empty(x.shape[0], mixture.dim, dtype=x.dtype, device=x.device)
         cov = torch.empty(x.shape[0], mixture.dim, mixture.dim, dtype=x.dtype, device=x.device)
+        quant = (
+            None if probs is None else torch.empty(x.shape[0], mixture.dim, len(probs), dtype=x.dtype, device=x.device)
+        )
         eye = torch.eye(mixture.dim, dtype=x.dtype, device=x.device)
         for rows, dims in patterns(observed):
             R_rows = eye[dims].expand(len(rows), -1, -1)
-            mean[rows], cov[rows] = posterior_moments(x[rows][:, dims], S[rows][:, dims][:, :, dims], mixture, R_rows)
-        return mean, cov
+            m, c, q = posterior_summary(x[rows][:, dims], S[rows][:, dims][:, :, dims], mixture, R_rows, None, probs)
+            mean[rows], cov[rows] = m, c
+            if quant is not None:
+                quant[rows] = q
+        return mean, cov, quant
     mixture = mixture.to(dtype=x.dtype)
     V = mixture.covariances
-    means, covs = [], []
+    means, covs, quants = [], [], []
     for part in chunks(x.shape[0], mixture.n_components, _MAX_PAIRS):
         Rp = None if R is None else R[part]
         chol, u, log_dens = convolved_terms(x[part], S[part], mixture, Rp, part.start)
@@ -48,4 +63,25 @@ def posterior_moments(x, S, mixture: Mixture, R=None, observed=None) -> tuple[to
         cov = (resp[..., None, None] * (B + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)
         means.append(mean)
         covs.append(0.5 * (cov + cov.mT))
-    return torch.cat(means), torch.cat(covs)
+        if probs is not None:
+            sds = torch.diagonal(B, dim1=-2, dim2=-1).clamp_min(0.0).sqrt()
+            quants.append(marginal_quantiles(resp, b, sds, probs).to(x.dtype))
+    return torch.cat(means), torch.cat(covs), (torch.cat(quants) if probs is not None else None)
+
+
+def marginal_quantiles(weights, means, sds, probs, iterations: int = 64) -> torch.Tensor:
+    """Quantiles (B, D, Q) at ``probs`` (Q,) of the 1-D Gaussian mixtures with ``weights`` (B, K) and, per
+    feature, ``means`` and standard deviations ``sds`` (B, K, D): bisection of the mixture's CDF in float64
+    between the components' 10-sigma bounds, ``iterations`` halvings (64 reach the float64 grid)."""
+    w, m, s = weights.double()[:, :, None, None], means.double()[..., None], sds.double()[..., None]
+    lo = (m - 10 * s).amin(dim=1)  # (B, D, 1)
+    hi = (m + 10 * s).amax(dim=1)
+    lo, hi = lo.expand(-1, -1, len(probs)).clone(), hi.expand(-1, -1, len(probs)).clone()
+    target = probs.double().to(lo.device)
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        z = (mid.unsqueeze(1) - m) / s.clamp_min(torch.finfo(torch.float64).tiny)
+        cdf = (w * torch.special.ndtr(z)).sum(dim=1)  # (B, D, Q)
+        below = cdf < target
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+    return 0.5 * (lo + hi)
