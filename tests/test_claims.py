@@ -75,6 +75,8 @@ def test_paper_like_metrics_give_the_expected_verdicts(paper_like):
         FAILS,
         UNMEASURED,
         UNMEASURED,
+        UNMEASURED,  # no denoised test stars given
+        UNMEASURED,
     ]  # SGD closes only 70% of the gap
     evidence = {number: text for number, (_, _, text) in enumerate(claims(paper_like), start=1)}
     assert "K=64: 0.150" in evidence[1]  # SGD minus the best other method
@@ -187,3 +189,24 @@ def test_table_says_na_without_truth(tmp_path):
     paths = [_write(tmp_path, "em", 64, seed, -26.0, 10, 5) for seed in (0, 1)]
     write_loglik_table(paths, tmp_path / "loglik")
     assert "| n/a | n/a |" in (tmp_path / "loglik.md").read_text()
+
+
+def _calibration(pull_sd, coverage_68, faint_ratio):
+    row = {"pull_sd": pull_sd, "coverage_68": coverage_68, "coverage_95": 0.95, "rmse_ratio": 0.9, "n": 100}
+    faint = {"g_min": 20.5, "g_max": None, "n": 40, "rmse_ratio": faint_ratio}
+    parallax = {**row, "by_g": [{"g_min": None, "g_max": 14.0, "n": 60, "rmse_ratio": 1.05}, faint]}
+    return {"available": True, "n_stars": 100, "features": {"parallax": parallax, "bp_rp": dict(row)}}
+
+
+def test_the_denoised_values_claims_follow_their_calibration():
+    from scalable_xd.pipeline.report.claims import FAILS, HOLDS, UNMEASURED, claim_calibrated, claim_faint_parallaxes
+
+    assert claim_calibrated(_calibration(1.02, 0.69, 0.5))[0] == HOLDS
+    verdict, evidence = claim_calibrated(_calibration(0.82, 0.69, 0.5))  # posteriors too wide
+    assert verdict == FAILS and "parallax 0.820" in evidence
+    assert claim_calibrated(_calibration(1.0, 0.62, 0.5))[0] == FAILS  # intervals too narrow
+    verdict, evidence = claim_faint_parallaxes(_calibration(1.0, 0.68, 0.25))
+    assert verdict == HOLDS and "G >= 20.5" in evidence and "factor 4.0" in evidence
+    assert claim_faint_parallaxes(_calibration(1.0, 0.68, 1.2))[0] == FAILS
+    no_truth = {"available": False, "reason": "not a mock"}
+    assert claim_calibrated(no_truth)[0] == claim_faint_parallaxes(None)[0] == UNMEASURED

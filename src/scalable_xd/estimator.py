@@ -27,6 +27,7 @@ from .fit.driver import (
     training_data,
 )
 from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
+from .fit.online import OnlineFit
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, write_model
@@ -35,6 +36,9 @@ from .settings import FitSettings, KMeansSettings, check_count, check_seed, reso
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
+
+# The posterior's precision, whatever the fit's (see ``XDGMM.posterior``).
+POSTERIOR_DTYPE = torch.float64
 
 
 class XDGMM(BaseEstimator):
@@ -202,6 +206,7 @@ class XDGMM(BaseEstimator):
         ``fit.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
         """
         settings, kmeans = self._validated()
+        self._online = None  # a fit starts afresh, whatever partial_fit did before
         check_count("checkpoint_every", checkpoint_every, minimum=0)
         if checkpoint_every and checkpoint is None:
             raise ValueError("checkpoint_every: checkpoints inside an epoch need a checkpoint path (checkpoint=...)")
@@ -221,6 +226,36 @@ class XDGMM(BaseEstimator):
         history = fitted.history if warm is None else _continued(self.history_, fitted.history)
         self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans)
         self.n_features_in_ = train.obs_dim
+        return self
+
+    def partial_fit(self, X, Xcov=None, *, R=None, sample_weight=None) -> XDGMM:
+        """One minibatch update from the batch given, for data that arrive a batch at a time (scikit-learn's
+        online-learning convention). The first call starts from ``*_init`` or from k-means on its batch; the
+        running state (online EM's statistics and step count, Adam's moments) carries over, so calls over a
+        stream's batches give the model ``fit`` would over the same batches in the same order. Minibatch
+        methods only. A stream has no epochs and no known size: the step size is the schedule's first (the
+        "cappe_moulines" and "power" schedules decay with the updates), and minibatch EM's prior counts the
+        stars seen so far (``fit.online``). ``history_`` gains an entry per call (its batch's mean
+        log-likelihood before the update) and ``n_iter_`` counts the updates. ``fit`` starts afresh."""
+        settings, kmeans = self._validated()
+        batch = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
+        online = getattr(self, "_online", None)
+        if online is None:
+            init = (self.weights_init, self.means_init, self.covariances_init)
+            masks = fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
+            start = Start(self.n_components, masks, *init)
+            check_count("n_components", self.n_components, maximum=len(batch) if init[1] is None else None)
+            online = OnlineFit(batch, settings, kmeans, self.random_state, start)
+            self.history_ = []
+        elif batch.obs_dim != self.n_features_in_:
+            raise ValueError(
+                f"partial_fit: this batch has {batch.obs_dim} features, the earlier ones {self.n_features_in_}"
+            )
+        entry = online.update(batch)
+        history = [*self.history_, entry]
+        self._set_fitted(online.fitter.result, history, False, online.settings, kmeans)
+        self._online = online
+        self.n_features_in_ = batch.obs_dim
         return self
 
     def _set_fitted(
@@ -278,11 +313,14 @@ class XDGMM(BaseEstimator):
         return self.predict_proba(X, Xcov, R).argmax(axis=1)
 
     def posterior(self, X, Xcov=None, R=None) -> tuple[np.ndarray, np.ndarray]:
-        """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data)."""
+        """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data),
+        computed in float64 whatever the fit's ``dtype``: the covariance V - V T^-1 V subtracts nearly equal
+        matrices, which float32 cannot resolve where the noise is 1e18 times narrower than V (Gaia's
+        positions)."""
         data = self._data_for_model(X, Xcov, R)
         mixture = self._mixture
         means, covs = [], []
-        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, self._dtype):
+        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, POSTERIOR_DTYPE):
             mean, cov = posterior_moments(x, S, mixture, Rb, observed)
             means.append(mean.cpu())
             covs.append(cov.cpu())
@@ -297,7 +335,7 @@ class XDGMM(BaseEstimator):
             raise ValueError(f"q must be probabilities strictly between 0 and 1, got {q!r}")
         data = self._data_for_model(X, Xcov, R)
         parts = []
-        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, self._dtype):
+        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, POSTERIOR_DTYPE):
             parts.append(posterior_summary(x, S, self._mixture, Rb, observed, probs)[2].cpu())
         return torch.cat(parts).numpy()
 

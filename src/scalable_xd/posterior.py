@@ -1,9 +1,11 @@
 """Posterior moments of each point's true value v_i given its noisy observation x_i ("denoising").
 
 Under component j, v_i | x_i is Gaussian with mean b_ij = m_j + V_j R_i^T u_ij and covariance
-B_ij = V_j - V_j R_i^T T_ij^-1 R_i V_j; mixing over j with responsibilities r_ij gives the mean
-sum_j r_ij b_ij and the covariance sum_j r_ij [B_ij + (b_ij - mean)(b_ij - mean)^T]. Unlike the fitting
-pass this forms per-pair D x D matrices, so it runs in chunks of bounded size.
+B_ij = V_j - V_j R_i^T T_ij^-1 R_i V_j, which for R_i = I is computed as V_j T_ij^-1 S_i (the same matrix,
+without the subtraction that loses a posterior 1e18 times narrower than V_j); mixing over j with
+responsibilities r_ij gives the mean sum_j r_ij b_ij and the covariance
+sum_j r_ij [B_ij + (b_ij - mean)(b_ij - mean)^T]. Unlike the fitting pass this forms per-pair D x D
+matrices, so it runs in chunks of bounded size.
 """
 
 from __future__ import annotations
@@ -56,8 +58,12 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
         else:
             v_rt = V.unsqueeze(0) @ Rp.mT.unsqueeze(1)  # (B, K, D, d)
         b = mixture.means + (v_rt @ u.unsqueeze(-1)).squeeze(-1)
-        solved = torch.cholesky_solve(v_rt.mT, chol)  # T^-1 R V, (B, K, d, D)
-        B = V - v_rt @ solved
+        if Rp is None:  # B = V T^-1 S: no subtraction, so exact where S is 1e-18 of V (Gaia's positions)
+            Sp = S[part].unsqueeze(1).expand(-1, V.shape[0], -1, -1)
+            B = V @ torch.cholesky_solve(Sp, chol)
+            B = 0.5 * (B + B.mT)
+        else:
+            B = V - v_rt @ torch.cholesky_solve(v_rt.mT, chol)  # V - V R^T T^-1 R V
         mean = (resp.unsqueeze(-1) * b).sum(1)
         centred = b - mean.unsqueeze(1)
         cov = (resp[..., None, None] * (B + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)

@@ -165,4 +165,6 @@ def final_outputs():
     figures = [f"{RESULTS}/figures/{name}.{ext}" for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}",
                                                                "sky_density") for ext in ("png", "pdf")]
     corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.{ext}" for m in METHODS for ext in ("png", "pdf")]
-    return fits + tables + figures + corners
+    denoised = [f"{RESULTS}/denoised/test.parquet", f"{RESULTS}/tables/calibration.json",
+                f"{RESULTS}/tables/calibration.md"] + [f"{RESULTS}/figures/denoised.{ext}" for ext in ("png", "pdf")]
+    return fits + tables + figures + corners + denoised

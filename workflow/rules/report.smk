@@ -24,6 +24,7 @@ rule claims:
     """Each claim of the paper with its verdict on this run and the numbers that decide it."""
     input:
         metrics=all_metrics(),
+        calibration=f"{RESULTS}/tables/calibration.json",
     output:
         report(f"{RESULTS}/claims.md", caption="../report/claims.rst", category="Claims"),
     params:
@@ -33,7 +34,7 @@ rule claims:
     conda:
         ENV
     shell:
-        "{params.cli} claims --metrics {input.metrics} --output {output} 2> {log}"
+        "{params.cli} claims --metrics {input.metrics} --calibration {input.calibration} --output {output} 2> {log}"
 
 
 rule timing_vs_k:
@@ -112,4 +113,57 @@ rule corner:
         ENV
     shell:
         "{params.cli} plot-corner --model {input.model} --data {input.data} --n-samples {params.samples} "
+        "--output {output.png} {output.pdf} 2> {log}"
+
+
+rule denoise:
+    """Each test star's posterior true values under the figure model (the denoised catalogue)."""
+    input:
+        model=figure_model(config["report"]["sky_method"]),
+        data=f"{DATA}/test.parquet",
+    output:
+        f"{RESULTS}/denoised/test.parquet",
+    params:
+        cli=CLI,
+    log:
+        f"{RESULTS}/logs/report/denoise.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} denoise --model {input.model} --data {input.data} --output {output} 2> {log}"
+
+
+rule calibration:
+    """The denoised values' pulls, interval coverage and precision gain against the mock's true values."""
+    input:
+        f"{RESULTS}/denoised/test.parquet",
+    output:
+        json=f"{RESULTS}/tables/calibration.json",
+        md=report(f"{RESULTS}/tables/calibration.md", caption="../report/calibration.rst", category="Denoised"),
+    params:
+        cli=CLI,
+    log:
+        f"{RESULTS}/logs/report/calibration.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} calibrate --denoised {input} --output-json {output.json} --output-md {output.md} 2> {log}"
+
+
+rule denoised_figure:
+    """Colour-magnitude diagrams measured, denoised and true; pulls; precision gain against G."""
+    input:
+        denoised=f"{RESULTS}/denoised/test.parquet",
+        calibration=f"{RESULTS}/tables/calibration.json",
+    output:
+        png=report(f"{RESULTS}/figures/denoised.png", caption="../report/denoised.rst", category="Denoised"),
+        pdf=f"{RESULTS}/figures/denoised.pdf",
+    params:
+        cli=CLI,
+    log:
+        f"{RESULTS}/logs/report/denoised_figure.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} plot-denoised --denoised {input.denoised} --calibration {input.calibration} "
         "--output {output.png} {output.pdf} 2> {log}"

@@ -193,9 +193,7 @@ def fit_mixture(
     if settings.split_merge and row.split_merge == "epoch":
         judged = val if val is not None else _judge_sample(train, seed)
         judge = _judge(judged, device, dtype, backend, group)
-    fitter = make_fitter(
-        settings, mixture, _fixed_parameters(start.fixed, mixture), judge, data_size=train.total_weight
-    )
+    fitter = make_fitter(settings, mixture, fixed_parameters(start.fixed, mixture), judge, data_size=train.total_weight)
     loop = LoopConfig(
         epochs=settings.epochs,
         batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
@@ -275,7 +273,7 @@ def _starting_mixture(train, settings, kmeans, seed: int, start: Start, store, d
     )
 
 
-def _fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedParameters:
+def fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedParameters:
     """The masks as tensors, with the initial weights the fixed ones keep (all positive, summing to 1,
     so the free ones always have a share left)."""
     masks = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in masks.items()}

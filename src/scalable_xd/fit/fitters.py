@@ -250,6 +250,12 @@ class MinibatchEM:
         self._epoch = 0
         self._step: torch.Tensor | None = None  # the step size on the device (``prepare_step``)
 
+    def resize(self, data_size: float) -> None:
+        """The training data's total weight, where it grows (online learning, ``fit.online``): the E-step's
+        prior follows it."""
+        self.data_size = data_size
+        self._e_step = None
+
     def step_size(self, epoch: int) -> float:
         if self.schedule == "cappe_moulines":
             t0 = self.base_step ** (-1.0 / self.kappa)

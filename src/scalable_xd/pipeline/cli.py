@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import sys
 from pathlib import Path
@@ -199,7 +200,8 @@ def _table(args) -> None:
 def _claims(args) -> None:
     from .report.claims import write_claims
 
-    write_claims(args.metrics, args.output, device_note=args.device_note)
+    calibration = None if args.calibration is None else json.loads(Path(args.calibration).read_text())
+    write_claims(args.metrics, args.output, device_note=args.device_note, calibration=calibration)
 
 
 def _plot_timing(args) -> None:
@@ -224,6 +226,27 @@ def _plot_corner(args) -> None:
     from .report.figures import plot_corner
 
     plot_corner(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed)
+
+
+def _denoise(args) -> None:
+    from .denoise import denoise
+
+    denoise(args.model, args.data, args.output, batch_rows=args.batch_rows)
+
+
+def _calibrate(args) -> None:
+    from ..io import write_json, write_text
+    from .denoise import calibration, calibration_markdown
+
+    result = calibration(args.denoised)
+    write_json(args.output_json, result)
+    write_text(args.output_md, calibration_markdown(result))
+
+
+def _plot_denoised(args) -> None:
+    from .report.denoised import plot_denoised
+
+    plot_denoised(args.denoised, json.loads(Path(args.calibration).read_text()), args.output)
 
 
 # ------------------------------------------------------------------------------------------- parser
@@ -425,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", nargs="+", required=True, help="metrics files of the fits")
     p.add_argument("--output", required=True, help="the Markdown file")
     p.add_argument("--device-note", default=None, help="where the timings were taken, in words")
+    p.add_argument("--calibration", default=None, help="the denoised test stars' calibration (claims 9 and 10)")
     p.set_defaults(run=_claims)
 
     p = sub.add_parser("plot-timing", help="Figure 1 right: training time against K")
@@ -437,6 +461,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-components", type=POSITIVE, required=True, help="the K whose curves are drawn")
     p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
     p.set_defaults(run=_plot_curves)
+
+    p = sub.add_parser("denoise", help="each star's posterior true values under a model (Parquet)")
+    p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
+    p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
+    p.add_argument("--output", required=True, help="the denoised catalogue (.parquet)")
+    p.add_argument(
+        "--batch-rows", type=POSITIVE, default=65_536, help="stars read and written at a time (default: 65,536)"
+    )
+    p.set_defaults(run=_denoise)
+
+    p = sub.add_parser("calibrate", help="the denoised values' calibration against the truth (mock data)")
+    p.add_argument("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
+    p.add_argument("--output-json", required=True, help="the calibration (.json)")
+    p.add_argument("--output-md", required=True, help="its table (.md)")
+    p.set_defaults(run=_calibrate)
+
+    p = sub.add_parser(
+        "plot-denoised", help="colour-magnitude diagrams, pulls and precision gains of the denoised values"
+    )
+    p.add_argument("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
+    p.add_argument("--calibration", required=True, help="its calibration (scalable-xd calibrate)")
+    p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
+    p.set_defaults(run=_plot_denoised)
 
     for name, run, what in (
         ("plot-sky", _plot_sky, "Figure 2: sky density of model samples beside the data"),
@@ -466,7 +513,21 @@ def _version() -> str:
 
 
 # Arguments that name files a subcommand reads; each must exist before any work starts.
-INPUT_ARGUMENTS = ("input", "train", "val", "test", "init", "metrics", "model", "data", "reference", "index", "csv_dir")
+INPUT_ARGUMENTS = (
+    "input",
+    "train",
+    "val",
+    "test",
+    "init",
+    "metrics",
+    "model",
+    "data",
+    "reference",
+    "index",
+    "csv_dir",
+    "denoised",
+    "calibration",
+)
 
 
 def _missing_inputs(args) -> list[str]:

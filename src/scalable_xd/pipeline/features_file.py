@@ -214,12 +214,31 @@ def read_features(path) -> Features:
     """Features stored by ``scalable-xd features`` (one split's Parquet file)."""
     import pyarrow.parquet as pq
 
+    spec, meta = _checked_spec(path)
+    return _features_of(pq.read_table(path), spec, meta)
+
+
+def iter_features(path, batch_rows: int):
+    """The same file's features ``batch_rows`` stars at a time (memory bounded by the batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spec, meta = _checked_spec(path)
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+        yield _features_of(pa.Table.from_batches([batch]), spec, meta)
+
+
+def _checked_spec(path) -> tuple[FeatureSpec, dict]:
+    import pyarrow.parquet as pq
+
     schema = _readable(path, lambda: pq.read_schema(path))
     meta = _metadata(path, schema)
     spec = FeatureSpec.from_dict(meta["spec"])
     require_columns(path, WHAT, schema.names, spec.columns)
-    table = pq.read_table(path)
+    return spec, meta
 
+
+def _features_of(table, spec: FeatureSpec, meta: dict) -> Features:
     def columns(names, dtype):
         return np.stack([table.column(name).to_numpy().astype(dtype, copy=False) for name in names], axis=1)
 

@@ -1,0 +1,86 @@
+"""Online learning one batch at a time (``XDGMM.partial_fit``): the state carried between calls.
+
+A minibatch fit is a sequence of updates, each from one batch's statistics. ``OnlineFit`` makes them one
+call at a time: the first batch starts the fit (from the given initial parameters, else k-means on that
+batch, as scikit-learn's ``MiniBatchKMeans.partial_fit`` does) and each call makes one update, through
+the same kernel and the same fitter that ``fit`` uses, so the same batches in the same order give the same
+model. What a stream cannot say is how many stars there are, or where its epochs end: the step size is the
+schedule's at its first epoch (the ``"cappe_moulines"`` and ``"power"`` schedules decay with the count of
+updates, as over a stream they should), and minibatch EM's prior (``online_regularisation="prior"``) takes
+the stars seen so far as the data's size.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .._torch import resolve_device, resolve_dtype, synchronize
+from ..kernel.dispatch import batch_statistics, fit_backend
+from ..settings import FitSettings, KMeansSettings, resolve_seed
+from .driver import Start, fixed_parameters
+from .init import initial_mixture
+from .loop import assignment_uniforms
+from .methods import METHODS, make_fitter, method
+
+
+class OnlineFit:
+    """A minibatch fitter and what it needs between ``partial_fit`` calls."""
+
+    def __init__(self, first, settings: FitSettings, kmeans: KMeansSettings, random_state, start: Start):
+        row = method(settings.method)
+        if not row.per_batch or settings.split_merge:
+            minibatch = ", ".join(name for name, m in METHODS.items() if m.per_batch)
+            raise ValueError(
+                f"partial_fit makes one minibatch update per call, which method {settings.method!r}"
+                f"{' with split_merge' if settings.split_merge else ''} does not: use one of {minibatch} "
+                "(split-and-merge trials span whole epochs), or fit"
+            )
+        self.settings = settings.for_data(len(first))
+        self.device, self.dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+        self.seed = resolve_seed(random_state)
+        self.backend = fit_backend(settings.backend, self.device)
+        mixture = initial_mixture(
+            first,
+            start.n_components,
+            kmeans,
+            self.seed,
+            self.device,
+            self.dtype,
+            weights=start.weights,
+            means=start.means,
+            covariances=start.covariances,
+        )
+        self.fitter = make_fitter(self.settings, mixture, fixed_parameters(start.fixed, mixture), data_size=1.0)
+        self.fitter.start_epoch(0)
+        self.seen = 0.0
+        self.seconds = 0.0
+        self.updates = 0
+
+    def update(self, batch) -> dict:
+        """One update from ``batch`` (a validated data set, all of it one minibatch); its history entry."""
+        tick = time.perf_counter()
+        _, x, S, R, weights, observed = next(batch.scan(slice(0, len(batch)), len(batch), self.device, self.dtype))
+        uniforms = None
+        if self.fitter.samples_assignments:
+            # drawn as fit draws its first epoch's (epochs count from 1), numbered by update
+            uniforms = assignment_uniforms(self.seed, 1, self.updates, len(batch), self.device, self.dtype)
+        self.seen += batch.total_weight
+        inner = getattr(self.fitter, "inner", self.fitter)  # under Polyak averaging, the averaged fitter
+        if getattr(inner, "data_size", None) is not None:
+            inner.resize(self.seen)  # the prior's size: the stars seen so far, this batch's included
+        stats = batch_statistics(
+            x,
+            S,
+            self.fitter.mixture,
+            R,
+            backend=self.backend,
+            point_weights=weights,
+            uniforms=uniforms,
+            observed=observed,
+        )
+        loglik = float(stats.loglik) / float(stats.n_points)
+        self.fitter.observe(stats)
+        synchronize(self.device)
+        self.seconds += time.perf_counter() - tick
+        self.updates += 1
+        return {"epoch": self.updates, "seconds": self.seconds, "train_loglik": loglik, "val_loglik": None}

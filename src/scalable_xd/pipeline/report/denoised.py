@@ -1,0 +1,92 @@
+"""What the denoised catalogue buys: the colour-magnitude diagram of the test stars measured, denoised and
+(on a mock) true, on the same axes; the pulls of every feature against a unit Gaussian; and each feature's
+posterior RMSE over its measurement's against G magnitude (``pipeline.denoise``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...settings import MISSING_VARIANCE
+from .style import PAGE, pyplot, save
+
+
+def absolute_g(g, parallax_mas):
+    """M_G = G + 5 log10(parallax / 100 mas), NaN where the parallax is not positive."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(parallax_mas > 0, g + 5.0 * np.log10(parallax_mas / 100.0), np.nan)
+
+
+def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
+    """The figure described above; without true values (Gaia data) the CMD measured and denoised only."""
+    import pandas as pd
+    from scipy.stats import norm
+
+    table = pd.read_parquet(denoised_path)
+    truth = calibration["available"]
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 3, figsize=(PAGE, 0.72 * PAGE), layout="constrained")
+    versions = [("measured", "x"), ("denoised (posterior mean)", "mean")] + ([("true", "true")] if truth else [])
+    cmd = {label: _cmd(table, prefix) for label, prefix in versions}
+    finite = np.concatenate([np.column_stack(xy)[np.isfinite(np.column_stack(xy)).all(1)] for xy in cmd.values()])
+    x_range = np.percentile(finite[:, 0], [0.5, 99.5])
+    y_range = np.percentile(finite[:, 1], [0.5, 99.5])
+    for ax, (label, (colour, mag)) in zip(axes[0], cmd.items()):
+        ok = np.isfinite(colour) & np.isfinite(mag)
+        ax.hist2d(colour[ok], mag[ok], bins=80, range=[x_range, y_range], cmap="Greys", norm="log")
+        ax.set(xlim=x_range, ylim=y_range[::-1], xlabel="BP − RP (mag)", title=f"{label}: {ok.sum():,} stars")
+    axes[0, 0].set_ylabel("absolute G (mag, from parallax > 0)")
+    if not truth:
+        for ax in axes[0, len(versions) :].tolist() + axes[1].tolist():
+            ax.set_axis_off()
+        axes[1, 0].text(0, 0.5, "no true values: pulls and gains need a mock", transform=axes[1, 0].transAxes)
+        save(fig, outputs)
+        return
+    names = list(calibration["features"])
+    grid = np.linspace(-5, 5, 201)
+    for name in names:
+        pulls = (table[f"true_{name}"] - table[f"mean_{name}"]) / table[f"sd_{name}"]
+        axes[1, 0].hist(pulls.clip(-5, 5), bins=50, range=(-5, 5), density=True, histtype="step", label=name)
+    axes[1, 0].plot(grid, norm.pdf(grid), color="black", linestyle="dashed", label="N(0, 1)")
+    axes[1, 0].set(xlabel="pull (true − mean) / sd", ylabel="density", title="pulls, every feature")
+    axes[1, 0].legend(fontsize=5, ncols=2)
+    for name in names:
+        rows = calibration["features"][name].get("by_g", [])
+        if rows and all(r["rmse_ratio"] is not None for r in rows):
+            centres = [_centre(r) for r in rows]
+            axes[1, 1].plot(centres, [r["rmse_ratio"] for r in rows], marker="o", markersize=2, label=name)
+    axes[1, 1].axhline(1.0, color="black", linewidth=0.6)
+    axes[1, 1].set(xlabel="G (mag)", ylabel="RMSE posterior / measured", title="precision gain (below 1)")
+    axes[1, 1].legend(fontsize=5, ncols=2)
+    levels = (
+        [calibration["features"][n]["coverage_68"] for n in names],
+        [calibration["features"][n]["coverage_95"] for n in names],
+    )
+    positions = np.arange(len(names))
+    axes[1, 2].bar(positions - 0.2, levels[0], width=0.4, label="in 68% interval")
+    axes[1, 2].bar(positions + 0.2, levels[1], width=0.4, label="in 95% interval")
+    for level in (0.68, 0.95):
+        axes[1, 2].axhline(level, color="black", linewidth=0.6, linestyle="dashed")
+    axes[1, 2].set_xticks(positions, names, rotation=60, fontsize=5)
+    axes[1, 2].set(ylim=(0, 1), title="coverage of the intervals")
+    axes[1, 2].legend(fontsize=5, loc="lower right")
+    save(fig, outputs)
+
+
+def _cmd(table, prefix: str):
+    """(BP - RP, absolute G) of one version of the values; measured ones NaN where missing."""
+    values = {}
+    for name in ("bp_rp", "phot_g_mean_mag", "parallax"):
+        value = table[f"{prefix}_{name}"].to_numpy()
+        if prefix == "x":  # a missing entry is stored as 0 with variance 1e12
+            value = np.where(table[f"sigma_{name}"].to_numpy() ** 2 < MISSING_VARIANCE, value, np.nan)
+        values[name] = value
+    return values["bp_rp"], absolute_g(values["phot_g_mean_mag"], values["parallax"])
+
+
+def _centre(row: dict) -> float:
+    lo, hi = row["g_min"], row["g_max"]  # None: an open bin
+    if lo is None:
+        return hi - 1.0
+    if hi is None:
+        return lo + 0.5
+    return 0.5 * (lo + hi)

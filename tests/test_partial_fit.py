@@ -1,0 +1,74 @@
+"""``XDGMM.partial_fit``: one minibatch update per call, giving the fit of ``fit`` over the same batches in
+the same order; the methods that cannot make such updates refuse it by name."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import draw_xd_data, random_spd
+
+from scalable_xd import XDGMM
+from scalable_xd.fit.driver import data_source
+from scalable_xd.fit.parallel import ONE_PROCESS
+
+
+def _data(seed=60, n=1050, k=3, d=3):
+    rng = np.random.default_rng(seed)
+    weights, means, covs = rng.dirichlet(np.ones(k) * 5), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d)
+    x, S, _, _ = draw_xd_data(rng, n, weights, means, covs, 0.1, 0.6)
+    init = dict(weights_init=weights, means_init=means + 0.5, covariances_init=covs * 2)
+    return x, S, init
+
+
+def _fit_batches(x, S, batch_size: int, seed: int):
+    """The batches of ``fit``'s first epoch, in its order (``Dataset.epoch_batches``)."""
+    data = data_source(x, S, None, None, "X", "variance")
+    batches = data.epoch_batches(batch_size, 1, seed, True, ONE_PROCESS, torch.device("cpu"), torch.float64)
+    return [(b.x.numpy(), b.S.numpy()) for b in batches]
+
+
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("minibatch_em", {"online_regularisation": "paper"}),
+        ("stochastic_minibatch_em", {"online_regularisation": "paper"}),
+        ("sgd", {}),
+        ("minibatch_em", {"online_regularisation": "paper", "averaging": "polyak"}),
+    ],
+)
+def test_partial_fit_over_fits_batches_equals_the_fit(method, settings):
+    x, S, init = _data()
+    common = dict(n_components=3, method=method, batch_size=200, dtype="float64", random_state=0, **init, **settings)
+    fitted = XDGMM(epochs=1, tol=None, **common).fit(x, S)
+    online = XDGMM(**common)
+    batches = _fit_batches(x, S, 200, 0)
+    for xb, Sb in batches:
+        online.partial_fit(xb, Sb)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(online, attr), getattr(fitted, attr), rtol=1e-10, atol=1e-12)
+    assert online.n_iter_ == len(batches) == 5 and len(online.history_) == 5
+
+
+def test_partial_fit_counts_the_stars_seen_for_the_prior_and_keeps_learning():
+    x, S, init = _data(seed=61, n=3000)
+    model = XDGMM(3, "minibatch_em", random_state=0, **init)
+    scores = []
+    for start in range(0, 3000, 300):
+        model.partial_fit(x[start : start + 300], S[start : start + 300])
+        scores.append(model.score(x, S))
+    assert scores[-1] > scores[0] and np.isfinite(scores).all()
+    assert [h["epoch"] for h in model.history_] == list(range(1, 11))
+
+
+def test_the_first_call_starts_from_k_means_on_its_batch():
+    x, S, _ = _data(seed=62)
+    model = XDGMM(3, "sgd", random_state=0).partial_fit(x[:500], S[:500])
+    assert model.means_.shape == (3, 3) and np.isfinite(model.means_).all()
+
+
+@pytest.mark.parametrize(
+    "method, options", [("em", {}), ("stochastic_em", {}), ("minibatch_em", {"split_merge": True})]
+)
+def test_methods_without_minibatch_updates_refuse_partial_fit(method, options):
+    x, S, _ = _data(n=100)
+    with pytest.raises(ValueError, match="partial_fit makes one minibatch update per call.*minibatch_em"):
+        XDGMM(3, method, **options).partial_fit(x, S)
