@@ -72,3 +72,30 @@ def test_methods_without_minibatch_updates_refuse_partial_fit(method, options):
     x, S, _ = _data(n=100)
     with pytest.raises(ValueError, match="partial_fit makes one minibatch update per call.*minibatch_em"):
         XDGMM(3, method, **options).partial_fit(x, S)
+
+
+def test_a_dataloader_feeds_partial_fit_as_its_arrays_would():
+    """A ``torch.utils.data.DataLoader`` over a ``TensorDataset`` gives the fit of the same batches as
+    arrays, in the same order."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, S, init = _data(seed=63)
+    settings = dict(n_components=3, method="minibatch_em", dtype="float64", random_state=0, **init)
+    from_loader, from_arrays = XDGMM(**settings), XDGMM(**settings)
+    for xb, Sb in DataLoader(TensorDataset(torch.tensor(x), torch.tensor(S)), batch_size=250):
+        from_loader.partial_fit(xb, Sb)
+    for start in range(0, len(x), 250):
+        from_arrays.partial_fit(x[start : start + 250], S[start : start + 250])
+    np.testing.assert_array_equal(from_loader.means_, from_arrays.means_)
+    np.testing.assert_array_equal(from_loader.covariances_, from_arrays.covariances_)
+    assert from_loader.n_iter_ == 5  # 1,050 stars: four batches of 250 and one of 50
+
+
+def test_a_bad_batch_is_named_by_its_row():
+    x, S, init = _data(seed=64)
+    model = XDGMM(3, "minibatch_em", random_state=0, **init).partial_fit(x[:200], S[:200])
+    bad = x[200:400].copy()
+    bad[17, 1] = np.nan
+    with pytest.raises(ValueError, match="17"):
+        model.partial_fit(bad, S[200:400])
+    assert model.n_iter_ == 1  # the bad batch made no update
