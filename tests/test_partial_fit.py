@@ -99,3 +99,50 @@ def test_a_bad_batch_is_named_by_its_row():
     with pytest.raises(ValueError, match="17"):
         model.partial_fit(bad, S[200:400])
     assert model.n_iter_ == 1  # the bad batch made no update
+
+
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("minibatch_em", {}),
+        ("sgd", {}),
+        ("minibatch_em", {"averaging": "polyak", "fix_means": [True, False, False]}),
+        ("stochastic_minibatch_em", {"step_schedule": "cappe_moulines"}),
+    ],
+)
+def test_save_and_load_keep_the_running_state(method, settings, tmp_path):
+    """Three calls, a save and a load, two more calls: the model of five calls in one process, to the bit."""
+    x, S, init = _data(seed=65)
+    common = dict(n_components=3, method=method, dtype="float64", random_state=0, **init, **settings)
+    whole, parted = XDGMM(**common), XDGMM(**common)
+    batches = [(x[start : start + 200], S[start : start + 200]) for start in range(0, 1000, 200)]
+    for xb, Sb in batches:
+        whole.partial_fit(xb, Sb)
+    for xb, Sb in batches[:3]:
+        parted.partial_fit(xb, Sb)
+    parted.save(tmp_path / "model.npz")
+    parted = XDGMM.load(tmp_path / "model.npz")
+    for xb, Sb in batches[3:]:
+        parted.partial_fit(xb, Sb)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(parted, attr), getattr(whole, attr))
+    assert parted.n_iter_ == whole.n_iter_ == 5
+
+
+def test_partial_fit_after_fit_goes_on_from_the_fitted_parameters():
+    x, S, init = _data(seed=66)
+    model = XDGMM(3, "minibatch_em", epochs=2, random_state=0, **init).fit(x, S)
+    fitted = model.means_.copy()
+    model.partial_fit(x[:200], S[:200])
+    assert np.abs(model.means_ - fitted).max() < 0.5  # one small step from the fit, not a new start
+
+
+def test_a_damaged_running_state_is_refused_naming_the_file(tmp_path):
+    x, S, init = _data(seed=67)
+    XDGMM(3, "minibatch_em", random_state=0, **init).partial_fit(x[:200], S[:200]).save(tmp_path / "model.npz")
+    with np.load(tmp_path / "model.npz") as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    arrays["online_state"] = np.frombuffer(b"not a torch file" * 4, dtype=np.uint8)
+    np.savez(tmp_path / "damaged.npz", **arrays)
+    with pytest.raises(ValueError, match="damaged.npz: its online_state cannot be read"):
+        XDGMM.load(tmp_path / "damaged.npz")

@@ -30,13 +30,14 @@ from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .fit.online import OnlineFit
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
-from .model_file import read_model, write_model
+from .model_file import read_model, read_online_state, write_model
 from .posterior import posterior_moments, posterior_summary
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
 
+FIXED_MASKS = ("fix_weights", "fix_means", "fix_covariances")
 # The posterior's precision, whatever the fit's (see ``XDGMM.posterior``).
 POSTERIOR_DTYPE = torch.float64
 
@@ -236,12 +237,16 @@ class XDGMM(BaseEstimator):
         methods only. A stream has no epochs and no known size: the step size is the schedule's first (the
         "cappe_moulines" and "power" schedules decay with the updates), and minibatch EM's prior counts the
         stars seen so far (``fit.online``). ``history_`` gains an entry per call (its batch's mean
-        log-likelihood before the update) and ``n_iter_`` counts the updates. ``fit`` starts afresh."""
+        log-likelihood before the update) and ``n_iter_`` counts the updates. ``save`` keeps the running
+        state and ``load`` restores it; a model fitted by ``fit`` goes on from its parameters with a fresh
+        state. ``fit`` starts afresh."""
         settings, kmeans = self._validated()
         batch = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
         online = getattr(self, "_online", None)
         if online is None:
             init = (self.weights_init, self.means_init, self.covariances_init)
+            if hasattr(self, "_mixture"):  # fitted (or loaded) without a running state: go on from its parameters
+                init = tuple(a.detach().cpu().numpy() for a in self._mixture.tensors())
             masks = fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
             start = Start(self.n_components, masks, *init)
             check_count("n_components", self.n_components, maximum=len(batch) if init[1] is None else None)
@@ -381,12 +386,19 @@ class XDGMM(BaseEstimator):
             self._fitted(),
             {
                 # as given, so that a loaded model refits as this one would: the budget resolved anew for its data
-                "params": {**self.describe(), "epochs": self.epochs, "decay_epoch": self.decay_epoch},
+                "params": {
+                    **self.describe(),
+                    "epochs": self.epochs,
+                    "decay_epoch": self.decay_epoch,
+                    # the held parameters, so that a loaded model (and its partial_fit) holds them too
+                    **{name: np.asarray(getattr(self, name)).tolist() for name in FIXED_MASKS},
+                },
                 "history": self.history_,
                 "converged": self.converged_,
                 "dtype": dtype_name(self._dtype),
                 "n_features_in": getattr(self, "n_features_in_", None),
             },
+            None if getattr(self, "_online", None) is None else self._online.state_dict(),
         )
 
     @classmethod
@@ -415,6 +427,10 @@ class XDGMM(BaseEstimator):
             )
         model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
+        if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
+            masks = fixed_masks(model.n_components, model.fix_weights, model.fix_means, model.fix_covariances)
+            start = Start(model.n_components, masks)
+            model._online = OnlineFit.resumed(model._mixture, settings, start, read_online_state(path, device))
         return model
 
 

@@ -35,10 +35,7 @@ class OnlineFit:
                 f"{' with split_merge' if settings.split_merge else ''} does not: use one of {minibatch} "
                 "(split-and-merge trials span whole epochs), or fit"
             )
-        self.settings = settings.for_data(len(first))
-        self.device, self.dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-        self.seed = resolve_seed(random_state)
-        self.backend = fit_backend(settings.backend, self.device)
+        self._configure(settings, len(first), resolve_seed(random_state))
         mixture = initial_mixture(
             first,
             start.n_components,
@@ -50,11 +47,37 @@ class OnlineFit:
             means=start.means,
             covariances=start.covariances,
         )
+        self._start_fitter(mixture, start)
+        self.seen, self.seconds, self.updates = 0.0, 0.0, 0
+
+    def _configure(self, settings: FitSettings, n_points: int, seed: int) -> None:
+        self.settings = settings.for_data(n_points)
+        self.device, self.dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+        self.seed = seed
+        self.backend = fit_backend(settings.backend, self.device)
+
+    def _start_fitter(self, mixture, start) -> None:
         self.fitter = make_fitter(self.settings, mixture, fixed_parameters(start.fixed, mixture), data_size=1.0)
         self.fitter.start_epoch(0)
-        self.seen = 0.0
-        self.seconds = 0.0
-        self.updates = 0
+
+    def state_dict(self) -> dict:
+        """Tensors and plain data from which ``resumed`` continues exactly (``XDGMM.save`` keeps them)."""
+        counts = {"seen": self.seen, "seconds": self.seconds, "updates": self.updates, "seed": self.seed}
+        return {"fitter": self.fitter.state_dict(), **counts}
+
+    @classmethod
+    def resumed(cls, mixture, settings: FitSettings, start, state: dict) -> OnlineFit:
+        """The online fit a ``state_dict`` describes, its fitter built around ``mixture`` and then loaded."""
+        online = cls.__new__(cls)
+        online._configure(settings, max(1, int(state["seen"])), int(state["seed"]))
+        online._start_fitter(mixture.to(online.device, mixture.weights.dtype), start)
+        online.fitter.load_state_dict(state["fitter"])
+        online.seen, online.seconds, online.updates = (
+            float(state["seen"]),
+            float(state["seconds"]),
+            int(state["updates"]),
+        )
+        return online
 
     def update(self, batch) -> dict:
         """One update from ``batch`` (a validated data set, all of it one minibatch); its history entry."""
