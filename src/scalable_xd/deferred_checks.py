@@ -57,3 +57,13 @@ def deferring(device, checks: DeferredChecks | None = None):
         yield checks
     finally:
         _active.reset(token)
+
+
+def positive_weight(n_points) -> bool:
+    """Whether a batch's total weight ``n_points`` is positive; where it is a tensor on the device (checks
+    deferred), noted for the epoch's end and taken as true."""
+    checks = active()
+    if checks is not None and torch.is_tensor(n_points):
+        checks.note(n_points <= 0)
+        return True
+    return n_points > 0

@@ -125,8 +125,7 @@ class GraphedStep:
             point_weights=inputs["weights"],
             uniforms=inputs["uniforms"],
         )
-        if torch.is_tensor(stats.n_points):  # a batch of zero total weight: noted, as the loop does
-            self.checks.note(stats.n_points <= 0)
+        deferred_checks.positive_weight(stats.n_points)  # a batch of zero weight: noted (this step's flag)
         self.fitter.step_in_place(stats)
 
     def _warm_up(self) -> None:

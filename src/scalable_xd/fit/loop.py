@@ -312,7 +312,7 @@ def _train_epoch(
             raise FitDivergedError(
                 epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
             ) from None
-        if _has_weight(stats):  # a batch whose weights are all zero holds nothing to update from
+        if deferred_checks.positive_weight(stats.n_points):  # a batch of zero weight holds nothing to update from
             if shadow is not None:
                 fitter.observe_shadow(shadow)
             fitter.observe(stats)
@@ -326,13 +326,3 @@ def _train_epoch(
                 batch=number + 1,
                 epoch_seconds=done_seconds + time.perf_counter() - tick,
             )
-
-
-def _has_weight(stats: Statistics) -> bool:
-    """Whether the batch's total weight is positive; where it is on the device (checks deferred), noted
-    for the epoch's end and taken as true."""
-    checks = deferred_checks.active()
-    if checks is not None and torch.is_tensor(stats.n_points):
-        checks.note(stats.n_points <= 0)
-        return True
-    return stats.n_points > 0
