@@ -25,6 +25,7 @@ from .fit.driver import (
     monitored_data,
     settings_record,
     training_data,
+    training_source,
 )
 from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .fit.online import OnlineFit
@@ -164,8 +165,12 @@ class XDGMM(BaseEstimator):
             check_seed("random_state", self.random_state)
         if not isinstance(self.warm_start, bool):
             raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
-        fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
+        self._fixed_masks()
         return settings, kmeans
+
+    def _fixed_masks(self) -> dict[str, np.ndarray]:
+        """``fix_weights``, ``fix_means`` and ``fix_covariances`` as boolean arrays of length K (checked)."""
+        return fixed_masks(self.n_components, *(getattr(self, name) for name in FIXED_MASKS))
 
     def describe(self) -> dict:
         """The settings of the fitted model as JSON-friendly values (saved with it and in the metrics)."""
@@ -219,8 +224,7 @@ class XDGMM(BaseEstimator):
         monitored = monitored_data(eval_sets, train, settings)
         warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
         init = (self.weights_init, self.means_init, self.covariances_init)
-        masks = fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
-        start = Start(self.n_components, masks, *init, warm=warm)
+        start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
         fitted = fit_mixture(
             train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored
         )
@@ -241,15 +245,13 @@ class XDGMM(BaseEstimator):
         state and ``load`` restores it; a model fitted by ``fit`` goes on from its parameters with a fresh
         state. ``fit`` starts afresh."""
         settings, kmeans = self._validated()
-        batch = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
         online = getattr(self, "_online", None)
+        warm = getattr(self, "_mixture", None)  # fitted (or loaded) without a running state: go on from it
+        kmeans_needed = online is None and warm is None and self.means_init is None
+        batch = training_source(X, Xcov, R, sample_weight, settings, self.n_components if kmeans_needed else None)
         if online is None:
             init = (self.weights_init, self.means_init, self.covariances_init)
-            if hasattr(self, "_mixture"):  # fitted (or loaded) without a running state: go on from its parameters
-                init = tuple(a.detach().cpu().numpy() for a in self._mixture.tensors())
-            masks = fixed_masks(self.n_components, self.fix_weights, self.fix_means, self.fix_covariances)
-            start = Start(self.n_components, masks, *init)
-            check_count("n_components", self.n_components, maximum=len(batch) if init[1] is None else None)
+            start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
             online = OnlineFit(batch, settings, kmeans, self.random_state, start)
             self.history_ = []
         elif batch.obs_dim != self.n_features_in_:
@@ -428,8 +430,7 @@ class XDGMM(BaseEstimator):
         model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
-            masks = fixed_masks(model.n_components, model.fix_weights, model.fix_means, model.fix_covariances)
-            start = Start(model.n_components, masks)
+            start = Start(model.n_components, model._fixed_masks())
             model._online = OnlineFit.resumed(model._mixture, settings, start, read_online_state(path, device))
         return model
 

@@ -85,14 +85,21 @@ def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
 
 def training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, n_components: int, settings: FitSettings):
     """The validated training and validation sets (in memory, or streamed sources)."""
-    train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
-    train.check_range(resolve_dtype(settings.dtype))
-    if n_components > len(train):
-        raise ValueError(f"n_components={n_components} is larger than the number of points ({len(train)})")
+    train = training_source(X, Xcov, R, sample_weight, settings, n_components)
     val = None
     if X_val is not None:
         val = _scored_beside(X_val, Xcov_val, R_val, "X_val", "X_val (and R_val)", train, settings)
     return train, val
+
+
+def training_source(X, Xcov, R, sample_weight, settings: FitSettings, n_components: int | None = None):
+    """X with its noise, projections and weights as validated training data within the fit's dtype's range;
+    with ``n_components``, holding at least that many points (as k-means needs)."""
+    train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)
+    train.check_range(resolve_dtype(settings.dtype))
+    if n_components is not None and n_components > len(train):
+        raise ValueError(f"n_components={n_components} is larger than the number of points ({len(train)})")
+    return train
 
 
 def _scored_beside(X, Xcov, R, name: str, subject: str, train, settings: FitSettings):
@@ -186,7 +193,7 @@ def fit_mixture(
         check_same_fit(group, {"rows": len(train), "data": digest, "settings": record, "seed": seed})
     if store is not None:
         store.bind(record, seed, train, digest, val, (start.weights, start.means, start.covariances))
-    mixture = _starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
+    mixture = starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
     row = method(settings.method)
     backend = fit_backend(settings.backend, device)
     judge = None
@@ -245,7 +252,7 @@ def _judged_converged(history: list, settings: FitSettings) -> bool:
     return False
 
 
-def _starting_mixture(train, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:
+def starting_mixture(train, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:
     """The checkpoint's placeholder (its state replaces it), the previous fit, or the initial mixture."""
     if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
         return Mixture.placeholder(start.n_components, train.model_dim, device)

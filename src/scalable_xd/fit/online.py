@@ -1,13 +1,13 @@
 """Online learning one batch at a time (``XDGMM.partial_fit``): the state carried between calls.
 
 A minibatch fit is a sequence of updates, each from one batch's statistics. ``OnlineFit`` makes them one
-call at a time: the first batch starts the fit (from the given initial parameters, else k-means on that
-batch, as scikit-learn's ``MiniBatchKMeans.partial_fit`` does) and each call makes one update, through
-the same kernel and the same fitter that ``fit`` uses, so the same batches in the same order give the same
-model. What a stream cannot say is how many stars there are, or where its epochs end: the step size is the
-schedule's at its first epoch (the ``"cappe_moulines"`` and ``"power"`` schedules decay with the count of
-updates, as over a stream they should), and minibatch EM's prior (``online_regularisation="prior"``) takes
-the stars seen so far as the data's size.
+call at a time: the first batch starts the fit (from a fitted model's parameters, the given initial ones,
+else k-means on that batch, as scikit-learn's ``MiniBatchKMeans.partial_fit`` does) and each call makes
+one update, through the same kernel and the same fitter that ``fit`` uses, so the same batches in the
+same order give the same model. What a stream cannot say is how many stars there are, or where its
+epochs end: the step size is the schedule's at its first epoch (the ``"cappe_moulines"`` and ``"power"``
+schedules decay with the count of updates, as over a stream they should), and minibatch EM's prior
+(``online_regularisation="prior"``) takes the stars seen so far as the data's size.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import time
 from .._torch import resolve_device, resolve_dtype, synchronize
 from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
-from .driver import Start, fixed_parameters
-from .init import initial_mixture
+from .driver import Start, fixed_parameters, starting_mixture
 from .loop import assignment_uniforms
 from .methods import METHODS, make_fitter, method
 
@@ -36,18 +35,9 @@ class OnlineFit:
                 "(split-and-merge trials span whole epochs), or fit"
             )
         self._configure(settings, len(first), resolve_seed(random_state))
-        mixture = initial_mixture(
-            first,
-            start.n_components,
-            kmeans,
-            self.seed,
-            self.device,
-            self.dtype,
-            weights=start.weights,
-            means=start.means,
-            covariances=start.covariances,
+        self._start_fitter(
+            starting_mixture(first, settings, kmeans, self.seed, start, None, self.device, self.dtype), start
         )
-        self._start_fitter(mixture, start)
         self.seen, self.seconds, self.updates = 0.0, 0.0, 0
 
     def _configure(self, settings: FitSettings, n_points: int, seed: int) -> None:
