@@ -44,7 +44,7 @@ def test_quantiles_match_monte_carlo_draws_of_the_posterior():
     x, S, _, _, _, _ = _problem(seed=21, n=300)
     model = XDGMM(3, epochs=3, dtype="float64", random_state=0).fit(x, S)
     x, S = x[:3], S[:3]
-    quantiles = model.posterior_quantiles(x, S, q=PROBS)
+    _, _, quantiles = model.posterior(x, S, q=PROBS)
     r, b, B = xd_pair_posteriors(x, S, model.weights_, model.means_, model.covariances_)
     rng = np.random.default_rng(22)
     for i in range(len(x)):
@@ -73,4 +73,4 @@ def test_quantile_probabilities_outside_zero_one_are_refused():
     x, S, _, weights, means, covs = _problem(n=5)
     model = XDGMM(3, random_state=0, epochs=2).fit(x, S)
     with pytest.raises(ValueError, match="q must be probabilities"):
-        model.posterior_quantiles(x, S, q=(0.5, 1.0))
+        model.posterior(x, S, q=(0.5, 1.0))

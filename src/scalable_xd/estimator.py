@@ -32,7 +32,7 @@ from .fit.online import OnlineFit
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
-from .posterior import posterior_moments, posterior_summary
+from .posterior import posterior_summary
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
@@ -319,32 +319,29 @@ class XDGMM(BaseEstimator):
         """The most probable component of each point, shape (N,)."""
         return self.predict_proba(X, Xcov, R).argmax(axis=1)
 
-    def posterior(self, X, Xcov=None, R=None) -> tuple[np.ndarray, np.ndarray]:
-        """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data),
-        computed in float64 whatever the fit's ``dtype``: the covariance V - V T^-1 V subtracts nearly equal
-        matrices, which float32 cannot resolve where the noise is 1e18 times narrower than V (Gaia's
+    def posterior(self, X, Xcov=None, R=None, q=None) -> tuple[np.ndarray, ...]:
+        """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data);
+        with ``q``, probabilities in (0, 1), also the quantiles (N, D, len(q)) of each feature's marginal
+        posterior, from the same pass: that marginal is a mixture of Gaussians (not the Gaussian of the
+        moments), so its 16th and 84th percentiles give an interval that is right where the components
+        disagree. Computed in float64 whatever the fit's ``dtype``: B = V - V T^-1 V subtracts nearly
+        equal matrices, which float32 cannot resolve where the noise is 1e18 times narrower than V (Gaia's
         positions)."""
+        probs = None
+        if q is not None:
+            probs = np.atleast_1d(np.asarray(q, dtype=float))
+            if probs.ndim != 1 or not np.all((probs > 0) & (probs < 1)):
+                raise ValueError(f"q must be probabilities strictly between 0 and 1, got {q!r}")
         data = self._data_for_model(X, Xcov, R)
-        mixture = self._mixture
-        means, covs = [], []
+        means, covs, quants = [], [], []
         for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, POSTERIOR_DTYPE):
-            mean, cov = posterior_moments(x, S, mixture, Rb, observed)
+            mean, cov, quant = posterior_summary(x, S, self._mixture, Rb, observed, probs)
             means.append(mean.cpu())
             covs.append(cov.cpu())
-        return torch.cat(means).numpy(), torch.cat(covs).numpy()
-
-    def posterior_quantiles(self, X, Xcov=None, R=None, q=(0.16, 0.5, 0.84)) -> np.ndarray:
-        """Quantiles (N, D, len(q)) of each feature of each point's true value given x_i: its marginal
-        posterior is a mixture of Gaussians (not the Gaussian of ``posterior``'s moments), so the 16th and
-        84th percentiles give an interval that is right where the components disagree."""
-        probs = np.atleast_1d(np.asarray(q, dtype=float))
-        if probs.ndim != 1 or not np.all((probs > 0) & (probs < 1)):
-            raise ValueError(f"q must be probabilities strictly between 0 and 1, got {q!r}")
-        data = self._data_for_model(X, Xcov, R)
-        parts = []
-        for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, POSTERIOR_DTYPE):
-            parts.append(posterior_summary(x, S, self._mixture, Rb, observed, probs)[2].cpu())
-        return torch.cat(parts).numpy()
+            if quant is not None:
+                quants.append(quant.cpu())
+        moments = (torch.cat(means).numpy(), torch.cat(covs).numpy())
+        return moments if probs is None else (*moments, torch.cat(quants).numpy())
 
     def condition(self, X_given, Xcov_given=None) -> XDGMM:
         """The mixture of the features left NaN in ``X_given`` (D,), given measurements of the others with

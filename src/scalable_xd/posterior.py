@@ -20,17 +20,12 @@ from .mixture import Mixture
 _MAX_PAIRS = 1 << 14
 
 
-def posterior_moments(x, S, mixture: Mixture, R=None, observed=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean (B, D) and covariance (B, D, D) of p(v_i | x_i) for a batch; with ``observed`` (B, d), given the
-    observed entries only (R_i selecting them, per pattern of observed entries)."""
-    mean, cov, _ = posterior_summary(x, S, mixture, R, observed)
-    return mean, cov
-
-
 def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=None):
-    """(mean (B, D), covariance (B, D, D), quantiles (B, D, Q) or None) of p(v_i | x_i): ``quantiles``, a
-    sequence of probabilities in (0, 1), asks for those quantiles of each feature's marginal posterior,
-    itself a mixture of Gaussians N(b_ijd, B_ijdd) with weights r_ij (``marginal_quantiles``)."""
+    """(mean (B, D), covariance (B, D, D), quantiles (B, D, Q) or None) of p(v_i | x_i) for a batch; with
+    ``observed`` (B, d), given the observed entries only (R_i selecting them, per pattern of observed
+    entries). ``quantiles``, a sequence of probabilities in (0, 1), asks for those quantiles of each
+    feature's marginal posterior, a mixture of Gaussians N(b_ijd, B_ijdd) with weights r_ij
+    (``marginal_quantiles``)."""
     probs = None if quantiles is None else torch.as_tensor(quantiles, dtype=torch.float64, device=x.device)
     if observed is not None:
         mean = torch.empty(x.shape[0], mixture.dim, dtype=x.dtype, device=x.device)
