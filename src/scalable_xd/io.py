@@ -48,6 +48,11 @@ def write_json(path: str | os.PathLike, data) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
+def read_json(path: str | os.PathLike):
+    """What ``write_json`` wrote."""
+    return json.loads(Path(path).read_text())
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)

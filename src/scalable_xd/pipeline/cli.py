@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
@@ -198,9 +197,10 @@ def _table(args) -> None:
 
 
 def _claims(args) -> None:
+    from ..io import read_json
     from .report.claims import write_claims
 
-    calibration = None if args.calibration is None else json.loads(Path(args.calibration).read_text())
+    calibration = None if args.calibration is None else read_json(args.calibration)
     write_claims(args.metrics, args.output, device_note=args.device_note, calibration=calibration)
 
 
@@ -244,9 +244,10 @@ def _calibrate(args) -> None:
 
 
 def _plot_denoised(args) -> None:
+    from ..io import read_json
     from .report.denoised import plot_denoised
 
-    plot_denoised(args.denoised, json.loads(Path(args.calibration).read_text()), args.output)
+    plot_denoised(args.denoised, read_json(args.calibration), args.output)
 
 
 # ------------------------------------------------------------------------------------------- parser

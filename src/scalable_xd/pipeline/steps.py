@@ -9,7 +9,6 @@ path fails in a second, not after the fit.
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import atomic_path, read_npz, write_json
+from ..io import atomic_path, read_json, read_npz, write_json
 from ..settings import FitSettings, KMeansSettings
 
 log = logging.getLogger("scalable_xd")
@@ -266,7 +265,7 @@ def fit(
         train=loglik_summary(last["train_loglik"], train_facts["n"], train_facts["missing_entries"]),
         val=None if val is None else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
         test=test_summary,
-        true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(_read_json, references)}),
+        true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(read_json, references)}),
     )
     if group.writes:
         metrics.write(output_metrics)
@@ -280,10 +279,6 @@ def fit(
         last["train_loglik"],
         metrics.train_seconds,
     )
-
-
-def _read_json(path) -> dict:
-    return json.loads(Path(path).read_text())
 
 
 def reference(

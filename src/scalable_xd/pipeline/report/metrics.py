@@ -10,14 +10,12 @@ it (``loglik``, missing entries included with their variance 1e12) and for the o
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ...io import write_json
+from ...io import read_json, write_json
 from ...settings import MISSING_LOGLIK_CONSTANT
 from ..truth import SHARE_MARKS
 
@@ -57,7 +55,7 @@ class FitMetrics:
     def read(cls, path) -> FitMetrics:
         """A metrics file, or a ValueError naming it when it is not one."""
         try:
-            data = json.loads(Path(path).read_text())
+            data = read_json(path)
             known = {f.name for f in fields(cls)}
             return cls(**{key: value for key, value in data.items() if key in known})
         except (ValueError, TypeError, AttributeError) as err:  # not UTF-8, not JSON, keys missing
