@@ -101,7 +101,7 @@ class FitSettings(_Settings):
         None,
         "passes over the training data (for em: iterations at most); None: the method's own budget, in which "
         "its defaults reached 90% of what converged XD achieves on the documented mocks: em 100 (stopped sooner "
-        "by tol), sgd 20 or enough for 24,000 updates, the others 20 ('Converged fits')",
+        "by tol), sgd 20 or enough for 24,000 updates, the others 20 (docs/user-guide/converged.md)",
         low=1,
         nullable=True,
     )
