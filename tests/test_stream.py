@@ -186,7 +186,9 @@ def test_bad_values_are_named_by_their_row_in_the_whole_data_set_and_their_file(
         ParquetSource(folder, ["x0"], ["sigma_x"])
     corr[12, 0] = 0.0
     good = _source(_write_shards(tmp_path / "good", x, sigma, corr, shards=4, row_group=50))
-    with pytest.raises(ValueError, match="X is a ParquetSource, which carries its own noise: Xcov cannot be given"):
+    with pytest.raises(
+        ValueError, match=r"X is a ParquetSource, which carries its own noise \(and weights\): Xcov cannot be given"
+    ):
         XDGMM(n_components=2).fit(good, np.ones((400, 3)))
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no Parquet files"):

@@ -2,10 +2,7 @@
 
 Checks run once, up front, and name the first bad row; after that every batch is assumed clean.
 
-What a fit asks of its data (``Dataset`` here, ``stream.ParquetSource`` for data on disk): ``len``,
-``obs_dim``, ``model_dim``, ``total_weight``; ``epoch_batches`` (this process's share of each global batch
-of an epoch), ``scan`` (rows in order, for evaluation passes), ``sample`` (chosen rows, in memory) and
-``digest_bytes`` (what the checkpoint's data digest hashes).
+It is one of the sources a fit reads through the ``source.DataSource`` protocol.
 """
 
 from __future__ import annotations

@@ -195,13 +195,17 @@ class XDGMM(BaseEstimator):
     ) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
-        ``stream.ParquetSource``, data read from disk a window at a time (without Xcov, R or weights; k-means
-        then sees a sample of 1,000,000 stars). ``R`` (N, d, D) projects the model space onto the
-        data (identity when None). ``sample_weight`` (N,): non-negative weights, a point of weight 2 counting
-        as two copies (Bovy's ``weight``; the k-means initial means ignore them). Validation data, if given,
-        is scored after every epoch. ``checkpoint``: a file written atomically after each epoch (and every
-        ``checkpoint_every`` batches inside one, for epochs too long to lose: not with split_merge); if it
-        exists, the fit resumes from it where it was written. ``eval_sets``: {name: (X, Xcov) or (X, Xcov, R)},
+        ``stream.ParquetSource``, data read from disk a window at a time; an iterable of ``(X, Xcov)`` or
+        ``(X, Xcov, weights)`` batches, such as a PyTorch ``DataLoader``, read once per epoch in its own
+        order and batch sizes (``iterable``); or any other ``source.DataSource``. Each carries its own noise
+        (no Xcov, R or sample_weight beside it), and k-means sees a sample of 1,000,000 of its stars.
+        ``R`` (N, d, D) projects the model space onto the data (identity when None). ``sample_weight``
+        (N,): non-negative weights, a point of weight 2 counting as two copies (Bovy's ``weight``; the
+        k-means initial means ignore them). Validation data, if given, is scored after every epoch.
+        ``checkpoint``: a file written atomically after each epoch (and every ``checkpoint_every`` batches
+        inside one, for epochs too long to lose: not with split_merge); if it exists, the fit resumes from it
+        where it was written (inside an epoch, an iterable of batches needs ``set_epoch``, so that it can
+        give that epoch again). ``eval_sets``: {name: (X, Xcov) or (X, Xcov, R)},
         more data scored after every epoch as validation data are (each history entry's ``<name>_loglik``)
         without entering the fit, e.g. a mock's noise-free values with zero covariances, to follow how well
         the deconvolved density is recovered epoch by epoch.
@@ -221,6 +225,12 @@ class XDGMM(BaseEstimator):
                 "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
             )
         train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, self.n_components, settings)
+        if checkpoint_every and not getattr(train, "replays_epochs", True):
+            raise ValueError(
+                "checkpoint_every: X is an iterable of batches without set_epoch(epoch), so a resumed fit could "
+                "not read the rest of the epoch it stopped in; checkpoint at epochs' ends (checkpoint_every=0), "
+                "or give the iterable (or its sampler) a set_epoch that fixes each epoch's order"
+            )
         monitored = monitored_data(eval_sets, train, settings)
         warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
         init = (self.weights_init, self.means_init, self.covariances_init)
@@ -249,6 +259,11 @@ class XDGMM(BaseEstimator):
         warm = getattr(self, "_mixture", None)  # fitted (or loaded) without a running state: go on from it
         kmeans_needed = online is None and warm is None and self.means_init is None
         batch = training_source(X, Xcov, R, sample_weight, settings, self.n_components if kmeans_needed else None)
+        if not isinstance(batch, Dataset):
+            raise ValueError(
+                f"partial_fit takes one batch of arrays per call, and X is a {type(batch).__name__}: call it once "
+                "per batch, or give the whole source to fit"
+            )
         if online is None:
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)

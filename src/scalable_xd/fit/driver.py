@@ -18,10 +18,11 @@ from sklearn.exceptions import ConvergenceWarning
 from .._torch import resolve_device, resolve_dtype
 from ..batching import random_rows
 from ..dataset import Dataset
+from ..iterable import IterableSource, is_batch_iterable
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, resolve_seed
-from ..stream import ParquetSource
+from ..source import DataSource
 from .checkpoint import Checkpoint, data_digest
 from .init import initial_mixture, kmeans_sample
 from .loop import EVAL_BATCH, LoopConfig, last_gain, run, total_loglik
@@ -31,7 +32,7 @@ from .updates import FixedParameters
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
 JUDGE_SAMPLE = 20_000
-# Training stars that k-means sees when the training data are streamed (``ParquetSource``) from disk.
+# Training stars that k-means sees when the training data are not in memory (a ``ParquetSource``, an iterable).
 KMEANS_SAMPLE = 1_000_000
 
 
@@ -66,21 +67,30 @@ class Fitted:
 
 
 def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
-    """Arrays as a validated ``Dataset``; a ``ParquetSource`` as it is (it validated itself)."""
-    if not isinstance(X, ParquetSource):
+    """Arrays as a validated ``Dataset``; an iterable of batches as an ``IterableSource`` (opened with a
+    checking pass); any other ``DataSource`` (a ``ParquetSource``, a user's own) as it is."""
+    if is_batch_iterable(X):
+        _refuse_beside(X, name, "an iterable of batches", Xcov=Xcov, R=R, sample_weight=sample_weight)
+        return IterableSource(X, name=name, missing=missing)
+    if not isinstance(X, DataSource):
         return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name, missing=missing)
+    kind = f"a {type(X).__name__}"
     if X.missing != missing:
         raise ValueError(
-            f"{name} is a ParquetSource opened with missing={X.missing!r}, but the model's missing is "
-            f"{missing!r}: open it with missing={missing!r}"
+            f"{name} is {kind} opened with missing={X.missing!r}, but the model's missing is {missing!r}: "
+            f"open it with missing={missing!r}"
         )
-    given = [arg for arg, value in (("Xcov", Xcov), ("R", R), ("sample_weight", sample_weight)) if value is not None]
+    _refuse_beside(X, name, kind, Xcov=Xcov, R=R, sample_weight=sample_weight)
+    return X
+
+
+def _refuse_beside(X, name: str, kind: str, **arrays) -> None:
+    """A source carries its own noise (and weights): refuse the arrays given beside it, naming them."""
+    given = [arg for arg, value in arrays.items() if value is not None]
     if given:
         raise ValueError(
-            f"{name} is a ParquetSource, which carries its own noise: {', '.join(given)} cannot be "
-            "given with it (projections and weights are not streamed)"
+            f"{name} is {kind}, which carries its own noise (and weights): {', '.join(given)} cannot be given with it"
         )
-    return X
 
 
 def training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, n_components: int, settings: FitSettings):
@@ -178,6 +188,11 @@ def fit_mixture(
     else:
         seed = resolve_seed(random_state)
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
+    if group.parallel and isinstance(train, IterableSource):
+        raise ValueError(
+            "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
+            "ParquetSource, which every process splits the same way"
+        )
     if random_state is None:
         seed = shared_seed(group, seed)  # one seed drawn for all the processes: rank 0's
     # how the fit is logged and which kernel computes it do not change its result: resume across them
@@ -265,7 +280,7 @@ def starting_mixture(train, settings, kmeans, seed: int, start: Start, store, de
             )
         return previous.to(device, torch.float64)
     kmeans_data = train
-    if isinstance(train, ParquetSource) and start.means is None:  # k-means on a sample, in memory
+    if not isinstance(train, Dataset) and start.means is None:  # k-means on a sample, in memory
         kmeans_data = kmeans_sample(train, KMEANS_SAMPLE, seed)
     return initial_mixture(
         kmeans_data,
