@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._torch import one_thread
 from ..batching import random_rows
 from ..dataset import Dataset
 from ..mixture import Mixture
@@ -17,9 +18,10 @@ from .kmeans import minibatch_kmeans, weights_from_counts
 def kmeans_init(X: torch.Tensor, n_components: int, kmeans: KMeansSettings, seed: int, device, dtype):
     """Minibatch k-means on X in ``dtype`` on ``device``: weights from the last epoch's counts and the
     centres as means, both float64 on the CPU."""
-    centres, counts = minibatch_kmeans(
-        X.to(dtype), n_components, epochs=kmeans.epochs, batch_size=kmeans.batch_size, seed=seed, device=device
-    )
+    with one_thread(torch.device(device).type == "cpu"):  # batches of 500 points: too small for a pool
+        centres, counts = minibatch_kmeans(
+            X.to(dtype), n_components, epochs=kmeans.epochs, batch_size=kmeans.batch_size, seed=seed, device=device
+        )
     return weights_from_counts(counts), centres.to("cpu", torch.float64)
 
 
