@@ -162,6 +162,8 @@ def test_bad_batches_are_named_by_batch_and_row():
         XDGMM(n_components=2).fit(DataLoader([{"x": torch.zeros(2)}] * 4, batch_size=2))
     with pytest.raises(ValueError, match=r"X batch 0: X row 0 has a value beyond"):
         XDGMM(n_components=2).fit([(np.full((10, 2), 1e30), np.zeros((10, 2)))])  # float32's range
+    with pytest.raises(ValueError, match=r"X is a torch Dataset, which gives one point at a time: give a DataLoader"):
+        XDGMM(n_components=2).fit(TensorDataset(torch.tensor(x), torch.tensor(S)))
     with pytest.raises(TypeError, match="X is an iterator, which can be read once"):
         XDGMM(n_components=2).fit(iter(batches))
     with pytest.raises(ValueError, match=r"X is an iterable of batches, which carries its own noise .*: Xcov"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
+from torch.utils.data import Dataset as TorchDataset
 
 from .._torch import resolve_device, resolve_dtype
 from ..batching import random_rows
@@ -72,6 +73,11 @@ def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
     if is_batch_iterable(X):
         _refuse_beside(X, name, "an iterable of batches", Xcov=Xcov, R=R, sample_weight=sample_weight)
         return IterableSource(X, name=name, missing=missing)
+    if isinstance(X, TorchDataset):  # map-style: one point per index, no batches
+        raise ValueError(
+            f"{name} is a torch Dataset, which gives one point at a time: give a DataLoader over it "
+            "(DataLoader(dataset, batch_size=500)), whose (X, Xcov) batches the fit reads"
+        )
     if not isinstance(X, DataSource):
         return Dataset(X, Xcov, R, sample_weight=sample_weight, name=name, missing=missing)
     kind = f"a {type(X).__name__}"
