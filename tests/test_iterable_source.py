@@ -173,6 +173,26 @@ def test_bad_batches_are_named_by_batch_and_row():
         XDGMM(n_components=2, method="minibatch_em").partial_fit(batches)
 
 
+class Spoiling:
+    """An iterable whose third pass (the first epoch's) gives a NaN: checked there too."""
+
+    def __init__(self, batches):
+        self.batches, self.passes = batches, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for number, (x, S) in enumerate(self.batches):
+            yield (np.where(number == 1 and self.passes >= 4, np.nan, x), S)
+
+
+def test_a_bad_value_that_appears_in_a_later_pass_is_named():
+    x, S = _data(400)
+    batches = [(x[i : i + 100], S[i : i + 100]) for i in range(0, 400, 100)]
+    settings = _settings("minibatch_em", epochs=2)
+    with pytest.raises(ValueError, match=r"^X batch 1: X row 0 contains NaN or inf"):
+        XDGMM(**settings).fit(Spoiling(batches))
+
+
 class Shrinking:
     """An iterable whose passes lose a batch each time: not the same data every epoch."""
 

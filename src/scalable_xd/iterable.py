@@ -2,7 +2,7 @@
 
 ``XDGMM.fit`` wraps such an X in an ``IterableSource``. Each batch is a tuple ``(X, Xcov)`` or
 ``(X, Xcov, weights)`` of arrays or tensors (Xcov in any form ``fit`` takes, or None for noiseless points),
-and is checked as arrays are, a bad value named by its batch and its row in the batch.
+and is checked as arrays are, in every pass, a bad value named by its batch and its row in the batch.
 
 The iterable is iterated once to open it (every batch checked, the points counted and summed), then once
 per epoch and once per evaluation pass, in whatever order it gives: batch sizes and shuffling are its
@@ -52,7 +52,7 @@ class IterableSource:
     def _survey(self) -> None:
         """The opening pass: every batch checked; N, d, the total weight and order-free sums for the digest."""
         self._n, self._dim, total, summary = 0, None, 0.0, 0.0
-        for _, data in self._pass(validate=True):
+        for _, data in self._pass():
             self._n += len(data)
             total += data.total_weight
             x = data.X.to(torch.float64)
@@ -64,9 +64,10 @@ class IterableSource:
         # rounded, so that the digest does not change with the order in which the iterable gives the points
         self._summary = np.array([float(f"{v:.10g}") for v in summary.flatten().tolist()])
 
-    def _pass(self, validate: bool = False, skip: int = 0):
-        """Yield (batch number, ``Dataset``) over one pass of the iterable, from batch ``skip`` on; those
-        before it are iterated but not converted."""
+    def _pass(self, skip: int = 0):
+        """Yield (batch number, checked ``Dataset``) over one pass of the iterable, from batch ``skip`` on;
+        those before it are iterated but not converted. Every pass checks its batches, as the iterable may
+        give other values each time (augmentation, a stream)."""
         for number, item in enumerate(self.batches):
             if number < skip:
                 continue
@@ -76,7 +77,7 @@ class IterableSource:
                         f"it is a {type(item).__name__}, where a batch is a tuple (X, Xcov) or (X, Xcov, weights)"
                     )
                 x, cov, weights = (*item, None)[:3]
-                data = Dataset(x, cov, sample_weight=weights, name="X", validate=validate, missing=self.missing)
+                data = Dataset(x, cov, sample_weight=weights, name="X", missing=self.missing)
                 if self._dim is None:
                     self._dim = data.obs_dim
                 elif data.obs_dim != self._dim:
