@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .batching import Batch
 from .dataset import Dataset
 
 
@@ -52,8 +51,8 @@ class IterableSource:
     def _survey(self) -> None:
         """The opening pass: every batch checked; N, d, the total weight and order-free sums for the digest."""
         self._n, self._dim, total, summary = 0, None, 0.0, 0.0
-        for _, data in self._pass():
-            self._n += len(data)
+        for _, first, data in self._pass():
+            self._n = first + len(data)
             total += data.total_weight
             x = data.X.to(torch.float64)
             S = data.noise.batch(slice(None), "cpu", torch.float64)
@@ -64,10 +63,12 @@ class IterableSource:
         # rounded, so that the digest does not change with the order in which the iterable gives the points
         self._summary = np.array([float(f"{v:.10g}") for v in summary.flatten().tolist()])
 
-    def _pass(self, skip: int = 0):
-        """Yield (batch number, checked ``Dataset``) over one pass of the iterable, from batch ``skip`` on;
-        those before it are iterated but not converted. Every pass checks its batches, as the iterable may
-        give other values each time (augmentation, a stream)."""
+    def _pass(self, what: str | None = None, skip: int = 0):
+        """Yield (batch number, its first point's position in the pass, checked ``Dataset``) over one pass of
+        the iterable, from batch ``skip`` on; those before it are iterated but not converted. Every pass
+        checks its batches, as the iterable may give other values each time (augmentation, a stream); a
+        whole pass named by ``what`` must give the points the opening pass gave."""
+        first = 0
         for number, item in enumerate(self.batches):
             if number < skip:
                 continue
@@ -82,12 +83,11 @@ class IterableSource:
                     self._dim = data.obs_dim
                 elif data.obs_dim != self._dim:
                     raise ValueError(f"it has {data.obs_dim} features, the first batch {self._dim}")
-            yield number, data
-
-    def _checked_count(self, rows: int, what: str) -> None:
-        if rows != self._n:
+            yield number, first, data
+            first += len(data)
+        if what is not None and not skip and first != self._n:
             raise ValueError(
-                f"{self.name} gave {rows} points in {what} but {self._n} when it was opened: a fit needs the same "
+                f"{self.name} gave {first} points in {what} but {self._n} when it was opened: a fit needs the same "
                 "points in every pass (a DataLoader's drop_last=True drops a varying number under some samplers)"
             )
 
@@ -110,12 +110,9 @@ class IterableSource:
 
     def check_range(self, dtype: torch.dtype, name: str | None = None) -> None:
         """``Dataset.check_range`` over every batch (one pass), naming the batch and its row."""
-        rows = 0
-        for number, data in self._pass():
+        for number, _, data in self._pass("the pass that checked its range"):
             with _named(self.name, number):
                 data.check_range(dtype, "X")
-            rows += len(data)
-        self._checked_count(rows, "the pass that checked its range")
 
     def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
         """Yield a ``Batch`` per batch the iterable gives in epoch ``epoch`` (after telling it the epoch, where
@@ -123,46 +120,28 @@ class IterableSource:
         business; one process only (``fit.driver`` refuses a data-parallel fit)."""
         for setter in self._epoch_setters:
             setter.set_epoch(epoch)
-        rows = 0
-        for _, data in self._pass(skip=skip):
-            rows += len(data)
-            yield Batch(
-                len(data),
-                *data.batch(slice(None), device, dtype),
-                data.batch_weights(slice(None), device, dtype),
-                data.batch_observed(slice(None), device),
-            )
-        if not skip:
-            self._checked_count(rows, f"epoch {epoch}")
+        for _, _, data in self._pass(f"epoch {epoch}", skip=skip):  # each batch whole, in order
+            yield from data.epoch_batches(len(data), epoch, seed, False, group, device, dtype)
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
-        """Yield (first row, x, S, None, weights, observed) over one pass, a batch of the iterable at a time
-        (the kernel splits large ones); ``rows`` must be all of them."""
+        """``Dataset.scan`` over each batch of one pass in turn, rows numbered in the pass; ``rows`` must be
+        all of them."""
         if (rows.start, rows.stop) != (0, self._n):
             raise ValueError(
                 f"{self.name} is an iterable of batches: it is read whole, not rows {rows.start}-{rows.stop}"
             )
-        start = 0
-        for _, data in self._pass():
-            yield (
-                start,
-                *data.batch(slice(None), device, dtype),
-                data.batch_weights(slice(None), device, torch.float64),
-                data.batch_observed(slice(None), device),
-            )
-            start += len(data)
-        self._checked_count(start, "an evaluation pass")
+        for _, first, data in self._pass("an evaluation pass"):
+            for start, *arrays in data.scan(slice(0, len(data)), batch_size, device, dtype):
+                yield (first + start, *arrays)
 
     def sample(self, rows, name: str) -> Dataset:
         """The points at positions ``rows`` (sorted) of one pass, in memory, in float64."""
         rows = torch.as_tensor(rows, dtype=torch.int64)
-        parts, start = [], 0
-        for _, data in self._pass():
-            local = rows[(rows >= start) & (rows < start + len(data))] - start
+        parts = []
+        for _, first, data in self._pass("the pass that drew a sample"):
+            local = rows[(rows >= first) & (rows < first + len(data))] - first
             if len(local):
                 parts.append(data.sample(local, name))
-            start += len(data)
-        self._checked_count(start, "the pass that drew a sample")
         x = torch.cat([part.X for part in parts])
         S = torch.cat([part.noise.batch(slice(None), "cpu", torch.float64) for part in parts])
         weights = None
