@@ -164,6 +164,30 @@ def test_every_option_has_help_and_says_its_default():
                 assert "default" in action.help, (name, action.dest)
 
 
+def test_every_help_page_renders_and_names_its_options(capsys):
+    """``--help`` of the CLI and of each subcommand, as a user types it: formatted in full (argparse
+    formats the help strings only then) and listing each option with its help text."""
+    from scalable_xd.pipeline.cli import build_parser
+
+    subcommands = build_parser()._subparsers._group_actions[0].choices
+    for argv in [["--help"]] + [[name, "--help"] for name in subcommands]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0, argv
+        page = capsys.readouterr().out
+        assert page.startswith("usage: scalable-xd"), argv
+        if len(argv) == 2:
+            for action in subcommands[argv[0]]._actions:
+                assert action.option_strings[-1] in page, (argv, action.dest)
+    assert "90% of what converged XD achieves" in " ".join(_help_of("fit", capsys).split())
+
+
+def _help_of(subcommand: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([subcommand, "--help"])
+    return capsys.readouterr().out
+
+
 def test_a_table_of_fits_run_without_test_data(files, caplog):
     assert main(["-q"] + _fit_args(files)) == 0
     prefix = files / "tables" / "loglik"

@@ -65,7 +65,8 @@ def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
         meta, default = f.metadata, (defaults or {}).get(f.name, f.default)
         flag = f"--{prefix}{f.name.replace('_', '-')}"
         kind = str(f.type).split("|")[0].strip()
-        help_text = f"{meta['help']} (default: {default})"
+        # argparse formats help with %: a literal one (in "90% of") must be doubled
+        help_text = f"{meta['help']} (default: {default})".replace("%", "%%")
         if kind == "bool":
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
