@@ -137,7 +137,9 @@ def test_truncation_restarts_when_and_only_when_the_parameters_leave_the_set(dat
         truncated.observe(stats)
         if inside_compact_set(regularised(candidate, 1e-3), 1.5 + m):
             assert truncated.restarts == m
-            torch.testing.assert_close(truncated.state.means, candidate.means, rtol=0, atol=0)
+            # the fitter's compiled update against torch's: the same formula, rounded by two compilers
+            # (vector width, fused multiply-adds differ by CPU); a restart would move the means by O(1)
+            torch.testing.assert_close(truncated.state.means, candidate.means, rtol=1e-12, atol=1e-14)
         else:
             assert truncated.restarts == m + 1
             assert truncated.state is truncated.initial

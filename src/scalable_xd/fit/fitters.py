@@ -354,6 +354,8 @@ class MinibatchEM:
         return {
             "state": mixture_state(self.state),
             "initial": mixture_state(self.initial),
+            # kept, not recomputed on load: the fused step and ``regularised`` may round differently
+            "e_step": mixture_state(self.mixture),
             "n_updates": self.n_updates,
             "restarts": self.restarts,
         }
@@ -363,7 +365,7 @@ class MinibatchEM:
         self.initial = mixture_from_state(state["initial"], self.state)
         if self.fixed is not None:  # the fixed weights are the initial ones, not the placeholder's
             self.fixed = dataclasses.replace(self.fixed, weight_values=self.initial.weights)
-        self._e_step = None
+        self._e_step = mixture_from_state(state["e_step"], self.state) if "e_step" in state else None
         self.n_updates = int(state["n_updates"])
         self.restarts = int(state["restarts"])
 
@@ -484,6 +486,8 @@ class SGD:
             "scale": self.params.scale.clone(),
             "optimizer": self.optimizer.state_dict(),
             "initial": mixture_state(self.params.initial),
+            # kept, not recomputed on load: the fused step's L L^T and torch's may round differently
+            "mixture": mixture_state(self.mixture),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -493,7 +497,8 @@ class SGD:
         for tensor, saved in zip(self.params.tensors(), state["params"]):
             tensor.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.mixture = self.params.mixture()
+        saved = state.get("mixture")
+        self.mixture = self.params.mixture() if saved is None else mixture_from_state(saved, self.mixture)
 
 
 class PolyakAverage:
