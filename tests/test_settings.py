@@ -57,6 +57,24 @@ def test_the_estimator_takes_its_defaults_from_the_settings():
     }
 
 
+def test_the_estimator_documents_every_parameter_with_the_settings_default():
+    """numpydoc's own parser reads XDGMM's docstring: each constructor parameter has an entry, and each
+    setting's entry states the default the estimator takes (the entries are generated, so they cannot
+    fall behind a changed default, as the step-size schedule's once did)."""
+    from numpydoc.docscrape import ClassDoc
+
+    documented = {}
+    for entry in ClassDoc(XDGMM, config={"show_class_members": False})["Parameters"]:
+        for name in entry.name.split(", "):
+            documented[name] = entry
+    assert set(documented) == set(inspect.signature(XDGMM).parameters)
+    defaults = {**FitSettings.defaults(), **{f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()}}
+    for name, default in defaults.items():
+        assert documented[name].type.endswith(f"default={default!r}"), name
+        assert documented[name].desc, name
+    assert "default='step'" in documented["step_schedule"].type
+
+
 def test_the_schema_states_the_same_defaults_and_choices():
     fit = SCHEMA["fit"]["properties"]
     assert set(fit) - WORKFLOW_FIT_KEYS == set(FitSettings.defaults()) - {"method", "verbose"}

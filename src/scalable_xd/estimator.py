@@ -33,7 +33,7 @@ from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
 from .posterior import posterior_summary
-from .settings import FitSettings, KMeansSettings, check_count, check_seed, resolve_seed
+from .settings import FitSettings, KMeansSettings, check_count, check_seed, numpydoc_parameters, resolve_seed
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
@@ -51,59 +51,33 @@ class XDGMM(BaseEstimator):
 
     Parameters
     ----------
-    n_components : number of mixture components K.
-    method : ``"em"`` (Bovy et al. 2011 batch EM), ``"minibatch_em"`` (online EM, Cappe & Moulines 2009),
-        ``"sgd"`` (Adam), ``"stochastic_em"`` or ``"stochastic_minibatch_em"`` (each star's component
-        sampled from its responsibilities); ``fit.methods`` describes each.
-    batch_size, epochs : points per minibatch of the minibatch methods (batch EM sums over all points);
-        passes over the training data (for ``"em"``: the most iterations).
-    step_size, step_schedule, step_decay, kappa : minibatch-EM steps, by default Cappe & Moulines'
-        (t0 + t)^-kappa from ``step_size``; ``"step"`` is the paper's (1e-2, times ``step_decay`` after
-        ``decay_epoch`` epochs), which under-converges on small data (0.15 N / batch_size EM iterations).
-    lr, lr_decay, sgd_scaling : Adam's learning rate (times ``lr_decay`` after ``decay_epoch`` epochs) and
-        its parameters' units: the features' own (the paper) or each feature's spread (faster for wide
-        features, but it can make a narrow component singular in float32).
-    w, online_regularisation : covariance regularisation (EM: Bovy et al.'s (sum + wI)/(q + 1); minibatch
-        EM: by default the same prior, (c Vr + wI)/(c + 1) with c a component's share of the stars, or
-        with ``online_regularisation="paper"`` wI added after each update, the paper's; SGD: the penalty
-        sum_j w / tr V_j).
-    tol : batch EM stops once an iteration improves the mean training log-likelihood by less (None: never).
-    acceleration : ``"squarem"`` extrapolates batch EM along its steps (Varadhan & Roland 2008; see
-        ``fit.squarem``), reaching EM's own fixed point in fewer passes; ``"none"`` is plain EM.
-    averaging : ``"polyak"`` reports the running mean of the parameters over all updates (minibatch methods).
-    truncation, truncation_bound : minibatch EM restarts from the initial parameters whenever they leave
-        Nguyen, Forbes & McLachlan's growing compact sets (c1 = c2 = c3 = ``truncation_bound``).
-    split_merge, split_merge_tries : Ueda et al.'s split-and-merge moves, at most ``split_merge_tries``:
-        batch EM's after convergence (Bovy et al. 2011), the minibatch methods' one an epoch, judged on the
-        validation data or 20,000 training stars (docs/design/split-merge.md).
-    covariance_update : ``"stable"`` (centred form) or ``"naive"`` (the paper's eq. 7) for minibatch EM.
-    missing : ``"variance"`` (the paper's convention: missing entries are value 0 with variance 1e12, scored
-        like measured ones) or ``"marginalise"`` (NaN or variance >= 1e12 marks an entry, and each star is
-        scored and updated on its observed entries alone, exactly; see ``kernel.dispatch``).
-    kmeans_epochs, kmeans_batch_size : the minibatch k-means of the initial weights and means.
-    device, dtype : ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; the precision of
-        the per-pair statistics pass (parameters and updates are always float64).
-    backend : the statistics pass (``kernel.dispatch``): ``"auto"`` (the numba kernel on the CPU, the
-        Triton kernel on CUDA where triton is installed, else torch.compile's), ``"fused"``, ``"triton"``,
-        ``"compiled"``, ``"unrolled"`` or ``"linalg"``; projected data take ``"linalg"``. The one chosen is
-        ``backend_``; all give the same results to float tolerance.
-    cuda_graphs : on CUDA, each minibatch step (statistics pass and update) is captured once as a CUDA graph
-        and replayed, one launch a batch instead of ~100 (``fit.cuda_graphs``); False launches them one by one.
-    random_state : None, an int, a numpy ``RandomState`` or ``Generator``: seeds k-means and the batch order.
-    weights_init, means_init, covariances_init : explicit initial parameters (any may be given alone).
-    fix_weights, fix_means, fix_covariances : hold these parameters at their initial values, for every
-        component (True) or those marked in a boolean array of length K (Bovy et al.'s fixamp, fixmean and
-        fixcovar; see ``updates.FixedParameters``).
-    verbose : 0 silent, 1 a line per epoch on the ``scalable_xd.fit`` logger, 2 also a progress bar.
-    warm_start : a second ``fit`` starts from the fitted parameters instead of k-means, and its ``history_``
-        and ``n_iter_`` count on from the first fit's.
+    n_components : int, default=1
+        The number of mixture components K.
+    {fit_settings}
+    {kmeans_settings}
+    random_state : None, int, numpy RandomState or Generator, default=None
+        Seeds k-means and the batch order.
+    warm_start : bool, default=False
+        A second ``fit`` starts from the fitted parameters instead of k-means, and its ``history_`` and
+        ``n_iter_`` count on from the first fit's.
+    weights_init, means_init, covariances_init : array-like, default=None
+        Explicit initial parameters, (K,), (K, D) and (K, D, D); any may be given alone.
+    fix_weights, fix_means, fix_covariances : bool or array-like of bool, default=False
+        Hold these parameters at their initial values, for every component (True) or for those marked in
+        a boolean array of length K (Bovy et al.'s fixamp, fixmean and fixcovar; see
+        ``updates.FixedParameters``).
 
-    Defaults and constraints live in ``settings.FitSettings``; they are checked when ``fit`` is called, as
-    in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``, ``get_params``/``set_params``,
-    ``GridSearchCV`` over ``n_components`` with ``score``). A non-finite or non-positive-definite component
-    raises ``FitDivergedError`` naming the epoch and component; a component whose responsibilities
-    underflow to zero is frozen with weight zero, as in Bovy's code.
+        Defaults and constraints live in ``settings.FitSettings``; they are checked when ``fit`` is called, as
+        in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``, ``get_params``/``set_params``,
+        ``GridSearchCV`` over ``n_components`` with ``score``). A non-finite or non-positive-definite component
+        raises ``FitDivergedError`` naming the epoch and component; a component whose responsibilities
+        underflow to zero is frozen with weight zero, as in Bovy's code.
     """
+
+    # The settings' entries are written from ``settings.FitSettings``, where each default is declared.
+    __doc__ = __doc__.replace("    {fit_settings}", numpydoc_parameters(FitSettings)).replace(
+        "    {kmeans_settings}", numpydoc_parameters(KMeansSettings, prefix="kmeans_")
+    )
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ same defaults, which a test checks. ``KMeansSettings`` does the same for the k-m
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 import numpy as np
@@ -247,6 +248,23 @@ class KMeansSettings(_Settings):
 
     epochs: int = setting(10, "passes of minibatch k-means", low=1)
     batch_size: int = setting(500, "points per k-means minibatch", low=1)
+
+
+def numpydoc_parameters(cls, prefix: str = "", indent: str = "    ") -> str:
+    """numpydoc "Parameters" entries for the fields of a settings dataclass (``XDGMM``'s docstring): the
+    type or choices and the default from the field, the description from its help, so none can drift."""
+    entries = []
+    for f in fields(cls):
+        meta = f.metadata
+        if meta["choices"] is not None:
+            kind = "{" + ", ".join(repr(c) for c in meta["choices"]) + "}"
+        else:
+            kind = str(f.type).replace(" | None", " or None")
+        body = textwrap.fill(
+            meta["help"] + ".", 100, initial_indent=indent * 2, subsequent_indent=indent * 2, break_on_hyphens=False
+        )
+        entries.append(f"{indent}{prefix}{f.name} : {kind}, default={f.default!r}\n{body}")
+    return "\n".join(entries)
 
 
 def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) -> None:
