@@ -25,8 +25,10 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax served from _static: the pages' math renders without the network
     "sphinxarg.ext",
 ]
+smartquotes_action = "qe"  # curly quotes and ellipses, but "--" stays two hyphens: options must copy as typed
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3  # links such as user-guide/scaling.md#data-larger-than-memory-streamed-fits

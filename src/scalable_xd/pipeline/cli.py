@@ -1,4 +1,4 @@
-"""The ``scalable-xd`` command line: one subcommand per step of the experiment DAG (see ``steps``).
+"""The ``scalable-xd`` command line: one subcommand per step of the experiment DAG (see ``steps``)::
 
     scalable-xd mock      --n-rows N --seed S --output raw.parquet
     scalable-xd query     --n-rows N --out-dir resources/gaia_dr2 [--chunk-rows R] [--tap-url URL]
@@ -7,6 +7,7 @@
     scalable-xd kmeans    --train train.parquet --n-components K --seed S --output init.npz
     scalable-xd reference --train ... --test ... --init init.npz --n-components K --kind oracle|noisy ...
     scalable-xd fit       --train ... [--val ...] [--test ...] --init init.npz --n-components K --method M ...
+    scalable-xd denoise / calibrate / plot-denoised   (each star's posterior true values, see ``denoise``)
     scalable-xd table / claims / plot-timing / plot-curves / plot-sky / plot-corner   (see ``report``)
 
 The options of ``fit``, ``reference`` and ``kmeans`` come from ``settings`` (their help, defaults and
@@ -267,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .report.style import SAMPLES
 
     parser = argparse.ArgumentParser(
-        prog="scalable-xd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="scalable-xd", description=_PLAIN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
@@ -506,6 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
                 help="sky coordinates: ra, dec or Galactic l, b (default: icrs)",
             )
     return parser
+
+
+# The module's docstring is reStructuredText (the docs' CLI page renders it); a terminal gets it unmarked.
+_PLAIN_DOC = __doc__.replace("::\n", ":\n").replace("``", "")
 
 
 def _version() -> str:
