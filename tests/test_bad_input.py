@@ -66,6 +66,27 @@ def test_dataframes_and_integers_are_read_as_numbers():
     assert XDGMM(1, epochs=1, device="cpu").fit(np.arange(40, dtype=np.uint32).reshape(20, 2)).n_iter_ == 1
 
 
+def test_half_precision_is_converted_and_said_so():
+    """float16 keeps 2-3 digits: the values are fitted as given (the same fit as their exact float64
+    copies), with a warning that says what the user loses."""
+    half = X.astype(np.float16)
+    with pytest.warns(UserWarning, match="X is float16, which keeps only 2-3 significant digits"):
+        from_half = XDGMM(2, epochs=2, device="cpu", random_state=0).fit(half)
+    exact = XDGMM(2, epochs=2, device="cpu", random_state=0).fit(half.astype(np.float64))
+    np.testing.assert_allclose(from_half.means_, exact.means_, rtol=1e-5)  # float32 pass either way
+
+
+def test_one_shared_covariance_is_refused_with_the_broadcast_that_gives_one_per_point():
+    shared = np.array([[0.1, 0.02], [0.02, 0.2]])
+    with pytest.raises(
+        ValueError, match=r"Xcov has shape \(2, 2\): one noise covariance.*np.broadcast_to\(C, \(200, 2, 2\)\)"
+    ):
+        XDGMM(2, epochs=1, device="cpu").fit(X, shared)
+    per_point = XDGMM(2, epochs=1, device="cpu", random_state=0).fit(X, np.broadcast_to(shared, (200, 2, 2)))
+    copied = XDGMM(2, epochs=1, device="cpu", random_state=0).fit(X, np.tile(shared, (200, 1, 1)))
+    np.testing.assert_array_equal(per_point.means_, copied.means_)
+
+
 def test_posterior_with_the_wrong_dimension_is_named(fitted):
     with pytest.raises(ValueError, match="the model has dimension 2 but the data"):
         fitted.posterior(np.zeros((5, 3)))

@@ -265,9 +265,14 @@ def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
     assert all("gpu=1" in r.split(", ") for rule, r in jobs if rule == "kmeans")
 
 
-def test_a_config_typo_is_one_line_naming_the_key(tmp_path):
-    """Snakemake's validation message is followed by hundreds of lines of schema; ours names the key."""
-    config = {**SMOKE, "data": {**{k: v for k, v in SMOKE["data"].items() if k != "n_rows"}, "n_row": 10}}
+def test_each_config_mistake_is_one_line_naming_its_key(tmp_path):
+    """Snakemake's validation message gives the first mistake, followed by hundreds of lines of schema;
+    ours names every mistake's key, one line each."""
+    config = {
+        **SMOKE,
+        "data": {**{k: v for k, v in SMOKE["data"].items() if k != "n_rows"}, "n_row": 10},
+        "fit": {**SMOKE["fit"], "batch_size": 0},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
     result = subprocess.run(
@@ -276,6 +281,7 @@ def test_a_config_typo_is_one_line_naming_the_key(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "the config's data: Additional properties are not allowed ('n_row' was unexpected)" in output
+    assert "the config's fit.batch_size: 0 is less than the minimum of 1" in output
     assert len(output.splitlines()) < 15, output
 
 

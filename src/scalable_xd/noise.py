@@ -43,6 +43,15 @@ def as_float_tensor(array, name: str = "array") -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             tensor = torch.as_tensor(array)
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        warnings.warn(
+            f"{name} is {str(tensor.dtype).removeprefix('torch.')}, which keeps only 2-3 significant digits: it is "
+            "converted to float32 exactly, but a fit cannot be more precise than the values given; pass float32 "
+            "or float64 data where you have them",
+            UserWarning,
+            stacklevel=3,
+        )
+        return tensor.to(torch.float32)
     if tensor.is_floating_point():
         return tensor
     if tensor.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool):
@@ -249,6 +258,12 @@ def as_noise(Xcov, n: int, dim: int):
             noise = DenseNoise(Xcov)
         else:
             raise ValueError(f"Xcov must have shape (N, d, d) or (N, d), got an array with {ndim} dimensions")
+    if isinstance(noise, DiagonalNoise) and n != dim and tuple(noise.values.shape) == (dim, dim):
+        raise ValueError(
+            f"Xcov has shape ({dim}, {dim}): one noise covariance, where each of the {n} points needs its own, "
+            f"(N, d, d), or its variances, (N, d); for one covariance C shared by every point pass "
+            f"np.broadcast_to(C, ({n}, {dim}, {dim}))"
+        )
     if len(noise) != n or noise.dim != dim:
         raise ValueError(
             f"Xcov describes {len(noise)} points of dimension {noise.dim}, but X has {n} of dimension {dim}"
