@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# Where ``write_result`` writes: results/, or with ``--quick`` the folder $BENCH_QUICK_RESULTS or a new
+# temporary one, so that a quick run never replaces a measured JSON.
+destination = RESULTS
 
 
 def machine() -> dict:
@@ -47,9 +51,27 @@ def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def parse_args(parser, argv, **quick):
+    """``parser``'s options plus ``--quick``: the options in ``quick`` set to tiny values (seconds on two
+    cores) and the JSON kept out of results/. The test suite runs every benchmark so, so none rots."""
+    global destination
+
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a check that the benchmark runs: tiny sizes, the JSON in $BENCH_QUICK_RESULTS or a temporary folder",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+        destination = Path(os.environ.get("BENCH_QUICK_RESULTS") or tempfile.mkdtemp(prefix="bench-quick-"))
+    return args
+
+
 def write_result(name: str, result: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    destination.mkdir(parents=True, exist_ok=True)
+    path = destination / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return path

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import machine, parse_args, write_result  # noqa: E402
 
 ONE_D = """
 import json, sys, time
@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--label", default=None, help="suffix of the output file name")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, dims=[2], n_components=4, n=200, repeats=1)
     rows = []
     for dim in args.dims:
         with tempfile.TemporaryDirectory() as cache:

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import machine, parse_args, write_result  # noqa: E402
 from bench_fit import synthetic  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def _time_fit(method: str, x, S, k: int, rounds: int) -> dict:
     return best
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=80_000)
     p.add_argument("--n-components", type=int, nargs="+", default=[32, 64, 128])
@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--name", default="bench_contention_cpu")
     p.add_argument("--torch-first", action="store_true", help="import torch before scalable_xd (see module)")
-    args = p.parse_args()
+    args = parse_args(p, argv, n=2000, n_components=[4], rounds=1)
     results = {}
     for k in args.n_components:
         x, S, _ = synthetic(args.n, k, torch.float64)

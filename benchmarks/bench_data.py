@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import machine, parse_args, write_result  # noqa: E402
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n-rows", type=int, default=2_000_000)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, n_rows=2000)
 
     from scalable_xd.pipeline.gaia.features import compute_features
     from scalable_xd.pipeline.gaia.mock import make_mock

@@ -38,7 +38,7 @@ from scalable_xd.kernel.unrolled import unrolled_terms
 from scalable_xd.mixture import Mixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import device_name, forced_kernel, machine, write_result  # noqa: E402
+from _common import device_name, forced_kernel, machine, parse_args, write_result  # noqa: E402
 
 D = 7
 # Dense FP32 (non-tensor-core) peaks from the vendors' data sheets, TFLOP/s.
@@ -173,13 +173,18 @@ def main(argv=None) -> None:
     parser.add_argument("--skip-epochs", action="store_true", help="measure the statistics pass only")
     parser.add_argument("--peak-tflops", type=float, default=None, help="FP32 peak of the device, TFLOP/s")
     parser.add_argument("--label", default=None, help="suffix of the output file name")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--kernels", nargs="+", default=None, help="backends timed (default: fused or triton, unrolled, compiled)"
+    )
+    args = parse_args(
+        parser, argv, n=3000, n_components=[4], dtypes=["float32"], epochs=1, repeats=2, kernels=["fused", "unrolled"]
+    )
 
     device = resolve_device(args.device)
     name = device_name(device)
     peak = args.peak_tflops or next((v for key, v in FP32_PEAK_TFLOPS.items() if key in name), None)
     flops = flops_per_pair()
-    kernels = ("fused", "unrolled", "compiled") if device.type == "cpu" else ("triton", "unrolled", "compiled")
+    kernels = tuple(args.kernels or ("fused" if device.type == "cpu" else "triton", "unrolled", "compiled"))
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)

@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MEMORY_SAMPLER, machine, write_result  # noqa: E402
+from _common import MEMORY_SAMPLER, machine, parse_args, write_result  # noqa: E402
 
 CHILD = (
     MEMORY_SAMPLER
     + r"""
 import json, sys, time
 
+import numpy as np
 from scalable_xd import XDGMM, CompactCovariance
 from scalable_xd.pipeline.gaia.schema import CORRELATION_PAIRS
 folder, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -52,7 +53,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 500_000, 1_000_000, 2_000_000])
     parser.add_argument("--n-components", type=int, default=64)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, sizes=[5000, 10000], n_components=4)
 
     from scalable_xd.pipeline.gaia.features import compute_features
     from scalable_xd.pipeline.gaia.mock import make_mock

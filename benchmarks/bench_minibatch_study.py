@@ -36,7 +36,7 @@ from sklearn.metrics import adjusted_rand_score
 from scalable_xd import XDGMM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import machine, parse_args, write_result  # noqa: E402
 
 WEIGHTS = np.array([0.5, 0.3, 0.2])
 MEANS = np.array([[0.3, 0.3], [0.85, 0.35], [0.45, 0.85]])
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
         "--scenarios", nargs="+", default=["elki", "elki_noisy", "trap"], choices=["elki", "elki_noisy", "trap"]
     )
     parser.add_argument("--seed", type=int, default=2019)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, n=3000, reps=1, scenarios=["elki"])
     if args.table:
         print(markdown_table(args.scenarios))
         return

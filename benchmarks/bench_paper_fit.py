@@ -34,7 +34,7 @@ from scalable_xd.pipeline.gaia.storage import write_feature_splits
 from scalable_xd.settings import KMeansSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import device_name, forced_kernel, machine, write_result  # noqa: E402
+from _common import device_name, forced_kernel, machine, parse_args, write_result  # noqa: E402
 
 SCRATCH = Path(__file__).resolve().parent / "scratch"
 
@@ -68,7 +68,7 @@ def main(argv=None) -> None:
         help="the statistics pass (auto: what a fit with backend='auto' gets on the device)",
     )
     parser.add_argument("--label", default=None, help="suffix of the output file name")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, n_rows=5000, n_components=4, epochs=2, kmeans_epochs=1, device="cpu")
     device = resolve_device(args.device)
 
     features, prepare_seconds = prepared_features(args.n_rows)

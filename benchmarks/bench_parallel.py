@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import machine, parse_args, write_result  # noqa: E402
 
 WORKER = """
 import json, os, sys, time
@@ -62,7 +62,9 @@ def run(processes: int, n: int, k: int, method: str, epochs: int) -> float:
                 str(script),
                 *args,
             ]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(command[:6])} ... failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["seconds_per_epoch"]
 
 
@@ -72,7 +74,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n-components", type=int, nargs="+", default=[64])
     parser.add_argument("--methods", nargs="+", default=["em", "minibatch_em", "sgd"])
     parser.add_argument("--epochs", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, n=3000, n_components=[4], epochs=1)
     rows = []
     for k in args.n_components:
         for method in args.methods:

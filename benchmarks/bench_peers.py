@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import forced_kernel, machine, write_result  # noqa: E402
+from _common import forced_kernel, machine, parse_args, write_result  # noqa: E402
 from bench_fit import synthetic  # noqa: E402
 
 from scalable_xd import XDGMM  # noqa: E402
@@ -127,7 +127,8 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=3, help="batch-EM iterations timed (each peer and ours)")
     parser.add_argument("--ours-only", action="store_true", help="skip the peers (a before/after of our code)")
     parser.add_argument("--label", default=None, help="suffix of the output file name")
-    args = parser.parse_args(argv)
+    parser.add_argument("--kernels", nargs="+", default=["fused", "compiled"], help="our backends timed")
+    args = parse_args(parser, argv, n=3000, n_components=4, iterations=1, ours_only=True, kernels=["fused"])
 
     x, S, init = _problem(args.n, args.n_components)
     result = {
@@ -141,7 +142,7 @@ def main(argv=None) -> None:
         "ours": {},
     }
     for dtype in ("float32", "float64"):
-        for kernel in ("fused", "compiled"):
+        for kernel in args.kernels:
             name = f"{dtype}_{kernel}"
             result["ours"][name] = {
                 method: ours(x, S, init, method, args.iterations if method == "em" else 2, dtype, kernel)

@@ -36,7 +36,7 @@ from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.settings import FitSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import device_name, forced_kernel, machine, write_result  # noqa: E402
+from _common import device_name, forced_kernel, machine, parse_args, write_result  # noqa: E402
 from bench_fit import synthetic  # noqa: E402
 
 METHODS = ("minibatch_em", "sgd")
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=100, help="steps per timed run (and batches per epoch)")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs; the best is reported")
     parser.add_argument("--label", default=None, help="suffix of the output file name")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, n_components=[4], steps=5, rounds=1)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     rows = []
     compiled_updates = fitters.fused_updates

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MEMORY_SAMPLER, machine, write_result  # noqa: E402
+from _common import MEMORY_SAMPLER, machine, parse_args, write_result  # noqa: E402
 
 FILE_ROWS = 1_000_000
 
@@ -58,24 +58,25 @@ print(json.dumps({"N": len(source), "K": k, "window_rows": window, "seconds": se
 def write_catalogue(folder: Path, n: int, seed: int = 0) -> int:
     """A synthetic features catalogue of n rows (a mixture of 16 Gaussians, Gaia-like noise) in files of
     ``FILE_ROWS`` rows; returns its size on disk in bytes."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from scalable_xd.pipeline.gaia.features import FEATURES
-    from scalable_xd.pipeline.gaia.schema import CORRELATIONS
+    from scalable_xd.pipeline.features_file import Features, features_to_arrow, file_metadata
+    from scalable_xd.pipeline.gaia.schema import GAIA_DR2 as spec
 
     rng = np.random.default_rng(seed)
-    centres = rng.normal(scale=5.0, size=(16, len(FEATURES)))
+    d = len(spec.names)
+    centres = rng.normal(scale=5.0, size=(16, d))
     folder.mkdir(parents=True, exist_ok=True)
     for number, start in enumerate(range(0, n, FILE_ROWS)):
         m = min(FILE_ROWS, n - start)
-        sigma = rng.uniform(0.05, 0.5, size=(m, len(FEATURES)))
-        x = centres[rng.integers(0, 16, m)] + rng.normal(size=(m, len(FEATURES))) + sigma * rng.normal(size=sigma.shape)
-        columns = {f"x_{name}": x[:, j] for j, name in enumerate(FEATURES)}
-        columns |= {f"sigma_{name}": sigma[:, j] for j, name in enumerate(FEATURES)}
+        sigma = rng.uniform(0.05, 0.5, size=(m, d))
+        x = centres[rng.integers(0, 16, m)] + rng.normal(size=(m, d)) + sigma * rng.normal(size=sigma.shape)
         # |rho| <= 0.2: four per row sum below 1, so every correlation matrix is positive definite (Gershgorin)
-        columns |= {name: rng.uniform(-0.2, 0.2, m).astype(np.float32) for name, _, _ in CORRELATIONS}
-        pq.write_table(pa.table(columns), folder / f"part-{number:05d}.parquet", row_group_size=65_536)
+        corr = rng.uniform(-0.2, 0.2, size=(m, len(spec.correlations)))
+        ids = np.arange(start, start + m)
+        features = Features(spec, x, sigma, corr, np.zeros(m, np.int8), ids, ids, "corrected")
+        table = features_to_arrow(features).replace_schema_metadata(file_metadata(spec, "corrected", 0))
+        pq.write_table(table, folder / f"part-{number:05d}.parquet", row_group_size=65_536)
     return sum(p.stat().st_size for p in folder.glob("*.parquet"))
 
 
@@ -85,7 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n-components", type=int, default=16)
     parser.add_argument("--window", type=int, default=1 << 20, help="rows per shuffle window")
     parser.add_argument("--scratch", default=None, help="where the catalogues are written (default: a temp dir)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, sizes=[3000, 6000], n_components=4, window=2048)
 
     rows = []
     with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:

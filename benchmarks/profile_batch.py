@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import device_name, machine, write_result  # noqa: E402
+from _common import device_name, machine, parse_args, write_result  # noqa: E402
 from bench_fit import synthetic  # noqa: E402
 
 from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--backend", default="auto", choices=["auto", "triton", "unrolled", "compiled", "linalg"])
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, n_components=4, updates=2)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     x, S, mixture = synthetic(args.batch_size * (args.updates + 1), args.n_components, dtype)
     x, S = x.to(device), S.to(device)

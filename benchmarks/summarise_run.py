@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+from _common import machine, parse_args, write_result  # noqa: E402
 
 COLUMNS = (
     "val_observed",
@@ -50,7 +50,7 @@ def summarise(run: Path) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a workflow run's folder, results/<name>")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     summary = summarise(args.run)
     device = "cuda" if any("cuda" in d for d in summary["device"]) else "cpu"
     write_result(f"run_{args.run.name}_{device}", {"machine": machine(), **summary})

@@ -69,6 +69,13 @@ def test_table_has_one_finite_row_per_method_and_k(smoke):
     assert tex.startswith(r"\begin{tabular}") and tex.rstrip().endswith(r"\end{tabular}")
 
 
+def test_a_run_is_summarised_by_its_benchmark_script(smoke, tmp_path):
+    from test_benchmarks import run_quick
+
+    (summary,) = run_quick("summarise_run", tmp_path, str(smoke))
+    assert summary["run"] == "smoke" and {row["method"] for row in summary["rows"]} == set(METHODS)
+
+
 def test_figures_are_images_of_the_expected_size(smoke):
     from PIL import Image
 

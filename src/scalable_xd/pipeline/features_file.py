@@ -161,6 +161,11 @@ def features_to_arrow(features: Features):
     return pa.table(data)
 
 
+def file_metadata(spec: FeatureSpec, mode: str, split_seed: int) -> dict:
+    """The Parquet schema metadata that makes a table a features file (``features_source`` reads it)."""
+    return {METADATA_KEY: json.dumps({"mode": mode, "split_seed": split_seed, "spec": spec.as_dict()}).encode()}
+
+
 def write_splits(
     chunks: Iterable[Features], out_dir, spec: FeatureSpec, mode: str, split_seed: int, has_truth: bool
 ) -> tuple[dict, dict]:
@@ -170,7 +175,7 @@ def write_splits(
 
     rows = dict.fromkeys(SPLITS, 0)
     missing_entries = dict.fromkeys(SPLITS, 0)
-    meta = {METADATA_KEY: json.dumps({"mode": mode, "split_seed": split_seed, "spec": spec.as_dict()}).encode()}
+    meta = file_metadata(spec, mode, split_seed)
     schema = features_to_arrow(Features.empty(spec, mode, has_truth)).schema.with_metadata(meta)
     with contextlib.ExitStack() as stack:  # each writer closes before its file moves into place
         writers = {}
