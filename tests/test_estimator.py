@@ -265,11 +265,11 @@ def test_collapsing_component_raises_a_named_divergence():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda x, S: x.__setitem__((7, 1), np.nan), "X row 7 contains NaN"),
-        (lambda x, S: x.__setitem__((2, 0), np.inf), "X row 2 contains NaN or inf"),
-        (lambda x, S: S.__setitem__((3, 0, 0), np.nan), "Xcov row 3 contains NaN"),
-        (lambda x, S: S.__setitem__((5, 0, 1), S[5, 0, 1] + 0.3), "Xcov row 5 is not symmetric"),
-        (lambda x, S: S.__setitem__((4, 1, 1), -1.0), "Xcov row 4 has a negative variance"),
+        (lambda x, S: x.__setitem__((7, 1), np.nan), "X row 7, column 1 contains NaN"),
+        (lambda x, S: x.__setitem__((2, 0), np.inf), "X row 2, column 0 contains NaN or inf"),
+        (lambda x, S: S.__setitem__((3, 2, 1), np.nan), r"Xcov row 3, entry \(2, 1\) contains NaN"),
+        (lambda x, S: S.__setitem__((5, 0, 1), S[5, 0, 1] + 0.3), r"Xcov row 5, entry \(0, 1\) is not symmetric"),
+        (lambda x, S: S.__setitem__((4, 1, 1), -1.0), "Xcov row 4, column 1 has a negative variance"),
         (
             lambda x, S: S.__setitem__((6, slice(None), slice(None)), [[1, 2, 0], [2, 1, 0], [0, 0, 1]]),
             "Xcov row 6 is not positive semi-definite",
@@ -281,6 +281,14 @@ def test_bad_rows_are_named(data, mutate, message):
     mutate(x, S)
     with pytest.raises(ValueError, match=message):
         XDGMM(2, device="cpu").fit(x, S)
+
+
+def test_a_bad_variance_is_named_by_row_and_column(data):
+    x, S = (a[:50].copy() for a in data)
+    variances = np.diagonal(S, axis1=1, axis2=2).copy()
+    variances[9, 2] = np.nan
+    with pytest.raises(ValueError, match="Xcov row 9, column 2 contains NaN or inf"):
+        XDGMM(2, device="cpu").fit(x, variances)
 
 
 def test_bad_shapes_and_parameters_are_named(data):

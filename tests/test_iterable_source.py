@@ -150,7 +150,7 @@ def test_bad_batches_are_named_by_batch_and_row():
     x, S = _data(400)
     batches = [(x[i : i + 100].copy(), S[i : i + 100].copy()) for i in range(0, 400, 100)]
     batches[2][0][17, 1] = np.nan
-    with pytest.raises(ValueError, match=r"^X batch 2: X row 17 contains NaN or inf"):
+    with pytest.raises(ValueError, match=r"^X batch 2: X row 17, column 1 contains NaN or inf"):
         XDGMM(n_components=2).fit(batches)
     batches[2][0][17, 1] = 0.0
     batches[3][1][5] = -np.eye(2)
@@ -160,7 +160,7 @@ def test_bad_batches_are_named_by_batch_and_row():
         XDGMM(n_components=2).fit([batches[0], (np.zeros((10, 3)), np.zeros((10, 3, 3)))])
     with pytest.raises(ValueError, match=r"X batch 0: it is a dict, where a batch is a tuple \(X, Xcov\)"):
         XDGMM(n_components=2).fit(DataLoader([{"x": torch.zeros(2)}] * 4, batch_size=2))
-    with pytest.raises(ValueError, match=r"X batch 0: X row 0 has a value beyond"):
+    with pytest.raises(ValueError, match=r"X batch 0: X row 0, column 0 has a value beyond"):
         XDGMM(n_components=2).fit([(np.full((10, 2), 1e30), np.zeros((10, 2)))])  # float32's range
     with pytest.raises(ValueError, match=r"X is a torch Dataset, which gives one point at a time: give a DataLoader"):
         XDGMM(n_components=2).fit(TensorDataset(torch.tensor(x), torch.tensor(S)))
@@ -189,7 +189,7 @@ def test_a_bad_value_that_appears_in_a_later_pass_is_named():
     x, S = _data(400)
     batches = [(x[i : i + 100], S[i : i + 100]) for i in range(0, 400, 100)]
     settings = _settings("minibatch_em", epochs=2)
-    with pytest.raises(ValueError, match=r"^X batch 1: X row 0 contains NaN or inf"):
+    with pytest.raises(ValueError, match=r"^X batch 1: X row 0, column 0 contains NaN or inf"):
         XDGMM(**settings).fit(Spoiling(batches))
 
 

@@ -128,11 +128,13 @@ def test_posteriors_of_stars_with_missing_entries_and_the_errors(problem):
     np.testing.assert_allclose(mean[0], prior_mean, rtol=1e-10)  # nothing observed: the prior's mean
     full = observed.all(1)
     assert (np.diagonal(cov[full], axis1=1, axis2=2) < np.diagonal(cov[0])).all()  # data narrow the posterior
-    with pytest.raises(ValueError, match="X row 0 contains NaN or inf"):
+    with pytest.raises(ValueError, match=r"X row 0, column \d contains NaN or inf"):
         XDGMM(K, "em", epochs=1, device="cpu", **init).fit(x_nan, S)
     with pytest.raises(ValueError, match="unknown missing 'drop'"):
         XDGMM(K, "em", epochs=1, device="cpu", missing="drop").fit(x_nan, S)
     S_nan = np.array(S, dtype=np.float64)
     S_nan[0, 0, 0] = np.nan  # marking a missing entry in the noise instead of in X
-    with pytest.raises(ValueError, match=r"Xcov row 0 contains NaN or inf; .* marked by NaN in X .*not by NaN in Xcov"):
+    with pytest.raises(
+        ValueError, match=r"Xcov row 0, entry \(0, 0\) contains NaN or inf; .* marked by NaN in X .*not by NaN in Xcov"
+    ):
         XDGMM(K, "em", epochs=1, device="cpu", missing="marginalise", **init).fit(x_nan, S_nan)

@@ -47,9 +47,9 @@ def test_fit_is_the_same_with_compact_diagonal_or_dense_noise():
 @pytest.mark.parametrize(
     "field, row, value, message",
     [
-        ("corr", 9, 1.5, "corr row 9 has a correlation outside"),
-        ("sigma", 4, -0.1, "sigma row 4 has a negative standard deviation"),
-        ("sigma", 2, np.nan, "sigma row 2 contains NaN"),
+        ("corr", 9, 1.5, "corr row 9, column 0 has a correlation outside"),
+        ("sigma", 4, -0.1, "sigma row 4, column 0 has a negative standard deviation"),
+        ("sigma", 2, np.nan, "sigma row 2, column 0 contains NaN"),
     ],
 )
 def test_compact_covariance_names_bad_rows(field, row, value, message):

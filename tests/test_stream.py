@@ -174,13 +174,16 @@ def test_bad_values_are_named_by_their_row_in_the_whole_data_set_and_their_file(
     x[337, 1] = np.nan
     folder = _write_shards(tmp_path / "bad", x, sigma, corr, shards=4, row_group=50)
     with pytest.raises(
-        ValueError, match=r"X row 337 contains NaN or inf; .*marginalise.* \(in .*part-3.parquet, row group \d\)"
+        ValueError,
+        match=r"X row 337, column 1 contains NaN or inf; .*marginalise.* \(in .*part-3.parquet, row group \d\)",
     ):
         _source(folder)
     x[337, 1] = 0.0
     corr[12, 0] = 1.5
     folder = _write_shards(tmp_path / "bad_corr", x, sigma, corr, shards=4, row_group=50)
-    with pytest.raises(ValueError, match=r"corr row 12 has a correlation outside \[-1, 1\] \(in .*part-0.parquet"):
+    with pytest.raises(
+        ValueError, match=r"corr row 12, column 0 has a correlation outside \[-1, 1\] \(in .*part-0.parquet"
+    ):
         _source(folder)
     with pytest.raises(ValueError, match="lacks the columns sigma_x"):
         ParquetSource(folder, ["x0"], ["sigma_x"])

@@ -12,7 +12,7 @@ import math
 import torch
 
 from .batching import Batch, epoch_order
-from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad_row
+from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
 from .settings import MISSING_MODES, MISSING_VARIANCE
 
 
@@ -78,11 +78,11 @@ class Dataset:
         check_rows(
             self.X,
             lambda v: torch.isinf(v) if marginalise else ~torch.isfinite(v),
-            f"{name} row {{row}} contains "
+            f"{name} {{where}} contains "
             + ("inf" if marginalise else "NaN or inf; a NaN that marks a missing entry needs missing='marginalise'"),
         )
         if self.R is not None:
-            check_rows(self.R, lambda v: ~torch.isfinite(v), "R row {row} contains NaN or inf")
+            check_rows(self.R, lambda v: ~torch.isfinite(v), "R {where} contains NaN or inf")
         try:
             self.noise.validate()
         except ValueError as err:
@@ -106,15 +106,14 @@ class Dataset:
         check_rows(
             self.X,
             lambda v: v.abs() > limit,
-            f"{name} row {{row}} has a value beyond {limit:.3g}, whose squares overflow {dtype_name}; {cure}",
+            f"{name} {{where}} has a value beyond {limit:.3g}, whose squares overflow {dtype_name}; {cure}",
         )
         for start in range(0, len(self), CHECK_CHUNK):
             S = self.noise.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64)
             bad = S.abs() > limit**2
             if bad.any():
-                row = start + first_bad_row(bad)
                 raise ValueError(
-                    f"the noise covariance of {name} row {row} has an entry beyond {limit**2:.3g}, "
+                    f"the noise covariance of {name} {first_bad(bad, start)} has an entry beyond {limit**2:.3g}, "
                     f"where sums of such entries overflow {dtype_name}; {cure}"
                 )
 
@@ -207,8 +206,8 @@ def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:
         raise ValueError(
             f"sample_weight must have shape ({n},), one weight per row of {name}, got {tuple(weights.shape)}"
         )
-    check_rows(weights, lambda v: ~torch.isfinite(v), "sample_weight row {row} is NaN or inf")
-    check_rows(weights, lambda v: v < 0, "sample_weight row {row} is negative")
+    check_rows(weights, lambda v: ~torch.isfinite(v), "sample_weight {where} is NaN or inf")
+    check_rows(weights, lambda v: v < 0, "sample_weight {where} is negative")
     total = weights.sum()
     if not total > 0:
         raise ValueError("sample_weight is zero for every row: no point would count")

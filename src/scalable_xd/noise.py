@@ -59,20 +59,29 @@ def as_float_tensor(array, name: str = "array") -> torch.Tensor:
     raise ValueError(f"{name} must be a numeric array, got dtype {tensor.dtype}")
 
 
-def first_bad_row(bad: torch.Tensor) -> int:
-    """Index of the first row of ``bad`` (N, ...) with any True entry."""
-    return int(torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1))[0, 0])
+def first_bad(bad: torch.Tensor, offset: int = 0) -> str:
+    """Where the first True entry of ``bad`` (N, ...) lies, for an error message, rows counted from
+    ``offset``: "row 17" (N,), "row 17, column 2" (N, d) or "row 17, entry (1, 2)" (N, d, d)."""
+    flat = bad.reshape(bad.shape[0], -1)
+    row = int(torch.nonzero(flat.any(dim=1))[0, 0])
+    if bad.ndim == 1:
+        return f"row {offset + row}"
+    index = np.unravel_index(int(torch.nonzero(flat[row])[0, 0]), tuple(bad.shape[1:]))
+    if bad.ndim == 2:
+        return f"row {offset + row}, column {index[0]}"
+    return f"row {offset + row}, entry ({', '.join(str(int(i)) for i in index)})"
 
 
 def check_rows(values: torch.Tensor, is_bad, message: str) -> None:
-    """Raise ValueError(message.format(row=...)) at the first row where ``is_bad`` (elementwise) holds.
+    """Raise ValueError(message.format(where=...)) at the first entry where ``is_bad`` (elementwise) holds,
+    ``where`` naming its row and column (``first_bad``).
 
     Runs in chunks, so that checking a memory-mapped billion-row array needs no array of its size.
     """
     for start in range(0, values.shape[0], CHECK_CHUNK):
         bad = is_bad(values[start : start + CHECK_CHUNK])
         if bad.any():
-            raise ValueError(message.format(row=start + first_bad_row(bad)))
+            raise ValueError(message.format(where=first_bad(bad, start)))
 
 
 def _check_correlation_psd(corr: torch.Tensor, offset: int, what: str, tol: float = 1e-8) -> None:
@@ -120,21 +129,21 @@ class DenseNoise(_ArrayNoise):
             block = self.values[start : start + CHECK_CHUNK].to(torch.float64)
             finite = torch.isfinite(block)
             if not finite.all():
-                raise ValueError(f"Xcov row {start + first_bad_row(~finite)} contains NaN or inf")
+                raise ValueError(f"Xcov {first_bad(~finite, start)} contains NaN or inf")
             scale = block.abs().amax(dim=(1, 2), keepdim=True).clamp_min(np.finfo(np.float64).tiny)
             asym = (block - block.mT).abs() > 1e-6 * scale
             if asym.any():
-                raise ValueError(f"Xcov row {start + first_bad_row(asym)} is not symmetric")
+                raise ValueError(f"Xcov {first_bad(asym, start)} is not symmetric")
             diag = torch.diagonal(block, dim1=1, dim2=2)
             if (diag < 0).any():
-                raise ValueError(f"Xcov row {start + first_bad_row(diag < 0)} has a negative variance")
+                raise ValueError(f"Xcov {first_bad(diag < 0, start)} has a negative variance")
             # Scale-free check: entries span 1e-16..1e12 in Gaia rows, so test the correlation matrix.
             sd = diag.sqrt()
             outer = sd[:, :, None] * sd[:, None, :]
             zero_var_coupled = (outer == 0) & (block != 0)
             if zero_var_coupled.any():
                 raise ValueError(
-                    f"Xcov row {start + first_bad_row(zero_var_coupled)} is not positive semi-definite "
+                    f"Xcov {first_bad(zero_var_coupled, start)} is not positive semi-definite "
                     "(a zero variance with a non-zero covariance)"
                 )
             corr = torch.where(outer > 0, block / torch.where(outer > 0, outer, 1.0), torch.zeros_like(block))
@@ -154,8 +163,8 @@ class DiagonalNoise(_ArrayNoise):
         return torch.diag_embed(self._rows(index, device, dtype))
 
     def validate(self) -> None:
-        check_rows(self.values, lambda v: ~torch.isfinite(v), "Xcov row {row} contains NaN or inf")
-        check_rows(self.values, lambda v: v < 0, "Xcov row {row} has a negative variance")
+        check_rows(self.values, lambda v: ~torch.isfinite(v), "Xcov {where} contains NaN or inf")
+        check_rows(self.values, lambda v: v < 0, "Xcov {where} has a negative variance")
 
 
 class ZeroNoise:
@@ -235,9 +244,9 @@ class CompactCovariance:
 
     def validate(self) -> None:
         for name, values in (("sigma", self.sigma), ("corr", self.corr)):
-            check_rows(values, lambda v: ~torch.isfinite(v), name + " row {row} contains NaN or inf")
-        check_rows(self.sigma, lambda v: v < 0, "sigma row {row} has a negative standard deviation")
-        check_rows(self.corr, lambda v: v.abs() > 1, "corr row {row} has a correlation outside [-1, 1]")
+            check_rows(values, lambda v: ~torch.isfinite(v), name + " {where} contains NaN or inf")
+        check_rows(self.sigma, lambda v: v < 0, "sigma {where} has a negative standard deviation")
+        check_rows(self.corr, lambda v: v.abs() > 1, "corr {where} has a correlation outside [-1, 1]")
         for start in range(0, len(self), CHECK_CHUNK):
             stop = start + CHECK_CHUNK
             corr = self._correlation_matrices(self.corr[start:stop].to(torch.float64))
