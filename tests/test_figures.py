@@ -125,6 +125,17 @@ def test_time_error_bars_stay_positive_and_every_method_is_drawn(run, tmp_path):
         assert bars["centre"][0] == pytest.approx(np.exp(np.mean(np.log(paced))))  # the geometric mean
 
 
+@pytest.mark.parametrize("limits", [(1.2, 4.8), (0.8, 6.0), (0.5, 40.0), (0.01, 300.0)])
+def test_a_log_axis_labels_at_least_three_values_in_any_range(limits):
+    from matplotlib.ticker import LogLocator
+
+    from scalable_xd.pipeline.report.figures import _log_subs
+
+    ticks = LogLocator(subs=_log_subs(limits)).tick_values(*limits)
+    inside = ticks[(ticks >= limits[0]) & (ticks <= limits[1])]
+    assert 3 <= len(inside) <= 12, (limits, inside)
+
+
 def test_curves_show_the_last_epochs_of_every_method(run, tmp_path):
     _, metrics = run
     drawn = plot_training_curves(metrics, [tmp_path / "curves.png"], n_components=3)

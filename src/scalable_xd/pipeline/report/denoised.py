@@ -25,15 +25,20 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     truth = calibration["available"]
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(PAGE, 0.72 * PAGE), layout="constrained")
-    versions = [("measured", "x"), ("denoised (posterior mean)", "mean")] + ([("true", "true")] if truth else [])
-    cmd = {label: _cmd(table, prefix) for label, prefix in versions}
+    # each panel holds the stars it can place, which differ: its title says which
+    versions = [
+        ("measured", "x", "colour measured, parallax > 0"),
+        ("denoised (posterior mean)", "mean", "parallax > 0"),
+    ] + ([("true", "true", "parallax > 0")] if truth else [])
+    cmd = {(label, why): _cmd(table, prefix) for label, prefix, why in versions}
     finite = np.concatenate([np.column_stack(xy)[np.isfinite(np.column_stack(xy)).all(1)] for xy in cmd.values()])
     x_range = np.percentile(finite[:, 0], [0.5, 99.5])
     y_range = np.percentile(finite[:, 1], [0.5, 99.5])
-    for ax, (label, (colour, mag)) in zip(axes[0], cmd.items()):
+    for ax, ((label, why), (colour, mag)) in zip(axes[0], cmd.items()):
         ok = np.isfinite(colour) & np.isfinite(mag)
         ax.hist2d(colour[ok], mag[ok], bins=80, range=[x_range, y_range], cmap="Greys", norm="log")
-        ax.set(xlim=x_range, ylim=y_range[::-1], xlabel="BP − RP (mag)", title=f"{label}: {ok.sum():,} stars")
+        title = f"{label}: {ok.sum():,} of {len(table):,} stars\n(those with {why})"
+        ax.set(xlim=x_range, ylim=y_range[::-1], xlabel="BP − RP (mag)", title=title)
     axes[0, 0].set_ylabel("absolute G (mag, from parallax > 0)")
     if not truth:
         for ax in axes[0, len(versions) :].tolist() + axes[1].tolist():
@@ -42,21 +47,24 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
         save(fig, outputs)
         return
     names = list(calibration["features"])
+    colours = dict(zip(names, plt.get_cmap("tab10").colors))  # one colour a feature in both panels
     grid = np.linspace(-5, 5, 201)
     for name in names:
         pulls = (table[f"true_{name}"] - table[f"mean_{name}"]) / table[f"sd_{name}"]
-        axes[1, 0].hist(pulls.clip(-5, 5), bins=50, range=(-5, 5), density=True, histtype="step", label=name)
+        axes[1, 0].hist(
+            pulls.clip(-5, 5), bins=50, range=(-5, 5), density=True, histtype="step", color=colours[name], label=name
+        )
     axes[1, 0].plot(grid, norm.pdf(grid), color="black", linestyle="dashed", label="N(0, 1)")
     axes[1, 0].set(xlabel="pull (true − mean) / sd", ylabel="density", title="pulls, every feature")
-    axes[1, 0].legend(fontsize=5, ncols=2)
     for name in names:
         rows = calibration["features"][name].get("by_g", [])
         if rows and all(r["rmse_ratio"] is not None for r in rows):
             centres = [_centre(r) for r in rows]
-            axes[1, 1].plot(centres, [r["rmse_ratio"] for r in rows], marker="o", markersize=2, label=name)
+            axes[1, 1].plot(centres, [r["rmse_ratio"] for r in rows], marker="o", markersize=2, color=colours[name])
     axes[1, 1].axhline(1.0, color="black", linewidth=0.6)
     axes[1, 1].set(xlabel="G (mag)", ylabel="RMSE posterior / measured", title="precision gain (below 1)")
-    axes[1, 1].legend(fontsize=5, ncols=2)
+    # one legend for both panels, below them, off the data
+    fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncols=len(names) + 1, fontsize=6)
     levels = (
         [calibration["features"][n]["coverage_68"] for n in names],
         [calibration["features"][n]["coverage_95"] for n in names],
@@ -67,7 +75,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     for level in (0.68, 0.95):
         axes[1, 2].axhline(level, color="black", linewidth=0.6, linestyle="dashed")
     axes[1, 2].set_xticks(positions, names, rotation=60, fontsize=5)
-    axes[1, 2].set(ylim=(0, 1), title="coverage of the intervals")
+    axes[1, 2].set(ylim=(0, 1), ylabel="share of true values inside", title="coverage of the intervals")
     axes[1, 2].legend(fontsize=5, loc="lower right")
     save(fig, outputs)
 

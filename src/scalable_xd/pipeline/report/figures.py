@@ -45,6 +45,15 @@ def _plain_ticks(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _log_subs(limits) -> tuple[float, ...]:
+    """Where a log axis over ``limits`` gets labelled ticks in each decade: densely over a narrow range,
+    so that at least three values can be read (1 to 5 s is labelled 1, 1.5, 2, 3, 5, not 1 and 2)."""
+    decades = np.log10(limits[1] / limits[0])
+    if decades < 1.5:
+        return (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    return (1.0, 2.0, 5.0) if decades < 3 else (1.0,)
+
+
 def _run_note(frame) -> str:
     """Where the timings were taken: the devices and thread counts recorded in the metrics."""
     devices = ", ".join(sorted(frame.device.astype(str).unique()))
@@ -82,7 +91,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     ax.set_xticks(ks, [str(k) for k in ks])
     from matplotlib.ticker import LogLocator
 
-    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_locator(LogLocator(subs=_log_subs(ax.get_ylim())))
     _plain_ticks(ax.yaxis)
     ax.set_xlabel("mixture components K")
     ax.set_ylabel("training time [s], median epoch x epochs")
@@ -119,7 +128,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
             marker=".",
             markersize=3,
             color=colour(method, curves),
-            label=f"{method_name(method)} ({len(runs)} seeds)",
+            label=method_name(method),
         )
         ax.fill_between(seconds, mean - sd, mean + sd, color=colour(method, curves), alpha=0.3, linewidth=0)
         last = slice(max(1, length - LAST_EPOCHS), length) if length > 1 else slice(0, 1)
@@ -130,11 +139,12 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     ax.set_ylim(low - pad, high + pad)
     ax.set_xlabel("training time [s] (epochs rescaled)")
     ax.set_ylabel("training log-likelihood [nats per star]")
+    seeds = sorted({len(runs) for runs in curves.values()})
     ax.set_title(
-        f"Training curves, K = {n_components}: mean ± 1 sd over seeds\n"
+        f"Training curves, K = {n_components}: mean ± 1 sd over {'/'.join(map(str, seeds))} seeds\n"
         f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})"
     )
-    ax.legend(loc="best", frameon=False)
+    fig.legend(loc="outside lower center", ncols=len(curves), frameon=False)  # below the axes, off the curves
     save(fig, outputs)
     return {"ylim": ax.get_ylim(), "methods": list(curves)}
 

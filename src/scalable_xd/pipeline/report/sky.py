@@ -60,7 +60,8 @@ def _label_graticule(hp, ax, lon: str) -> None:
     for degrees in (0, 60, 120, 240, 300):
         hp.projtext(degrees, 2.0, f"{degrees}°", ha="center", va="bottom", **style)
     for degrees in (-60, -30, 30, 60):
-        hp.projtext(179.0, degrees, f"{degrees:+d}° ", ha="right", va="center", **style)
+        label = f"{degrees:+d}° ".replace("-", "\N{MINUS SIGN}")  # a minus sign, not a hyphen
+        hp.projtext(179.0, degrees, label, ha="right", va="center", **style)
     ax.text(0.0, 1.0, f"← east ({lon} grows)", transform=ax.transAxes, fontsize=5, color="0.3", va="bottom")
 
 
@@ -102,6 +103,8 @@ def plot_sky_density(
         "model": f"model: {len(samples):,} samples of the K = {model.n_components} {method_name(model.method)}\n"
         f"fit, scaled to the data ({100 * (1 - on_sky.mean()):.1f}% off the sky, not shown)",
     }
+    seam = "The model's density has a seam at ra = 0°/360°" + (", a curve in l, b" if frame == "galactic" else "")
+    seam += ": a Gaussian mixture in ra cannot wrap around."
     cmap = plt.get_cmap("magma").with_extremes(bad=EMPTY, under=EMPTY)
     for i, name in enumerate(("data", "model")):
         shown = np.where(maps[name] > 0, maps[name], hp.UNSEEN)
@@ -126,9 +129,10 @@ def plot_sky_density(
         ax.title.set_fontsize(8)
     norm = LogNorm(vmin=vmin, vmax=vmax)
     bar = fig.colorbar(
-        ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes((0.3, 0.16, 0.4, 0.035)), orientation="horizontal"
+        ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes((0.3, 0.2, 0.4, 0.035)), orientation="horizontal"
     )
     bar.set_label("stars per square degree (grey: none)")
+    fig.text(0.5, 0.01, seam, ha="center", va="bottom", fontsize=6, color="0.3")
     fig.suptitle(
         f"Equal-area Mollweide projection in {axis}; HEALPix nside {nside} "
         f"({hp.nside2pixarea(nside, degrees=True):.0f} sq. deg pixels)",
