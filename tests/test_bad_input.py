@@ -31,7 +31,7 @@ def test_float32_suggests_float64_and_float64_fits_what_float32_cannot():
         XDGMM(2, epochs=1, device="cpu").fit(X * 1e30)
     settings = dict(epochs=3, device="cpu", dtype="float64", random_state=0, w=0.0)
     model = XDGMM(2, covariances_init=np.stack([np.eye(2) * 1e60] * 2), **settings).fit(X * 1e30)
-    unit = XDGMM(2, **settings).fit(X)
+    unit = XDGMM(2, covariances_init=np.stack([np.eye(2)] * 2), **settings).fit(X)
     # without regularisation, a change of units shifts log p by -D log(scale) and nothing else
     assert model.score(X * 1e30) == pytest.approx(unit.score(X) - 2 * np.log(1e30), rel=1e-9)
 

@@ -50,7 +50,7 @@ def test_em_step_with_fixed_parameters_matches_bovys_update_by_hand(problem):
     x, S, init = problem
     w = 0.05
     fix_weights, fix_means = np.array([False, True, False]), np.array([True, False, False])
-    model = _fit(x, S, init, method="em", epochs=1, w=w, fix_weights=fix_weights, fix_means=fix_means)
+    model = _fit(x, S, init, method="em", epochs=1, w=w, w_scale="none", fix_weights=fix_weights, fix_means=fix_means)
     weights, means, covs = init["weights_init"], init["means_init"], init["covariances_init"]
     r, b, B = xd_pair_posteriors(x, S, weights, means, covs)
     q = r.sum(0)

@@ -96,7 +96,7 @@ def test_another_k_is_named_first_and_its_masks_shortly(tmp_path):
 def test_the_same_data_resumes_and_other_settings_are_named(finished):
     resumed = XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
     assert resumed.n_iter_ == 2
-    with pytest.raises(CheckpointError, match="other settings: w 0.001 in the checkpoint, 0.5 now"):
+    with pytest.raises(CheckpointError, match="other settings: w 1e-06 in the checkpoint, 0.5 now"):
         XDGMM(**{**SETTINGS, "w": 0.5}).fit(*_data(0), checkpoint=finished)
 
 

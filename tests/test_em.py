@@ -56,7 +56,7 @@ def test_em_step_matches_explicit_bovy_update():
     covs = random_spd(rng, k, d)
     x, S, _, _ = draw_xd_data(rng, 300, np.ones(k) / k, means, covs, 0.3, 1.5)
     init = dict(weights_init=np.ones(k) / k, means_init=means + 0.5, covariances_init=covs * 2)
-    ours = XDGMM(k, "em", epochs=1, w=0.05, tol=None, dtype="float64", device="cpu", **init).fit(x, S)
+    ours = XDGMM(k, "em", epochs=1, w=0.05, w_scale="none", tol=None, dtype="float64", device="cpu", **init).fit(x, S)
     weights, new_means, new_covs = xd_em_step(x, S, init["weights_init"], init["means_init"], covs * 2, w=0.05)
     np.testing.assert_allclose(ours.weights_, weights, rtol=1e-10)
     np.testing.assert_allclose(ours.means_, new_means, rtol=1e-10)

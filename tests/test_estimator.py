@@ -256,10 +256,31 @@ def test_collapsing_component_raises_a_named_divergence():
     rng = np.random.default_rng(42)
     x = np.vstack([rng.normal(size=(300, 2)), np.full((5, 2), 30.0)])
     init = dict(means_init=np.array([[0.0, 0.0], [30.0, 30.0]]), weights_init=np.array([0.9, 0.1]))
-    with pytest.raises(FitDivergedError, match=r"epoch \d+.*component 1.*larger covariance regularisation w"):
+    with pytest.raises(FitDivergedError, match=r"epoch \d+.*component 1.*larger covariance regularisation w") as err:
         XDGMM(2, "em", w=0.0, dtype="float64", device="cpu", **init).fit(x, None)
-    regularised = XDGMM(2, "em", w=1e-3, dtype="float64", device="cpu", **init).fit(x, None)
+    # only what would change something: batch EM has no step size, and this fit already runs in float64
+    assert "float64" not in str(err.value) and "step" not in str(err.value) and "learning rate" not in str(err.value)
+    regularised = XDGMM(2, "em", w=1e-6, dtype="float64", device="cpu", **init).fit(x, None)
     assert np.linalg.eigvalsh(regularised.covariances_[1]).min() > 0
+
+
+@pytest.mark.parametrize(
+    "method, dtype, cures",
+    [
+        (
+            "em",
+            "float32",
+            'a larger covariance regularisation w (now 1e-06 of each feature\'s variance) or dtype="float64"',
+        ),
+        ("sgd", "float64", "w (now 1e-06 of each feature's variance) or a smaller learning rate lr (now 0.01)"),
+        ("minibatch_em", "float32", 'a smaller step_size (now 0.1) or dtype="float64"'),
+    ],
+)
+def test_a_divergence_advises_only_what_would_change_the_fit(method, dtype, cures):
+    from scalable_xd.fit.driver import divergence_cures
+    from scalable_xd.settings import FitSettings
+
+    assert cures in divergence_cures(FitSettings(method=method, dtype=dtype))
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ class OneStepEM(BatchEM):
 def test_a_method_is_one_row_and_one_fitter(monkeypatch):
     """A row added here (and nowhere in the package) is accepted by the settings, checked by their
     cross-checks, run by the estimator as its row says, and labelled and coloured by the report."""
-    build = lambda s, mixture, fixed, data_size: OneStepEM(mixture, w=s.w, fixed=fixed)  # noqa: E731
+    build = lambda s, mixture, fixed, data_size, w: OneStepEM(mixture, w=w, fixed=fixed)  # noqa: E731
     row = Method("toy_em", "Toy EM", "#123456", per_batch=False, build=build, uses_tol=True, split_merge=None)
     monkeypatch.setitem(METHODS, "toy_em", row)
     assert FitSettings(method="toy_em").method == "toy_em"

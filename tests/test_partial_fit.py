@@ -36,8 +36,11 @@ def _fit_batches(x, S, batch_size: int, seed: int):
     ],
 )
 def test_partial_fit_over_fits_batches_equals_the_fit(method, settings):
+    """(With w in the features' units: relative to the data's variance, partial_fit takes its first batch's
+    variance where fit takes all the data's.)"""
     x, S, init = _data()
     common = dict(n_components=3, method=method, batch_size=200, dtype="float64", random_state=0, **init, **settings)
+    common["w_scale"] = "none"
     fitted = XDGMM(epochs=1, tol=None, **common).fit(x, S)
     online = XDGMM(**common)
     batches = _fit_batches(x, S, 200, 0)

@@ -24,6 +24,7 @@ def _fitted_covariance(x, S, method, w, step=1e-2, online_regularisation="prior"
         method,
         online_regularisation=online_regularisation,
         w=w,
+        w_scale="none",  # the paper's w, in the features' units
         step_size=step,
         step_schedule="step",
         epochs=20,

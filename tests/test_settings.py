@@ -129,17 +129,17 @@ def test_a_setting_out_of_range_is_named():
 
 
 def test_each_method_has_its_own_budget_resolved_for_the_data():
-    """None: batch EM 100 iterations at most, minibatch EM 20 epochs, SGD 20 epochs or as many as 24,000
-    updates of 500 points take; the decay after half of them. A budget given is kept as given."""
+    """None: batch EM 100 iterations at most, minibatch EM 20 epochs or as many as 3,000 updates of 500
+    points take, SGD 20 epochs or 6,000 updates; the decay after half of them. A budget given is kept."""
     budgets = {
         (method, n): FitSettings(method=method).for_data(n)
         for method in ("em", "minibatch_em", "sgd")
-        for n in (80_000, 400_000, 1_600_000)
+        for n in (894, 80_000, 400_000, 1_600_000)
     }
-    assert [budgets["em", n].epochs for n in (80_000, 1_600_000)] == [100, 100]
-    assert [budgets["minibatch_em", n].epochs for n in (80_000, 1_600_000)] == [20, 20]
-    assert [budgets["sgd", n].epochs for n in (80_000, 400_000, 1_600_000)] == [150, 30, 20]  # 160, 800, 3,200 batches
-    assert [budgets["sgd", n].decay_epoch for n in (80_000, 400_000, 1_600_000)] == [75, 15, 10]
+    assert [budgets["em", n].epochs for n in (894, 80_000, 1_600_000)] == [100, 100, 100]
+    assert [budgets["minibatch_em", n].epochs for n in (894, 80_000, 1_600_000)] == [3000, 20, 20]  # 1, 160 batches
+    assert [budgets["sgd", n].epochs for n in (894, 80_000, 400_000, 1_600_000)] == [6000, 38, 20, 20]
+    assert [budgets["sgd", n].decay_epoch for n in (894, 80_000, 400_000, 1_600_000)] == [3000, 19, 10, 10]
     given = FitSettings(method="sgd", epochs=7, decay_epoch=3).for_data(80_000)
     assert (given.epochs, given.decay_epoch) == (7, 3)
     assert FitSettings(method="sgd", epochs=1).for_data(10).decay_epoch == 1  # one epoch: its full step

@@ -58,13 +58,14 @@ class Dataset:
         if missing == "marginalise":
             if self.R is not None:
                 raise ValueError("missing='marginalise' marginalises through its own projections: R cannot be given")
-            self.observed = self._observed_entries()
+            self.observed = self.observed_entries()
         if validate:
             self.validate(name)
 
-    def _observed_entries(self) -> torch.Tensor | None:
+    def observed_entries(self) -> torch.Tensor | None:
         """(N, d) True where X is not NaN and the noise variance is below ``MISSING_VARIANCE``; None when
-        every entry is."""
+        every entry is (what ``missing="marginalise"`` fits; the paper's convention fits every entry, but
+        a starting spread should not count its placeholders)."""
         parts = []
         for start in range(0, len(self), CHECK_CHUNK):
             rows = slice(start, start + CHECK_CHUNK)

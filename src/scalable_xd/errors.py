@@ -30,16 +30,13 @@ class NotPositiveDefiniteError(ValueError):
 class FitDivergedError(RuntimeError):
     """A fit produced non-finite or non-positive-definite parameters.
 
-    Raised instead of returning NaNs; the message names the epoch, batch and component and suggests a cure.
+    Raised instead of returning NaNs; the message names the epoch, batch and component and the cures that
+    would change something for this fit (``cures``, e.g. from ``fit.driver.divergence_cures``).
     """
 
-    def __init__(self, epoch: int, component: int, reason: str, w: float, batch: int | None = None):
+    def __init__(self, epoch: int, component: int, reason: str, cures: str, batch: int | None = None):
         self.epoch = epoch
         self.batch = batch
         self.component = component
         where = f"epoch {epoch}" + (f", batch {batch}" if batch is not None else "")
-        super().__init__(
-            f"fit diverged at {where}: component {component} {reason}. "
-            f"Try a larger covariance regularisation w (now {w:g}), a smaller step size/learning rate, "
-            "or float64."
-        )
+        super().__init__(f"fit diverged at {where}: component {component} {reason}. Try {cures}.")

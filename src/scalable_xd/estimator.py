@@ -95,6 +95,7 @@ class XDGMM(BaseEstimator):
         decay_epoch: int | None = _FIT.decay_epoch,
         sgd_scaling: str = _FIT.sgd_scaling,
         w: float = _FIT.w,
+        w_scale: str = _FIT.w_scale,
         online_regularisation: str = _FIT.online_regularisation,
         tol: float | None = _FIT.tol,
         acceleration: str = _FIT.acceleration,

@@ -23,7 +23,8 @@ MISSING_MODES = ("variance", "marginalise")
 MISSING_VARIANCE = 1e12
 MISSING_LOGLIK_CONSTANT = -0.5 * math.log(2 * math.pi * MISSING_VARIANCE)
 COVARIANCE_UPDATES = ("stable", "naive")
-SGD_SCALINGS = ("none", "spread")
+SGD_SCALINGS = ("component", "spread", "none")
+W_SCALES = ("variance", "none")
 ACCELERATIONS = ("squarem", "none")
 ONLINE_REGULARISATIONS = ("prior", "paper")
 DTYPES = ("float32", "float64")
@@ -101,8 +102,14 @@ class FitSettings(_Settings):
     epochs: int | None = setting(
         None,
         "passes over the training data (for em: iterations at most); None: the method's own budget, in which "
-        "its defaults reached 90% of what converged XD achieves on the documented mocks: em 100 (stopped sooner "
-        "by tol), sgd 20 or enough for 24,000 updates, the others 20 (docs/user-guide/converged.md)",
+        "its defaults reached 90% of what converged XD achieves on the documented data shapes: "
+        + ", ".join(
+            f"{m.name} {m.epochs}"
+            + (" (stopped sooner by tol)" if m.uses_tol else "")
+            + (f" or enough for {m.min_updates:,} updates" if m.min_updates else "")
+            for m in METHODS.values()
+        )
+        + " (docs/user-guide/converged.md)",
         low=1,
         nullable=True,
     )
@@ -134,16 +141,23 @@ class FitSettings(_Settings):
         nullable=True,
     )
     sgd_scaling: str = setting(
-        "spread",
-        "SGD parameters in units of each feature's spread under the initial mixture (one learning rate then "
-        "suits features of any scale) or in the features' own units (none, the paper)",
+        "component",
+        "SGD parameters in units of each component's starting spread in each feature (one learning rate then "
+        "suits features of any scale and components of any width), of each feature's spread in the data "
+        "(spread), or in the features' own units (none, the paper)",
         choices=SGD_SCALINGS,
     )
     w: float = setting(
-        1e-3,
-        "covariance regularisation (em: Bovy et al.'s w; minibatch_em: added after each "
-        "update; sgd: the penalty w / tr V)",
+        1e-6,
+        "covariance regularisation W = w diag(s), s as w_scale says (em: Bovy et al.'s V = (sum + W) / (q + 1); "
+        "minibatch_em: the same prior, or W added after each update; sgd: the penalty 1 / tr(W^-1 V)); 0: none",
         low=0,
+    )
+    w_scale: str = setting(
+        "variance",
+        "what w is relative to: variance, each feature's variance in the data, so that one w suits features "
+        "of any units; none, the features' own squared units (Bovy et al.'s w I, the paper's 1e-3)",
+        choices=W_SCALES,
     )
     online_regularisation: str = setting(
         "prior",

@@ -54,7 +54,7 @@ rule reference:
         kind="|".join(REFERENCE_KINDS),
     params:
         cli=CLI,
-        settings=lambda wildcards: fit_options(("w", "device", "backend")) + reference_budget(wildcards.kind),
+        settings=lambda wildcards: fit_options(("w", "w_scale", "device", "backend")) + reference_budget(wildcards.kind),
     threads: FIT_THREADS
     resources:
         gpu=FIT_GPUS,

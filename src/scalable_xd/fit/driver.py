@@ -25,11 +25,11 @@ from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, resolve_seed
 from ..source import DataSource
 from .checkpoint import Checkpoint, data_digest
-from .init import initial_mixture, kmeans_sample
+from .init import feature_spread, initial_mixture, kmeans_sample
 from .loop import EVAL_BATCH, LoopConfig, last_gain, run, total_loglik
 from .methods import make_fitter, method
 from .parallel import Group, check_same_fit, shared_seed
-from .updates import FixedParameters
+from .updates import FixedParameters, feature_scale
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
 JUDGE_SAMPLE = 20_000
@@ -214,14 +214,17 @@ def fit_mixture(
         check_same_fit(group, {"rows": len(train), "data": digest, "settings": record, "seed": seed})
     if store is not None:
         store.bind(record, seed, train, digest, val, (start.weights, start.means, start.covariances))
-    mixture = starting_mixture(train, settings, kmeans, seed, start, store, device, dtype)
+    sample = train if isinstance(train, Dataset) else kmeans_sample(train, KMEANS_SAMPLE, seed)  # in memory
+    mixture = starting_mixture(sample, settings, kmeans, seed, start, store, device, dtype)
+    w = regularisation(settings, sample, mixture)
     row = method(settings.method)
     backend = fit_backend(settings.backend, device)
     judge = None
     if settings.split_merge and row.split_merge == "epoch":
         judged = val if val is not None else _judge_sample(train, seed)
         judge = _judge(judged, device, dtype, backend, group)
-    fitter = make_fitter(settings, mixture, fixed_parameters(start.fixed, mixture), judge, data_size=train.total_weight)
+    fixed = fixed_parameters(start.fixed, mixture)
+    fitter = make_fitter(settings, mixture, fixed, judge, data_size=train.total_weight, w=w)
     loop = LoopConfig(
         epochs=settings.epochs,
         batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
@@ -230,7 +233,7 @@ def fit_mixture(
         device=device,
         dtype=dtype,
         backend=backend,
-        w=settings.w,
+        cures=divergence_cures(settings),
         tol=settings.tol if row.uses_tol and not settings.split_merge else None,
         verbose=settings.verbose,
         group=group,
@@ -273,8 +276,9 @@ def _judged_converged(history: list, settings: FitSettings) -> bool:
     return False
 
 
-def starting_mixture(train, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:
-    """The checkpoint's placeholder (its state replaces it), the previous fit, or the initial mixture."""
+def starting_mixture(train: Dataset, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:
+    """The checkpoint's placeholder (its state replaces it), the previous fit, or the initial mixture from
+    ``train`` (in memory: the training data, or ``kmeans_sample`` of data read from disk)."""
     if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
         return Mixture.placeholder(start.n_components, train.model_dim, device)
     if start.warm is not None:
@@ -285,11 +289,8 @@ def starting_mixture(train, settings, kmeans, seed: int, start: Start, store, de
                 f"the new fit K = {start.n_components} and D = {train.model_dim}"
             )
         return previous.to(device, torch.float64)
-    kmeans_data = train
-    if not isinstance(train, Dataset) and start.means is None:  # k-means on a sample, in memory
-        kmeans_data = kmeans_sample(train, KMEANS_SAMPLE, seed)
     return initial_mixture(
-        kmeans_data,
+        train,
         start.n_components,
         kmeans,
         seed,
@@ -299,6 +300,38 @@ def starting_mixture(train, settings, kmeans, seed: int, start: Start, store, de
         means=start.means,
         covariances=start.covariances,
     )
+
+
+def regularisation(settings: FitSettings, data: Dataset, mixture: Mixture) -> torch.Tensor | None:
+    """The covariance regularisation's diagonal W (D,), float64 on the mixture's device, or None for none
+    (w = 0): ``w`` in the features' own squared units (``w_scale="none"``: Bovy et al.'s w I), or ``w`` times
+    each feature's variance in ``data`` (``"variance"``), so that one w means the same for a feature
+    spread over 1e-4 and one over 1e4. Projected data (R changing the dimension) take the variance under
+    the starting mixture, in the model's space."""
+    if settings.w == 0:
+        return None
+    device, dim = mixture.means.device, mixture.dim
+    if settings.w_scale == "none":
+        return torch.full((dim,), settings.w, dtype=torch.float64, device=device)
+    if data.R is not None and data.obs_dim != data.model_dim:
+        variance = feature_scale(mixture) ** 2
+    else:
+        variance = feature_spread(data.X, data.observed_entries(), data.weights).to(device) ** 2
+    return settings.w * variance
+
+
+def divergence_cures(settings: FitSettings) -> str:
+    """What could stop this fit diverging, for ``FitDivergedError``: only the settings whose change would
+    change something (no "float64" for a fit in float64, no learning rate for batch EM)."""
+    scale = "of each feature's variance" if settings.w_scale == "variance" else "in the features' units"
+    cures = [f"a larger covariance regularisation w (now {settings.w:g} {scale})"]
+    if settings.method == "sgd":
+        cures.append(f"a smaller learning rate lr (now {settings.lr:g})")
+    elif method(settings.method).per_batch:
+        cures.append(f"a smaller step_size (now {settings.step_size:g})")
+    if settings.dtype == "float32":
+        cures.append('dtype="float64"')
+    return ", ".join(cures[:-1]) + (" or " if len(cures) > 1 else "") + cures[-1]
 
 
 def fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedParameters:

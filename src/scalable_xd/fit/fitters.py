@@ -25,11 +25,13 @@ from .adam import Adam
 from .updates import (
     CholeskyParameters,
     FixedParameters,
+    component_scale,
     em_update,
     feature_scale,
     online_em_update,
     online_em_update_naive,
     regularised,
+    ridge_vector,
 )
 
 
@@ -159,9 +161,16 @@ class BatchEM(EpochSums):
     shadow = None
     scores_its_pass = True
 
-    def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None, stochastic: bool = False):
+    def __init__(
+        self,
+        mixture: Mixture,
+        *,
+        w: float | torch.Tensor | None,
+        fixed: FixedParameters | None = None,
+        stochastic: bool = False,
+    ):
         self.mixture = mixture
-        self.w = w
+        self.w = ridge_vector(w, mixture.means)
         self.fixed = fixed
         self.samples_assignments = stochastic
 
@@ -215,7 +224,7 @@ class MinibatchEM:
         self,
         mixture: Mixture,
         *,
-        w: float,
+        w: float | torch.Tensor | None,
         step_size: float,
         schedule: str,
         step_decay: float,
@@ -232,7 +241,7 @@ class MinibatchEM:
         self.state = mixture
         self.initial = mixture
         self._e_step: Mixture | None = None  # the E-step's mixture, kept until the state changes
-        self.w = w
+        self.w = ridge_vector(w, mixture.means)
         self.base_step = step_size
         self.schedule = schedule
         self.step_decay = step_decay
@@ -385,13 +394,16 @@ def inside_compact_set(mixture: Mixture, bound: float) -> bool:
 class SGD:
     """Adam on softmax logits, means and log-diagonal Cholesky factors (paper section 3.2).
 
-    Loss per batch: the summed negative log-likelihood plus sum_j w / tr(V_j). Learning rate ``lr``,
-    multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the paper: 1e-2 then 1e-3 after 10).
-    Gradients come analytically from the kernel's sums, so no autograd graph is built.
+    Loss per batch: the summed negative log-likelihood plus sum_j 1 / tr(W^-1 V_j) (the paper's w / tr(V_j)
+    where W = w I). Learning rate ``lr``, multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the
+    paper: 1e-2 then 1e-3 after 10). Gradients come analytically from the kernel's sums, so no autograd
+    graph is built.
 
     ``scaling="none"`` is the paper's parametrisation in the features' own units; ``"spread"`` measures the
     parameters in units of each feature's spread under the initial mixture (``updates.feature_scale``), so
-    that ``lr`` means the same for degrees and milliarcseconds (see ``CholeskyParameters``).
+    that ``lr`` means the same for degrees and milliarcseconds; ``"component"`` in units of each
+    component's own starting spread (``updates.component_scale``), so that it means the same for a
+    component as wide as the data and one a thousand times narrower (see ``CholeskyParameters``).
     """
 
     samples_assignments = wants_criteria = finished = False
@@ -402,15 +414,16 @@ class SGD:
         self,
         mixture: Mixture,
         *,
-        w: float,
+        w: float | torch.Tensor | None,
         lr: float,
         lr_decay: float,
         decay_epoch: int,
         scaling: str,
         fixed: FixedParameters | None = None,
     ):
-        self.params = CholeskyParameters(mixture, feature_scale(mixture) if scaling == "spread" else None, fixed)
-        self.w = w
+        scale = {"component": component_scale, "spread": feature_scale}.get(scaling, lambda mixture: None)(mixture)
+        self.params = CholeskyParameters(mixture, scale, fixed)
+        self.w = ridge_vector(w, mixture.means)
         self.base_lr = lr
         self.lr_decay = lr_decay
         self.decay_epoch = decay_epoch
@@ -491,7 +504,7 @@ class SGD:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.params.scale = state["scale"].to(self.params.scale)
+        self.params.scale = state["scale"].to(self.params.scale).expand_as(self.params.scale)  # (D,): older files
         self.params.initial = mixture_from_state(state["initial"], self.params.initial)
         self.params.fixed = dataclasses.replace(self.params.fixed, weight_values=self.params.initial.weights)
         for tensor, saved in zip(self.params.tensors(), state["params"]):

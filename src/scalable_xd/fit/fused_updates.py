@@ -20,7 +20,7 @@ import torch
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from .adam import Adam
-from .updates import clip_rounding, e_step_covariances, share_weights
+from .updates import clip_rounding, e_step_covariances, ridge_vector, share_weights
 
 _jit = numba.njit(cache=True, error_model="numpy")
 
@@ -28,8 +28,9 @@ _jit = numba.njit(cache=True, error_model="numpy")
 @_jit
 def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny):
     """``updates.online_em_update`` per component, returning the new running state, the E-step's
-    covariances (``updates.e_step_covariances``; ``data_size`` 0 for the paper's w I) and which
-    components' new covariance failed a Cholesky factorisation."""
+    covariances (``updates.e_step_covariances``; ``w`` (D,) the diagonal of W, zeros for none;
+    ``data_size`` 0 for the paper's W added) and which components' new covariance failed a Cholesky
+    factorisation."""
     K, D = means.shape
     new_weights = np.empty(K)
     new_means = np.empty((K, D))
@@ -42,14 +43,14 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
     a = np.empty((D, D))
     g = np.empty(D)
     for k in range(K):
-        ridge = 0.0 if fixed_cov[k] else w
+        free = 0.0 if fixed_cov[k] else 1.0
         count = weights[k] * data_size
         for i in range(D):
             for j in range(D):
                 if data_size == 0.0 or fixed_cov[k]:
-                    V[i, j] = cov[k, i, j] + (ridge if i == j else 0.0)
+                    V[i, j] = cov[k, i, j] + (free * w[i] if i == j else 0.0)
                 else:
-                    V[i, j] = (count * cov[k, i, j] + (w if i == j else 0.0)) / (count + 1.0)
+                    V[i, j] = (count * cov[k, i, j] + (w[i] if i == j else 0.0)) / (count + 1.0)
         q_b = q[k] / n
         q_new = (1.0 - step) * weights[k] + step * q_b
         live = q_new > tiny
@@ -66,7 +67,6 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
                 for m in range(D):
                     s += V[i, m] * inner[m, j]
                 t[i, j] = s
-        shift = step * w * q_b / q_safe
         pull = step * q_b / q_safe
         for i in range(D):
             for j in range(D):
@@ -74,7 +74,7 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
                 for m in range(D):
                     s += t[i, m] * V[m, j]
                 if data_size == 0.0:
-                    a[i, j] = cov[k, i, j] + (shift if i == j else 0.0) + s
+                    a[i, j] = cov[k, i, j] + (pull * w[i] if i == j else 0.0) + s
                 else:
                     a[i, j] = cov[k, i, j] + pull * (V[i, j] - cov[k, i, j]) + s
         new_weights[k] = q_new
@@ -91,9 +91,9 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
                 value = 0.5 * (a[i, j] + a[j, i]) if update_cov else cov[k, i, j]
                 new_cov[k, i, j] = value
                 if data_size == 0.0 or fixed_cov[k]:
-                    e_step_cov[k, i, j] = value + (ridge if i == j else 0.0)
+                    e_step_cov[k, i, j] = value + (free * w[i] if i == j else 0.0)
                 else:
-                    e_step_cov[k, i, j] = (new_count * value + (w if i == j else 0.0)) / (new_count + 1.0)
+                    e_step_cov[k, i, j] = (new_count * value + (w[i] if i == j else 0.0)) / (new_count + 1.0)
                 finite = finite and np.isfinite(value)
         if update_cov and finite and not _factorises(new_cov[k], t):
             suspect[k] = True
@@ -149,7 +149,8 @@ def _sgd_loop(
     logits, means, raw, scale, adam_state, adam, q, U, UU, P, n, w, fixed_weights, fixed_means, fixed_cov, initial
 ):
     """``CholeskyParameters.loss_gradients`` and an Adam step on (logits, means, raw) in place, then the
-    mixture the new parameters describe (``CholeskyParameters.mixture``) as (weights, means, covariances)."""
+    mixture the new parameters describe (``CholeskyParameters.mixture``) as (weights, means, covariances);
+    ``w`` (D,) the diagonal of W, empty for no penalty."""
     K, D = means.shape
     beta1, beta2, eps, step_size, bias_correction2_sqrt = adam
     weight_values, initial_means, initial_cov = initial
@@ -173,27 +174,27 @@ def _sgd_loop(
         else:
             grad_logits[k] = -(np.float64(q[k]) - n * beta[k])
         for i in range(D):
-            grad_means[k, i] = 0.0 if fixed_means[k] else -np.float64(U[k, i]) * scale[i]
+            grad_means[k, i] = 0.0 if fixed_means[k] else -np.float64(U[k, i]) * scale[k, i]
         if fixed_cov[k]:
             continue
         trace = 0.0
         for i in range(D):
             for j in range(i + 1):
                 unit[i, j] = np.exp(raw[k, i, i]) if i == j else raw[k, i, j]
-                chol[i, j] = scale[i] * unit[i, j]
+                chol[i, j] = scale[k, i] * unit[i, j]
         for i in range(D):
             s = 0.0
             for j in range(i + 1):
                 s += chol[i, j] * chol[i, j]
-            trace += s
-        ridge = w / trace**2
+            trace += s / w[i] if w.shape[0] else 0.0
         for i in range(D):
+            ridge = 1.0 / (trace**2 * w[i]) if w.shape[0] else 0.0
             for j in range(i + 1):
                 s = 0.0
                 for m in range(D):
                     grad_cov = -0.5 * (np.float64(UU[k, i, m]) - np.float64(P[k, i, m])) - (ridge if i == m else 0.0)
                     s += 2.0 * grad_cov * chol[m, j]
-                g = scale[i] * s
+                g = scale[k, i] * s
                 grad_raw[k, i, j] = g * unit[i, i] if i == j else g
     m1, m2 = adam_state
     _adam(logits, grad_logits, m1[0], m2[0], beta1, beta2, eps, step_size, bias_correction2_sqrt)
@@ -213,14 +214,14 @@ def _sgd_loop(
     out_cov = np.empty((K, D, D))
     for k in range(K):
         for i in range(D):
-            out_means[k, i] = initial_means[k, i] if fixed_means[k] else means[k, i] * scale[i]
+            out_means[k, i] = initial_means[k, i] if fixed_means[k] else means[k, i] * scale[k, i]
         if fixed_cov[k]:
             out_cov[k] = initial_cov[k]
             continue
         for i in range(D):
             for j in range(i + 1):
                 unit[i, j] = np.exp(raw[k, i, i]) if i == j else raw[k, i, j]
-                chol[i, j] = scale[i] * unit[i, j]
+                chol[i, j] = scale[k, i] * unit[i, j]
         for i in range(D):
             for j in range(D):
                 s = 0.0
@@ -235,18 +236,24 @@ def _arrays(stats: Statistics) -> tuple:
 
 
 def online_em_step(
-    state: Mixture, stats: Statistics, step: float, w: float, fixed, data_size: float | None = None
+    state: Mixture,
+    stats: Statistics,
+    step: float,
+    w: float | torch.Tensor | None,
+    fixed,
+    data_size: float | None = None,
 ) -> tuple[Mixture, Mixture]:
     """``updates.online_em_update`` and ``updates.regularised`` in one compiled call: (the new running
     state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``."""
+    w = ridge_vector(w, state.means)
     weights, means, cov, e_step_cov, suspect = _online_em_loop(
         state.weights.numpy(),
         state.means.numpy(),
         state.covariances.numpy(),
         *_arrays(stats),
         step,
-        w,
-        0.0 if data_size is None or w == 0 else float(data_size),  # 0: V = Vr + w I (see e_step_covariances)
+        np.zeros(state.means.shape[1]) if w is None else w.numpy(),
+        0.0 if data_size is None or w is None else float(data_size),  # 0: V = Vr + W (see e_step_covariances)
         fixed.means.numpy(),
         fixed.covariances.numpy(),
         np.finfo(np.float64).tiny,
@@ -270,9 +277,10 @@ def _rows(parameters, rows: torch.Tensor):
     return type(parameters)(*(getattr(parameters, f.name)[rows] for f in dataclasses.fields(parameters)))
 
 
-def sgd_step(params, adam: Adam, stats: Statistics, w: float) -> Mixture:
+def sgd_step(params, adam: Adam, stats: Statistics, w: float | torch.Tensor | None) -> Mixture:
     """The gradient of ``params`` (a ``CholeskyParameters``) from ``stats``, ``adam``'s step along it (its
     state updated in place, as ``Adam.step`` would) and the new mixture, in one compiled call."""
+    w = ridge_vector(w, params.means)
     adam.steps += 1
     beta1, beta2 = adam.betas
     fixed, initial = params.fixed, params.initial
@@ -282,7 +290,7 @@ def sgd_step(params, adam: Adam, stats: Statistics, w: float) -> Mixture:
         (tuple(t.numpy().reshape(-1) for t in adam.exp_avg), tuple(t.numpy().reshape(-1) for t in adam.exp_avg_sq)),
         (beta1, beta2, adam.eps, *adam.corrections()),
         *_arrays(stats),
-        w,
+        np.empty(0) if w is None else w.numpy(),
         fixed.weights.numpy(),
         fixed.means.numpy(),
         fixed.covariances.numpy(),

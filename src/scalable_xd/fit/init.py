@@ -1,6 +1,10 @@
 """The one initialisation path: k-means weights and means (``kmeans_init``, on ``kmeans_sample`` of data too
-large for memory; the workflow's k-means step calls both too), identity covariances, or whatever the user
-gives, checked (``initial_mixture``)."""
+large for memory; the workflow's k-means step calls both too), each component's covariance from the spread
+of its cluster (``cluster_covariances``), or whatever the user gives, checked (``initial_mixture``).
+
+Everything here is the same whatever units the features are in: k-means runs on features divided by their
+spread (Euclidean distances in raw units would cluster on the widest feature alone: degrees of right
+ascension over milliarcseconds of parallax), and the starting covariances are the clusters' own."""
 
 from __future__ import annotations
 
@@ -15,14 +19,66 @@ from ..settings import KMeansSettings
 from .kmeans import minibatch_kmeans, weights_from_counts
 
 
+def feature_spread(
+    X: torch.Tensor, observed: torch.Tensor | None = None, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each feature's standard deviation over its ``observed`` entries (all where None), each point counted
+    ``weights`` times (once where None), float64 (D,); 1 where a feature has fewer than two observed
+    values or none that differ (no scale to divide by)."""
+    X = X.to(torch.float64)
+    mask = torch.ones_like(X, dtype=torch.bool) if observed is None else observed
+    counted = mask.to(torch.float64) * (1.0 if weights is None else weights.to(torch.float64)[:, None])
+    X = torch.where(mask, X, 0.0)
+    count = counted.sum(0)
+    mean = (counted * X).sum(0) / count.clamp_min(1e-300)
+    variance = (counted * (X - mean) ** 2).sum(0) / count.clamp_min(1e-300)
+    spread = variance.sqrt()
+    return torch.where((mask.sum(0) >= 2) & (spread > 0), spread, torch.ones_like(spread))
+
+
 def kmeans_init(X: torch.Tensor, n_components: int, kmeans: KMeansSettings, seed: int, device, dtype):
-    """Minibatch k-means on X in ``dtype`` on ``device``: weights from the last epoch's counts and the
-    centres as means, both float64 on the CPU."""
+    """Minibatch k-means on X in ``dtype`` on ``device``, each feature in units of its spread: weights from
+    the last epoch's counts and the centres as means, both float64 on the CPU."""
+    X = X.to(torch.float64)
+    centre, scale = X.mean(0), feature_spread(X)  # centred too: a float32 distance of 1e9-sized values is noise
     with one_thread(torch.device(device).type == "cpu"):  # batches of 500 points: too small for a pool
         centres, counts = minibatch_kmeans(
-            X.to(dtype), n_components, epochs=kmeans.epochs, batch_size=kmeans.batch_size, seed=seed, device=device
+            ((X - centre) / scale).to(dtype),
+            n_components,
+            epochs=kmeans.epochs,
+            batch_size=kmeans.batch_size,
+            seed=seed,
+            device=device,
         )
-    return weights_from_counts(counts), centres.to("cpu", torch.float64)
+    return weights_from_counts(counts), centres.to("cpu", torch.float64) * scale + centre
+
+
+def cluster_covariances(
+    X: torch.Tensor, observed: torch.Tensor | None, weights: torch.Tensor | None, means: torch.Tensor
+) -> torch.Tensor:
+    """Starting covariances (K, D, D), diagonal: each feature's variance about its mean among the points
+    nearest it (distances in units of each feature's spread, as k-means measures them; each point counted
+    ``weights`` times), as scikit-learn's GaussianMixture starts from its k-means clusters. A feature with
+    fewer than two observed values in a cluster takes its variance over all points; every variance is at
+    least 1e-6 of that, so that a cluster of identical values does not start singular."""
+    X = X.to(torch.float64)
+    mask = torch.ones_like(X, dtype=torch.bool) if observed is None else observed
+    scale = feature_spread(X, mask, weights)
+    k, dim = means.shape
+    centre = means.mean(0)
+    zeros = torch.zeros(k, dim, dtype=torch.float64)
+    points, counts, squares = zeros.clone(), zeros.clone(), zeros.clone()
+    for start in range(0, len(X), 65_536):
+        x, m = X[start : start + 65_536], mask[start : start + 65_536]
+        weight = 1.0 if weights is None else weights[start : start + 65_536].to(torch.float64)[:, None]
+        centred = (torch.where(m, x, centre) - centre) / scale
+        labels = torch.cdist(centred, (means - centre) / scale, compute_mode="donot_use_mm_for_euclid_dist").argmin(1)
+        points.index_add_(0, labels, m.to(torch.float64))
+        counts.index_add_(0, labels, m.to(torch.float64) * weight)
+        squares.index_add_(0, labels, torch.where(m, x - means[labels], 0.0) ** 2 * weight)
+    overall = scale**2
+    variances = torch.where((points >= 2) & (counts > 0), squares / counts.clamp_min(1e-300), overall)
+    return torch.diag_embed(torch.maximum(variances, 1e-6 * overall))
 
 
 def kmeans_sample(source, max_rows: int, seed: int) -> Dataset:
@@ -51,20 +107,24 @@ def initial_mixture(
     covariances=None,
 ) -> Mixture:
     """The mixture a fit starts from, in float64 on ``device``: the given arrays where there are any,
-    k-means for the means (and then the weights) where not, identity covariances by default."""
+    k-means for the means (and then the weights) where not, and covariances from the spread of the points
+    nearest each mean (``cluster_covariances``; identity where R projects the model onto fewer features)."""
     k, dim = n_components, data.model_dim
     f64 = torch.float64
     means = None if means is None else torch.as_tensor(np.asarray(means), dtype=f64)
     weights = None if weights is None else torch.as_tensor(np.asarray(weights), dtype=f64)
+    projected = data.R is not None and data.obs_dim != dim
     if means is None:
-        if data.R is not None and data.obs_dim != dim:
+        if projected:
             raise ValueError("means_init is required when the projection R changes the dimension")
         kmeans_weights, means = kmeans_init(_kmeans_points(data, k), k, kmeans, seed, device, dtype)
         weights = kmeans_weights if weights is None else weights
     if weights is None:
         weights = torch.ones(k, dtype=f64)
-    if covariances is None:
-        covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()
+    if covariances is None and (projected or tuple(means.shape) != (k, dim)):
+        covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()  # (a wrong shape is named below)
+    elif covariances is None:
+        covariances = cluster_covariances(data.X, data.observed_entries(), data.weights, means)
     else:
         covariances = torch.as_tensor(np.asarray(covariances), dtype=f64)
     for name, value, shape in (

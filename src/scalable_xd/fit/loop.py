@@ -82,7 +82,7 @@ class LoopConfig:
     device: torch.device
     dtype: torch.dtype
     backend: str  # kernel backend for R = I batches (see ``kernel``)
-    w: float
+    cures: str  # what could stop a divergence, for FitDivergedError (``driver.divergence_cures``)
     tol: float | None
     verbose: int = 0
     group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
@@ -91,10 +91,10 @@ class LoopConfig:
     graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``cuda_graphs``)
 
 
-def _check_mixture(mixture: Mixture, epoch: int, w: float) -> None:
+def _check_mixture(mixture: Mixture, epoch: int, cures: str) -> None:
     problem = mixture.first_invalid_component()
     if problem is not None:
-        raise FitDivergedError(epoch, problem[0], problem[1], w)
+        raise FitDivergedError(epoch, problem[0], problem[1], cures)
 
 
 def _log(cfg: LoopConfig, entry: dict) -> None:
@@ -207,8 +207,8 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
                 converged = True  # at the parameters just scored: no update from this pass
                 break
         fitter.end_epoch()
-        _check_mixture(fitter.mixture, epoch, cfg.w)
-        _check_mixture(fitter.result, epoch, cfg.w)
+        _check_mixture(fitter.mixture, epoch, cfg.cures)
+        _check_mixture(fitter.result, epoch, cfg.cures)
         history.append(evaluate(epoch, seconds, score_train=not one_pass))
         if not one_pass:
             _log(cfg, history[-1])
@@ -310,7 +310,7 @@ def _train_epoch(
                 shadow = _global_sums(batch, uniforms, fitter.shadow, cfg, False)
         except NotPositiveDefiniteError as err:
             raise FitDivergedError(
-                epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.w, number
+                epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.cures, number
             ) from None
         if deferred_checks.positive_weight(stats.n_points):  # a batch of zero weight holds nothing to update from
             if shadow is not None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from ..mixture import Mixture
     from ..settings import FitSettings
     from .fitters import SGD, BatchEM, Fitter, MinibatchEM
@@ -38,8 +40,9 @@ class Method:
     convergence by ``tol``, Bovy et al. 2011), ``"epoch"`` (one trial an epoch, judged on a validation
     sample) or None (not at all). ``truncation``: it can run Nguyen, Forbes & McLachlan's truncated form.
     ``in_paper``: one of the three methods Ritchie & Murray (2019) compare, whose claims the report checks.
-    ``build(settings, mixture, fixed, data_size)`` returns its fitter (``data_size``: the training data's
-    total weight, which minibatch EM's prior regularisation is scaled by). ``epochs`` and ``min_updates``:
+    ``build(settings, mixture, fixed, data_size, w)`` returns its fitter (``data_size``: the training data's
+    total weight, which minibatch EM's prior regularisation is scaled by; ``w``: the regularisation per
+    feature, ``fit.regularisation``). ``epochs`` and ``min_updates``:
     its default budget (``budget``), in which its default settings reached 90% of the achievable on the
     documentation's mocks (docs/user-guide/converged.md) (``pipeline.truth``).
     """
@@ -48,7 +51,7 @@ class Method:
     label: str
     colour: str
     per_batch: bool
-    build: Callable[[FitSettings, Mixture, FixedParameters | None, float], Fitter]
+    build: Callable[[FitSettings, Mixture, FixedParameters | None, float, torch.Tensor | None], Fitter]
     uses_tol: bool = False
     split_merge: str | None = "epoch"
     truncation: bool = False
@@ -58,27 +61,28 @@ class Method:
 
     def budget(self, n_points: int, batch_size: int) -> int:
         """The default number of epochs: ``epochs``, or more where a minibatch method needs them to make
-        ``min_updates`` updates on few points (SGD's progress is counted in steps, not passes)."""
+        ``min_updates`` updates on few points (its progress is counted in steps, not passes). An epoch
+        makes N // batch_size updates, at least one: a remainder joins the last batch (``batch_bounds``)."""
         if not self.per_batch:
             return self.epochs
-        return max(self.epochs, math.ceil(self.min_updates / math.ceil(n_points / batch_size)))
+        return max(self.epochs, math.ceil(self.min_updates / max(1, n_points // batch_size)))
 
 
-def _batch_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool) -> BatchEM | SquaremEM:
+def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> BatchEM | SquaremEM:
     from .fitters import BatchEM
     from .squarem import SquaremEM
 
     if s.acceleration == "squarem" and not stochastic:
-        return SquaremEM(mixture, w=s.w, fixed=fixed)
-    return BatchEM(mixture, w=s.w, fixed=fixed, stochastic=stochastic)
+        return SquaremEM(mixture, w=w, fixed=fixed)
+    return BatchEM(mixture, w=w, fixed=fixed, stochastic=stochastic)
 
 
-def _online_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool, data_size: float) -> MinibatchEM:
+def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, data_size: float) -> MinibatchEM:
     from .fitters import MinibatchEM
 
     return MinibatchEM(
         mixture,
-        w=s.w,
+        w=w,
         step_size=s.step_size,
         schedule=s.step_schedule,
         step_decay=s.step_decay,
@@ -92,11 +96,11 @@ def _online_em(s: FitSettings, mixture: Mixture, fixed, stochastic: bool, data_s
     )
 
 
-def _adam(s: FitSettings, mixture: Mixture, fixed, data_size: float) -> SGD:
+def _adam(s: FitSettings, mixture: Mixture, fixed, data_size: float, w) -> SGD:
     from .fitters import SGD
 
     return SGD(
-        mixture, w=s.w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
+        mixture, w=w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
     )
 
 
@@ -109,7 +113,7 @@ METHODS: dict[str, Method] = {
             "Batch EM (Bovy et al. 2011)",
             "#1f77b4",
             per_batch=False,
-            build=lambda s, mixture, fixed, n: _batch_em(s, mixture, fixed, stochastic=False),
+            build=lambda s, mixture, fixed, n, w: _batch_em(s, mixture, fixed, w, stochastic=False),
             uses_tol=True,
             split_merge="converged",
             in_paper=True,
@@ -120,17 +124,18 @@ METHODS: dict[str, Method] = {
             "Minibatch EM",
             "#ff7f0e",
             per_batch=True,
-            build=lambda s, mixture, fixed, n: _online_em(s, mixture, fixed, stochastic=False, data_size=n),
+            build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=False, data_size=n),
             truncation=True,
             in_paper=True,
+            min_updates=3_000,
         ),
-        Method("sgd", "SGD", "#2ca02c", per_batch=True, build=_adam, in_paper=True, min_updates=24_000),
+        Method("sgd", "SGD", "#2ca02c", per_batch=True, build=_adam, in_paper=True, min_updates=6_000),
         Method(
             "stochastic_em",
             "Stochastic EM",
             "#8c564b",
             per_batch=False,
-            build=lambda s, mixture, fixed, n: _batch_em(s, mixture, fixed, stochastic=True),
+            build=lambda s, mixture, fixed, n, w: _batch_em(s, mixture, fixed, w, stochastic=True),
             split_merge=None,
         ),
         Method(
@@ -138,8 +143,9 @@ METHODS: dict[str, Method] = {
             "Stochastic minibatch EM",
             "#e377c2",
             per_batch=True,
-            build=lambda s, mixture, fixed, n: _online_em(s, mixture, fixed, stochastic=True, data_size=n),
+            build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=True, data_size=n),
             truncation=True,
+            min_updates=3_000,
         ),
     )
 }
@@ -164,25 +170,27 @@ def make_fitter(
     judge: Callable[[Mixture], float] | None = None,
     *,
     data_size: float,
+    w: torch.Tensor | None,
 ) -> Fitter:
     """The fitter of ``settings.method``, starting from ``mixture``, with ``fixed`` parameters held;
     ``judge`` scores a mixture on a fixed validation sample (split-and-merge of the ``"epoch"`` kind);
-    ``data_size``: the training data's total weight (see ``Method``)."""
+    ``data_size``: the training data's total weight; ``w``: the regularisation per feature (see
+    ``Method``)."""
     from .fitters import PolyakAverage
     from .split_merge import SplitMergeEM, StochasticSplitMerge
 
     s, row = settings, method(settings.method)
     if s.split_merge and row.split_merge == "converged":
-        return SplitMergeEM(mixture, w=s.w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
+        return SplitMergeEM(mixture, w=w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
     if s.split_merge:
         if fixed is not None and fixed.any():
             raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
         plain = dataclasses.replace(s, split_merge=False)
         return StochasticSplitMerge(
-            row.build(plain, mixture, None, data_size),
+            row.build(plain, mixture, None, data_size, w),
             judge=judge,
             tries=s.split_merge_tries,
-            make_fitter=lambda start, held: make_fitter(plain, start, held, data_size=data_size),
+            make_fitter=lambda start, held: make_fitter(plain, start, held, data_size=data_size, w=w),
         )
-    fitter = row.build(s, mixture, fixed, data_size)
+    fitter = row.build(s, mixture, fixed, data_size, w)
     return PolyakAverage(fitter) if s.averaging == "polyak" else fitter

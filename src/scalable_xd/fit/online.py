@@ -6,18 +6,20 @@ else k-means on that batch, as scikit-learn's ``MiniBatchKMeans.partial_fit`` do
 one update, through the same kernel and the same fitter that ``fit`` uses, so the same batches in the
 same order give the same model. What a stream cannot say is how many stars there are, or where its
 epochs end: the step size is the schedule's at its first epoch (the ``"cappe_moulines"`` and ``"power"``
-schedules decay with the count of updates, as over a stream they should), and minibatch EM's prior
-(``online_regularisation="prior"``) takes the stars seen so far as the data's size.
+schedules decay with the count of updates, as over a stream they should), minibatch EM's prior
+(``online_regularisation="prior"``) takes the stars seen so far as the data's size, and the
+regularisation relative to the data's variance (``w_scale="variance"``) takes the first batch's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from .._torch import resolve_device, resolve_dtype, synchronize
 from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
-from .driver import Start, fixed_parameters, starting_mixture
+from .driver import Start, fixed_parameters, regularisation, starting_mixture
 from .loop import assignment_uniforms
 from .methods import METHODS, make_fitter, method
 
@@ -35,9 +37,8 @@ class OnlineFit:
                 "(split-and-merge trials span whole epochs), or fit"
             )
         self._configure(settings, len(first), resolve_seed(random_state))
-        self._start_fitter(
-            starting_mixture(first, settings, kmeans, self.seed, start, None, self.device, self.dtype), start
-        )
+        mixture = starting_mixture(first, settings, kmeans, self.seed, start, None, self.device, self.dtype)
+        self._start_fitter(mixture, start, regularisation(self.settings, first, mixture))
         self.seen, self.seconds, self.updates = 0.0, 0.0, 0
 
     def _configure(self, settings: FitSettings, n_points: int, seed: int) -> None:
@@ -46,21 +47,27 @@ class OnlineFit:
         self.seed = seed
         self.backend = fit_backend(settings.backend, self.device)
 
-    def _start_fitter(self, mixture, start) -> None:
-        self.fitter = make_fitter(self.settings, mixture, fixed_parameters(start.fixed, mixture), data_size=1.0)
+    def _start_fitter(self, mixture, start, w) -> None:
+        self.w = w
+        fixed = fixed_parameters(start.fixed, mixture)
+        self.fitter = make_fitter(self.settings, mixture, fixed, data_size=1.0, w=w)
         self.fitter.start_epoch(0)
 
     def state_dict(self) -> dict:
         """Tensors and plain data from which ``resumed`` continues exactly (``XDGMM.save`` keeps them)."""
         counts = {"seen": self.seen, "seconds": self.seconds, "updates": self.updates, "seed": self.seed}
-        return {"fitter": self.fitter.state_dict(), **counts}
+        return {"fitter": self.fitter.state_dict(), "w": self.w, **counts}
 
     @classmethod
     def resumed(cls, mixture, settings: FitSettings, start, state: dict) -> OnlineFit:
         """The online fit a ``state_dict`` describes, its fitter built around ``mixture`` and then loaded."""
         online = cls.__new__(cls)
         online._configure(settings, max(1, int(state["seen"])), int(state["seed"]))
-        online._start_fitter(mixture.to(online.device, mixture.weights.dtype), start)
+        if "w" in state:
+            w = None if state["w"] is None else state["w"].to(online.device)
+        else:  # a file written before w_scale, whose w was in the features' own units
+            w = regularisation(dataclasses.replace(settings, w_scale="none"), None, mixture.to(online.device))
+        online._start_fitter(mixture.to(online.device, mixture.weights.dtype), start, w)
         online.fitter.load_state_dict(state["fitter"])
         online.seen, online.seconds, online.updates = (
             float(state["seen"]),

@@ -27,7 +27,7 @@ import torch
 from ..kernel.statistics import Criteria, Statistics
 from ..mixture import Mixture
 from .fitters import EpochSums, TrialFitter, mixture_from_state, mixture_state
-from .updates import FixedParameters, em_update
+from .updates import FixedParameters, em_update, ridge_vector
 
 # Partial-EM iterations on the three moved components before full EM resumes.
 PARTIAL_EPOCHS = 5
@@ -95,11 +95,19 @@ class SplitMergeEM(EpochSums):
     samples_assignments = scores_its_pass = False
     shadow = None
 
-    def __init__(self, mixture: Mixture, *, w: float, tol: float, tries: int, fixed: FixedParameters | None = None):
+    def __init__(
+        self,
+        mixture: Mixture,
+        *,
+        w: float | torch.Tensor | None,
+        tol: float,
+        tries: int,
+        fixed: FixedParameters | None = None,
+    ):
         if fixed is not None and fixed.any():
             raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
         self.mixture = mixture
-        self.w, self.tol, self.tries = w, tol, tries
+        self.w, self.tol, self.tries = ridge_vector(w, mixture.means), tol, tries
         self.phase = "em"  # em -> (partial -> full)* -> done
         self.previous: float | None = None  # mean log-likelihood of the last epoch's E-step model
         self.incumbent: Mixture | None = None  # the best converged parameters so far, and their score

@@ -12,15 +12,17 @@ the fit is past its first few steps; SQUAREM extrapolates along it. A cycle, one
    mixture (a nearly empty component that float32 sums leave indefinite), at theta2 (the monotone
    safeguard: the cycle is then plain EM's two steps, one pass wasted).
 
-The objective is what EM increases: the log-likelihood, plus, where w > 0, the log of the prior that
-Bovy et al.'s regularisation V = (sum + w I) / (q + 1) is the maximum of, sum_j -(log|V_j| + w tr V_j^-1)
-/ 2 (with w > 0 an EM step can lower the log-likelihood itself, and plain EM, stopped by its
+The objective is what EM increases: the log-likelihood, plus, where w > 0, the log of the prior that Bovy et
+al.'s regularisation V = (sum + W) / (q + 1) (W = diag(w), their w I) is the maximum of, sum_j -(log|V_j| +
+tr(W V_j^-1)) / 2 (with w > 0 an EM step can lower the log-likelihood itself, and plain EM, stopped by its
 log-likelihood gain, halts well short of its own fixed point on the objective's flat ridges). Each cycle
-starts from where the last ended, so the cycles' starts have ever higher objectives. step_max starts at
-1, grows fourfold each time the step reaches it and shrinks fourfold on a rejection (the defaults of
-Varadhan & Roland's SQUAREM package). The extrapolation works in unconstrained coordinates (log weights,
-means, Cholesky factors with log diagonals), so theta' is always a valid mixture; fixed parameters and
-frozen (empty) components do not move.
+starts from where the last ended, so the cycles' starts have ever higher objectives. step_max starts at 1,
+grows fourfold each time the step reaches it and shrinks fourfold on a rejection (the defaults of Varadhan &
+Roland's SQUAREM package). The extrapolation works in unconstrained coordinates (log weights, means,
+Cholesky factors with log diagonals), so theta' is always a valid mixture, with each component's means
+and factors in units of its own spread at the cycle's start, so that the step length (which weighs all
+coordinates together) is the same whatever units the features are in; fixed parameters and frozen (empty)
+components do not move.
 
 Every pass is one epoch of the loop and one entry of ``history_``, which also records each scored
 model's mean objective (``train_objective``). ``tol`` judges convergence on the gain in objective of one
@@ -34,7 +36,7 @@ import torch
 
 from ..mixture import Mixture
 from .fitters import EpochSums, mixture_from_state, mixture_state
-from .updates import FixedParameters, em_update, share_weights
+from .updates import FixedParameters, component_scale, em_update, ridge_vector, share_weights
 
 STEP_FACTOR = 4.0  # step_max grows (and shrinks) by this factor: Varadhan & Roland's mstep
 
@@ -47,9 +49,9 @@ class SquaremEM(EpochSums):
     scores_its_pass = True
     _SCALARS = ("phase", "objective0", "step_max", "em_step", "extrapolations", "rejections")  # in state_dict
 
-    def __init__(self, mixture: Mixture, *, w: float, fixed: FixedParameters | None = None):
+    def __init__(self, mixture: Mixture, *, w: float | torch.Tensor | None, fixed: FixedParameters | None = None):
         self.mixture = mixture
-        self.w = w
+        self.w = ridge_vector(w, mixture.means)
         self.fixed = fixed or FixedParameters.none(mixture.n_components, mixture.means.device)
         self.phase = 0  # what the next pass scores: 0 theta0, 1 theta1, 2 the extrapolation
         self.theta0: Mixture | None = None
@@ -91,12 +93,13 @@ class SquaremEM(EpochSums):
 
     def _objective(self, mixture: Mixture, sums) -> float:
         """The (weighted) total log-likelihood of the scored ``mixture`` plus the log prior of w (above)."""
-        if self.w == 0:
+        if self.w is None:
             return float(sums.loglik)
         chol = torch.linalg.cholesky(mixture.covariances)
         log_det = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum()
-        trace_inverse = torch.linalg.inv(chol).square().sum()  # tr V^-1 = |L^-1|_F^2
-        return float(sums.loglik - 0.5 * (log_det + self.w * trace_inverse))
+        inverse = torch.linalg.inv(chol)  # tr(W V^-1) = sum_d w_d |column d of L^-1|^2
+        trace_inverse = (inverse.square().sum(-2) * self.w).sum()
+        return float(sums.loglik - 0.5 * (log_det + trace_inverse))
 
     def _next(self, mixture: Mixture, em_step: bool, phase: int) -> None:
         self.mixture, self.em_step, self.phase = mixture, em_step, phase
@@ -104,7 +107,8 @@ class SquaremEM(EpochSums):
     def _extrapolate(self, theta0: Mixture, theta1: Mixture, theta2: Mixture) -> Mixture | None:
         """theta' from the cycle's three models, or None where the step is 1 (theta' = theta2)."""
         moving = (theta0.weights > 0) & (theta1.weights > 0) & (theta2.weights > 0)
-        c0, c1, c2 = (_coordinates(m, moving) for m in (theta0, theta1, theta2))
+        scale = component_scale(theta0)  # a step's length in each component's own units: the same in any units
+        c0, c1, c2 = (_coordinates(m, moving, scale) for m in (theta0, theta1, theta2))
         r = [b - a for a, b in zip(c0, c1)]
         v = [c - 2 * b + a for a, b, c in zip(c0, c1, c2)]
         r2, v2 = (float(sum(t.square().sum() for t in ts)) for ts in (r, v))
@@ -116,7 +120,7 @@ class SquaremEM(EpochSums):
         if alpha == 1.0:
             return None
         coords = [a + 2 * alpha * dr + alpha**2 * dv for a, dr, dv in zip(c0, r, v)]
-        extrapolated = _mixture(coords, theta2, moving, self.fixed)
+        extrapolated = _mixture(coords, theta2, moving, self.fixed, scale)
         return extrapolated if extrapolated.first_invalid_component() is None else None
 
     def diagnostics(self) -> dict:
@@ -139,19 +143,26 @@ class SquaremEM(EpochSums):
         self._load_sums(state["sums"], like.means.device)
 
 
-def _coordinates(mixture: Mixture, moving: torch.Tensor) -> list[torch.Tensor]:
-    """Log weights, means and Cholesky factors with log diagonals; zero for the components not ``moving``."""
-    chol = torch.linalg.cholesky(mixture.covariances)
+def _coordinates(mixture: Mixture, moving: torch.Tensor, scale: torch.Tensor) -> list[torch.Tensor]:
+    """Log weights, means and Cholesky factors with log diagonals, each component's features in units of
+    ``scale`` (K, D); zero for the components not ``moving``."""
+    chol = torch.linalg.cholesky(mixture.covariances) / scale[:, :, None]
     log_diag = torch.log(torch.diagonal(chol, dim1=-2, dim2=-1))
     log_weights = torch.log(torch.where(moving, mixture.weights, torch.ones_like(mixture.weights)))
-    coords = [log_weights, mixture.means, torch.tril(chol, -1) + torch.diag_embed(log_diag)]
+    coords = [log_weights, mixture.means / scale, torch.tril(chol, -1) + torch.diag_embed(log_diag)]
     return [torch.where(moving.reshape(-1, *[1] * (c.ndim - 1)), c, torch.zeros_like(c)) for c in coords]
 
 
-def _mixture(coords: list[torch.Tensor], last: Mixture, moving: torch.Tensor, fixed: FixedParameters) -> Mixture:
-    """The mixture at ``coords``; the components not ``moving`` and the fixed parameters as in ``last``."""
+def _mixture(
+    coords: list[torch.Tensor], last: Mixture, moving: torch.Tensor, fixed: FixedParameters, scale: torch.Tensor
+) -> Mixture:
+    """The mixture at ``coords`` (in units of ``scale``); the components not ``moving`` and the fixed
+    parameters as in ``last``."""
     log_weights, means, raw = coords
-    chol = torch.tril(raw, -1) + torch.diag_embed(torch.exp(torch.diagonal(raw, dim1=-2, dim2=-1)))
+    means = means * scale
+    chol = scale[:, :, None] * (
+        torch.tril(raw, -1) + torch.diag_embed(torch.exp(torch.diagonal(raw, dim1=-2, dim2=-1)))
+    )
     held = ~moving | fixed.weights
     top = torch.where(moving, log_weights, torch.full_like(log_weights, -torch.inf)).max()
     weights = share_weights(torch.exp(log_weights - top), last.weights, held)

@@ -40,8 +40,14 @@ def _symmetrise(a: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a + a.mT)
 
 
-def _eye_like(cov: torch.Tensor) -> torch.Tensor:
-    return torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+def ridge_vector(w, like: torch.Tensor) -> torch.Tensor | None:
+    """The regularisation's diagonal W (D,) in ``like``'s dtype and device (D its last dimension): a number
+    w gives Bovy et al.'s w I, a (D,) tensor is W itself (``driver.regularisation``); None for none (w = 0)."""
+    if w is None:
+        return None
+    if isinstance(w, torch.Tensor):
+        return w.to(like)
+    return None if w == 0 else torch.full(like.shape[-1:], float(w), dtype=like.dtype, device=like.device)
 
 
 _ROUNDING = 1e-4  # negative eigenvalues down to this fraction of V's largest variance count as rounding
@@ -128,16 +134,20 @@ def share_weights(proposed: torch.Tensor, current: torch.Tensor, fixed: torch.Te
     return torch.where(fixed, current, free / torch.where(total > 0, total, torch.ones_like(total)) * left)
 
 
-def em_update(mixture: Mixture, stats: Statistics, w: float, fixed: FixedParameters | None = None) -> Mixture:
+def em_update(
+    mixture: Mixture, stats: Statistics, w: float | torch.Tensor | None, fixed: FixedParameters | None = None
+) -> Mixture:
     """One batch-EM M-step from sums over the whole data set (Bovy, Hogg & Roweis 2011).
 
-    Regularisation as in their code: V = (sum r [(b - m')(b - m')^T + B] + w I) / (q + 1) when w > 0,
-    and divided by q alone when w == 0. A component whose q underflows to zero gets weight zero and keeps
+    Regularisation as in their code: V = (sum r [(b - m')(b - m')^T + B] + W) / (q + 1) with W = diag(w)
+    (their w I where every feature has the same w, see ``regularisation``), and divided by q alone where
+    w is None (their w = 0). A component whose q underflows to zero gets weight zero and keeps
     its mean and covariance (it is frozen, as in the reference implementation). ``fixed``: parameters kept
     as they are (see ``FixedParameters``).
     """
     V, m = mixture.covariances, mixture.means
     fixed = fixed or FixedParameters.none(len(m), m.device)
+    w = ridge_vector(w, m)
     q = stats.q.to(V.dtype)
     live = _live(q)
     q_safe = torch.where(live, q, torch.ones_like(q))
@@ -145,8 +155,8 @@ def em_update(mixture: Mixture, stats: Statistics, w: float, fixed: FixedParamet
     recentre = torch.where(fixed.means[:, None, None], 0.0, u_bar[:, :, None] * u_bar[:, None, :])
     inner = (stats.UU - stats.P).to(V.dtype) / q_safe[:, None, None] - recentre
     scatter = _psd(V + V @ inner @ V, V)  # sum r [(b - m')(b - m')^T + B] / q, m' the new (or fixed) mean
-    if w > 0:
-        new_cov = (q[:, None, None] * scatter + w * _eye_like(V)) / (q[:, None, None] + 1.0)
+    if w is not None:
+        new_cov = (q[:, None, None] * scatter + torch.diag(w)) / (q[:, None, None] + 1.0)
     else:
         new_cov = scatter
     new_mean = m + (V @ u_bar.unsqueeze(-1)).squeeze(-1)
@@ -158,58 +168,59 @@ def em_update(mixture: Mixture, stats: Statistics, w: float, fixed: FixedParamet
 
 
 def regularised(
-    state: Mixture, w: float, fixed: FixedParameters | None = None, data_size: float | None = None
+    state: Mixture, w: float | torch.Tensor | None, fixed: FixedParameters | None = None, data_size: float | None = None
 ) -> Mixture:
     """The mixture an online-EM state describes: its running weights (the fixed ones restored, see
     ``FixedParameters``) and the E-step's covariances ``e_step_covariances``.
 
     Online EM keeps its running statistics free of the regularisation and adds it only to the covariance
     the E-step uses and the fit reports. Adding it to the running state instead feeds it back through every
-    later step: at the fixed point each covariance then carries about ``(w / step) I`` extra.
+    later step: at the fixed point each covariance then carries about ``W / step`` extra.
     """
+    w = ridge_vector(w, state.means)
     if (fixed is None or not fixed.any()) and data_size is None:  # asked of the host once (FixedParameters)
-        if w == 0:
+        if w is None:
             return state
-        return Mixture(state.weights, state.means, state.covariances + w * _eye_like(state.covariances))
+        return Mixture(state.weights, state.means, state.covariances + torch.diag(w))
     fixed = fixed or FixedParameters.none(state.n_components, state.means.device)
     weights = share_weights(state.weights, fixed.weight_values, fixed.weights) if fixed.any() else state.weights
     return Mixture(weights, state.means, e_step_covariances(state, w, fixed, data_size))
 
 
-def e_step_covariances(state: Mixture, w: float, fixed: FixedParameters, data_size: float | None) -> torch.Tensor:
+def e_step_covariances(
+    state: Mixture, w: float | torch.Tensor | None, fixed: FixedParameters, data_size: float | None
+) -> torch.Tensor:
     """The covariances an online-EM state's E-step uses (fixed ones as they are).
 
-    ``data_size`` None: the running covariances plus ``w I``, as the paper's code adds it after every
-    update; at the fixed point each variance is then ``w`` above the data's. A number N (the training
-    data's total weight): the prior that Bovy et al.'s batch-EM update V = (sum + w I) / (q + 1) is the
+    ``data_size`` None: the running covariances plus ``W = diag(w)``, as the paper's code adds its w I after
+    every update; at the fixed point each variance is then ``w`` above the data's. A number N (the training
+    data's total weight): the prior that Bovy et al.'s batch-EM update V = (sum + W) / (q + 1) is the
     maximum of, with the component's share of the data, c = qhat N, in place of q:
-    V = (c Vr + w I) / (c + 1), so that online EM and batch EM have the same fixed point.
+    V = (c Vr + W) / (c + 1), so that online EM and batch EM have the same fixed point.
     """
     Vr = state.covariances
-    if data_size is None or w == 0:  # with w = 0 Bovy et al. divide by q alone: no prior
-        return Vr + _ridge(w, fixed, Vr)
+    w = ridge_vector(w, state.means)
+    if w is None:  # with w = 0 Bovy et al. divide by q alone: no prior
+        return Vr
+    if data_size is None:
+        return Vr + (~fixed.covariances).to(Vr.dtype)[:, None, None] * torch.diag(w)
     count = (state.weights * data_size)[:, None, None]
-    prior = (count * Vr + w * _eye_like(Vr)) / (count + 1.0)
+    prior = (count * Vr + torch.diag(w)) / (count + 1.0)
     return torch.where(fixed.covariances[:, None, None], Vr, prior)
-
-
-def _ridge(w: float, fixed: FixedParameters, covariances: torch.Tensor) -> torch.Tensor:
-    """w I for every component whose covariance is free, zero for the fixed ones (K, D, D)."""
-    return (w * (~fixed.covariances).to(covariances.dtype))[:, None, None] * _eye_like(covariances)
 
 
 def online_em_update(
     state: Mixture,
     stats: Statistics,
     step: float,
-    w: float,
+    w: float | torch.Tensor | None,
     fixed: FixedParameters | None = None,
     data_size: float | None = None,
 ) -> Mixture:
     """One minibatch (online) EM step in the centred form above; returns the new running state.
 
     ``state`` holds the running weights, means and unregularised covariances Vr; the statistics were
-    computed with the E-step covariance V (``e_step_covariances``: Vr + w I, or the prior's with
+    computed with the E-step covariance V (``e_step_covariances``: Vr + W, or the prior's with
     ``data_size``). The posterior scatter of the batch about m is then q V + V (UU - P) V, so the running
     centred scatter updates exactly as
 
@@ -217,11 +228,12 @@ def online_em_update(
 
     which is the module docstring's form when V = Vr. A fixed mean drops the recentring term g g^T (the
     scatter is kept about it); a fixed covariance keeps Vr, which then holds the fixed covariance itself
-    (``regularised`` adds no w I to it). The running weights always update: they normalise the means'
+    (``regularised`` adds no W to it). The running weights always update: they normalise the means'
     and covariances' running sums; fixed weights are restored only in the mixture ``regularised`` gives.
     """
     Vr, m = state.covariances, state.means
     fixed = fixed or FixedParameters.none(len(m), m.device)
+    w = ridge_vector(w, m)
     V = e_step_covariances(state, w, fixed, data_size)
     n = stats.n_points
     q_b = stats.q / n
@@ -231,8 +243,10 @@ def online_em_update(
     g = step * stats.U / (n * q_safe[:, None])
     recentre = torch.where(fixed.means[:, None, None], 0.0, g[:, :, None] * g[:, None, :])
     inner = step * (stats.UU - stats.P) / (n * q_safe[:, None, None]) - recentre
-    if data_size is None:  # V - Vr = w I
-        shift = (step * w * q_b / q_safe)[:, None, None] * _eye_like(Vr)
+    if w is None:  # V = Vr
+        shift = torch.zeros_like(Vr)
+    elif data_size is None:  # V - Vr = W
+        shift = (step * q_b / q_safe)[:, None, None] * torch.diag(w)
     else:
         shift = (step * q_b / q_safe)[:, None, None] * (V - Vr)
     new_cov = _psd(Vr + shift + V @ inner @ V, V)
@@ -245,7 +259,7 @@ def online_em_update(
 
 
 def online_em_update_naive(
-    state: Mixture, stats: Statistics, step: float, w: float, data_size: float | None = None
+    state: Mixture, stats: Statistics, step: float, w: float | torch.Tensor | None, data_size: float | None = None
 ) -> Mixture:
     """The same step written as the paper's eq. 6-7: running raw sums, then Vr = S/q - m m^T.
 
@@ -281,6 +295,11 @@ def online_em_update_naive(
     )
 
 
+def component_scale(mixture: Mixture) -> torch.Tensor:
+    """Each component's spread in each feature, sqrt(diag V_j), (K, D): SGD's units with ``"component"``."""
+    return torch.sqrt(torch.diagonal(mixture.covariances, dim1=-2, dim2=-1))
+
+
 def feature_scale(mixture: Mixture) -> torch.Tensor:
     """Each feature's spread under the mixture: the square root of the diagonal of its total covariance
     sum_j alpha_j (V_j + m_j m_j^T) - mbar mbar^T. SGD's parameters are measured in these units."""
@@ -292,24 +311,29 @@ def feature_scale(mixture: Mixture) -> torch.Tensor:
 
 class CholeskyParameters:
     """Unconstrained SGD parameters (paper eq. 8): softmax logits, means, and Cholesky factors whose
-    diagonal is stored as its logarithm, all in units of a per-feature ``scale`` s:
+    diagonal is stored as its logarithm, all in units of a ``scale`` s_j per component and feature (K, D):
 
-        m_j = s * mu_j,    L_j = diag(s) Lt_j,    V_j = L_j L_j^T,
+        m_j = s_j * mu_j,    L_j = diag(s_j) Lt_j,    V_j = L_j L_j^T,
 
     where ``raw`` holds the strictly-lower part and log-diagonal of Lt_j. With s = 1 this is the paper's
     parametrisation, in which Adam moves a mean by about ``lr`` per step whatever the feature's units: 1e-2
     degrees of right ascension (spread ~100 deg) or mas of parallax (spread ~0.3 mas) alike, so the wide
-    features take thousands of steps to move. With s the data's spread (``feature_scale``) a step of ``lr``
-    is the same fraction of every feature's range.
+    features take thousands of steps to move. With s the data's spread (``feature_scale``, the same for
+    every component) a step of ``lr`` is the same fraction of every feature's range; with s_j component
+    j's own starting spread (``component_scale``) the same fraction of the component's width, so that a
+    component a thousand times narrower than the data is not shaken off its place by steps of the data's
+    size.
     """
 
     def __init__(self, mixture: Mixture, scale: torch.Tensor | None = None, fixed: FixedParameters | None = None):
-        self.scale = torch.ones_like(mixture.means[0]) if scale is None else scale.to(mixture.means)
+        self.scale = (
+            torch.ones_like(mixture.means) if scale is None else scale.to(mixture.means).expand_as(mixture.means)
+        )
         # Fixed parameters get zero gradients, and are reported as given (not through a round trip that
         # could change their last bit); fixed weights keep their values and the free ones share the rest.
         self.fixed = fixed or FixedParameters.none(mixture.n_components, mixture.means.device)
         self.initial = mixture
-        chol = torch.linalg.cholesky(mixture.covariances) / self.scale[:, None]
+        chol = torch.linalg.cholesky(mixture.covariances) / self.scale[:, :, None]
         self.logits = torch.log(mixture.weights.clamp_min(torch.finfo(mixture.weights.dtype).tiny)).clone()
         self.means = mixture.means / self.scale
         self.raw = torch.tril(chol, -1) + torch.diag_embed(torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)))
@@ -321,7 +345,7 @@ class CholeskyParameters:
         return torch.tril(self.raw, -1) + torch.diag_embed(torch.exp(torch.diagonal(self.raw, dim1=-2, dim2=-1)))
 
     def cholesky(self) -> torch.Tensor:
-        return self.scale[:, None] * self._unit_cholesky()
+        return self.scale[:, :, None] * self._unit_cholesky()
 
     def _free_softmax(self) -> torch.Tensor:
         """Softmax over the free components' logits (the fixed ones get zero)."""
@@ -339,20 +363,24 @@ class CholeskyParameters:
         covariances = torch.where(fixed.covariances[:, None, None], initial.covariances, chol @ chol.mT)
         return Mixture(weights, means, covariances)
 
-    def loss_gradients(self, stats: Statistics, w: float) -> list[torch.Tensor]:
-        """Gradients of loss = -sum_batch log p(x_i) + sum_j w / tr(V_j) for (logits, means, raw).
+    def loss_gradients(self, stats: Statistics, w: float | torch.Tensor | None) -> list[torch.Tensor]:
+        """Gradients of loss = -sum_batch log p(x_i) + sum_j 1 / tr(W^-1 V_j) for (logits, means, raw), the
+        penalty the paper's sum_j w / tr(V_j) where W = w I, and nothing where w is None.
 
         From the sums: dLL/dm_j = U_j, dLL/dV_j = (UU_j - P_j)/2, dLL/dz_j = q_j - B alpha_j, chained through
         V = L L^T (dV/dL: 2 G L for symmetric G), L = diag(s) Lt (row i times s_i), Lt_qq = exp(raw_qq) and
         m = s mu.
         """
+        w = ridge_vector(w, self.means)
         unit = self._unit_cholesky()
-        chol = self.scale[:, None] * unit
+        chol = self.scale[:, :, None] * unit
         cov = chol @ chol.mT
         weights = torch.softmax(self.logits, dim=0)
-        trace = torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1)
-        grad_cov = -0.5 * (stats.UU - stats.P) - (w / trace**2)[:, None, None] * _eye_like(cov)
-        grad_unit = self.scale[:, None] * torch.tril(2.0 * grad_cov @ chol)
+        grad_cov = -0.5 * (stats.UU - stats.P)
+        if w is not None:  # d(1 / T)/dV_dd = -1 / (T^2 w_d), T = tr(W^-1 V)
+            trace = (torch.diagonal(cov, dim1=-2, dim2=-1) / w).sum(-1)
+            grad_cov = grad_cov - torch.diag_embed(1.0 / (trace[:, None] ** 2 * w))
+        grad_unit = self.scale[:, :, None] * torch.tril(2.0 * grad_cov @ chol)
         diag = torch.diagonal(grad_unit, dim1=-2, dim2=-1) * torch.diagonal(unit, dim1=-2, dim2=-1)
         grad_raw = torch.tril(grad_unit, -1) + torch.diag_embed(diag)
         fixed = self.fixed

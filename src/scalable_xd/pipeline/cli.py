@@ -174,6 +174,7 @@ def _reference(args) -> None:
         epochs=args.epochs,
         tol=args.tol,
         w=args.w,
+        w_scale=args.w_scale,
         device=args.device,
         dtype=args.dtype,
         backend=args.backend,
@@ -436,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(
         p,
         FitSettings,
-        skip=set(FitSettings.defaults()) - {"epochs", "tol", "w", "device", "dtype", "backend", "acceleration"},
+        skip=set(FitSettings.defaults())
+        - {"epochs", "tol", "w", "w_scale", "device", "dtype", "backend", "acceleration"},
         defaults=reference,
     )
     _threads(p)

@@ -1,0 +1,83 @@
+"""The defaults are right on anyone's data: the same fit whatever units the features are in, enough updates
+on a few hundred rows, and at least 90% of the converged optimum on data shapes no single mock covers
+(benchmarks/bench_defaults.py, here at its small sizes; the benchmark's JSON has every size)."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+from scalable_xd import XDGMM
+from scalable_xd.fit.methods import METHODS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_defaults  # noqa: E402
+
+UNITS = np.array([1e-4, 1.0, 1e4])
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_a_change_of_units_changes_nothing_but_the_units(method):
+    """Features rescaled by 1e-4, 1 and 1e4 (noise with them) give the same model in the new units: k-means
+    on standardised features, each component's starting spread, w relative to each feature's variance and
+    SGD in each component's units all follow the features. float64, so that what remains is rounding."""
+    X, variances = bench_defaults.data("order_one", 2000)
+    settings = dict(n_components=3, method=method, dtype="float64", random_state=0)
+    plain = XDGMM(**settings, epochs=5 if method != "em" else None).fit(X, variances)
+    scaled = XDGMM(**settings, epochs=5 if method != "em" else None).fit(X * UNITS, variances * UNITS**2)
+    np.testing.assert_allclose(scaled.weights_, plain.weights_, rtol=1e-6)
+    np.testing.assert_allclose(scaled.means_ / UNITS, plain.means_, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(scaled.covariances_ / np.outer(UNITS, UNITS), plain.covariances_, rtol=1e-5, atol=1e-9)
+
+
+def test_the_absolute_w_of_bovy_and_the_paper_stays_available():
+    """w_scale="none": W = w I in the features' own units, so a narrow feature is floored at w / (q + 1)."""
+    X, variances = bench_defaults.data("mixed_scales", 2000)
+    relative = XDGMM(3, "em", dtype="float64", random_state=0).fit(X, variances)
+    absolute = XDGMM(3, "em", w=1e-3, w_scale="none", dtype="float64", random_state=0).fit(X, variances)
+    q = absolute.weights_ * len(X)
+    assert (absolute.covariances_[:, 0, 0] >= 1e-3 / (q + 1) * (1 - 1e-9)).all()  # feature 0 spreads over 1e-4
+    assert relative.covariances_[:, 0, 0].max() < 1e-7  # its own scale: (0.6e-4)^2 ~ 4e-9 and the noise's
+    assert relative.score(X, variances) > absolute.score(X, variances) + 1  # nats per star (1.9 here)
+
+
+@pytest.mark.parametrize("method", [m for m, row in METHODS.items() if row.per_batch])
+def test_a_budget_counts_updates_as_the_batches_fall(method):
+    """N // batch_size updates an epoch (a remainder joins the last batch): 894 rows at batch 500 make one
+    update an epoch, and the budget gives a minibatch method as many updates on them as on a mock."""
+    row = METHODS[method]
+    assert row.budget(894, 500) == row.min_updates  # one batch an epoch
+    assert row.budget(999, 500) == row.min_updates  # still one: 499 rows join the first batch
+    assert row.budget(5_000, 500) == max(row.epochs, -(-row.min_updates // 10))
+    assert row.budget(10_000_000, 500) == row.epochs
+    model = XDGMM(3, method, random_state=0).fit(*bench_defaults.data("order_one", 894))
+    assert model.n_iter_ == row.min_updates
+
+
+@pytest.mark.parametrize("shape", list(bench_defaults.SHAPES))
+def test_every_method_at_its_defaults_reaches_90_percent_of_the_optimum_or_says_why(shape):
+    """On 500 stars of each shape, each of the paper's methods at its defaults reaches 90% of the converged
+    optimum's gain over one Gaussian (log-likelihood of the noisy data, scored by numpy), or warns."""
+    row = bench_defaults.study(shape, 500, ("em", "minibatch_em", "sgd"))
+    for method in ("em", "minibatch_em", "sgd"):
+        fit = row[method]
+        assert "error" not in fit, (shape, method, fit)
+        assert fit["share"] >= 0.9 or fit["warning"], (shape, method, fit)
+
+
+def test_the_stochastic_methods_at_their_defaults_on_mixed_scales():
+    row = bench_defaults.study("mixed_scales", 500, ("stochastic_em", "stochastic_minibatch_em"))
+    for method in ("stochastic_em", "stochastic_minibatch_em"):
+        assert row[method]["share"] >= 0.9 or row[method]["warning"], (method, row[method])
+
+
+def test_the_numpy_score_is_the_library_s():
+    X, variances = bench_defaults.data("noise_decades", 300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = XDGMM(3, "em", epochs=3, dtype="float64", random_state=0).fit(X, variances)
+    mine = bench_defaults.mean_loglik(X, variances, model.weights_, model.means_, model.covariances_)
+    assert mine == pytest.approx(model.score(X, variances), rel=1e-10)
