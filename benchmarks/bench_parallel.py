@@ -40,6 +40,8 @@ model = XDGMM(k, method, epochs=epochs, batch_size=500, tol=None, device="cpu", 
 model.fit(x, S)
 if not dist.is_initialized() or dist.get_rank() == 0:
     print(json.dumps({"seconds_per_epoch": model.history_[-1]["seconds"] / epochs}))
+if dist.is_initialized():
+    dist.destroy_process_group()  # else gloo's threads may abort the process at exit
 """
 
 

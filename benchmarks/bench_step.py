@@ -30,7 +30,9 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
+from scalable_xd.dataset import Dataset
 from scalable_xd.fit import fitters
+from scalable_xd.fit.driver import regularisation
 from scalable_xd.fit.methods import make_fitter
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.settings import FitSettings
@@ -59,7 +61,9 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
     x, S, mixture = synthetic(batch * steps, k, dtype)
     x, S = x.to(device), S.to(device)
     start = mixture.to(device, torch.float64)
-    fitter = make_fitter(FitSettings(method=method).for_data(len(x)), start, data_size=len(x))
+    settings = FitSettings(method=method).for_data(len(x))
+    w = regularisation(settings, Dataset(x.cpu(), S.cpu(), validate=False), start)
+    fitter = make_fitter(settings, start, data_size=len(x), w=w)
     fitter.start_epoch(0)
     rows = [slice(i * batch, (i + 1) * batch) for i in range(steps)]
 

@@ -63,7 +63,9 @@ class SquaremEM(EpochSums):
 
     @property
     def result(self) -> Mixture:
-        return self.mixture
+        """The fit so far: an extrapolation not yet validated by its pass is not it (a budget that ends
+        there returns the cycle's EM step, theta2, which the monotone safeguard would fall back to)."""
+        return self.theta2 if self.phase == 2 else self.mixture
 
     def end_epoch(self) -> None:
         scored, sums = self.mixture, self._sums
