@@ -112,3 +112,17 @@ def test_an_invalid_stabilising_step_is_rejected_for_plain_ems_two_steps(data, m
     fast = _fit(data, "squarem", epochs=60, tol=None)  # raised FitDivergedError before
     assert broken and fast.history_[-1]["rejections"] >= 1
     assert np.all(np.linalg.eigvalsh(fast.covariances_) > 0)
+
+
+@pytest.mark.parametrize("acceleration", ["squarem", "none"])
+def test_collapsing_noiseless_points_raise_the_named_divergence_with_or_without_squarem(acceleration):
+    """Collinear points with almost no noise and w = 0 collapse the components onto their line: SQUAREM
+    names the component as plain EM does, instead of torch's LinAlgError from the extrapolation's
+    Cholesky factors."""
+    from scalable_xd import FitDivergedError
+
+    t = np.random.default_rng(0).normal(size=100)
+    x = np.c_[t, 2 * t, -t]
+    settings = dict(w=0.0, acceleration=acceleration, dtype="float64", random_state=0)
+    with pytest.raises(FitDivergedError, match="component 0 has a covariance that is not positive definite"):
+        XDGMM(2, "em", covariances_init=np.stack([np.eye(3)] * 2), **settings).fit(x, np.full(x.shape, 1e-12))

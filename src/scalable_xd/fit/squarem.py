@@ -108,6 +108,8 @@ class SquaremEM(EpochSums):
 
     def _extrapolate(self, theta0: Mixture, theta1: Mixture, theta2: Mixture) -> Mixture | None:
         """theta' from the cycle's three models, or None where the step is 1 (theta' = theta2)."""
+        if any(theta.first_invalid_component() is not None for theta in (theta0, theta1, theta2)):
+            return None  # no coordinates for a singular covariance: theta2 goes on to the loop's check
         moving = (theta0.weights > 0) & (theta1.weights > 0) & (theta2.weights > 0)
         scale = component_scale(theta0)  # a step's length in each component's own units: the same in any units
         c0, c1, c2 = (_coordinates(m, moving, scale) for m in (theta0, theta1, theta2))
