@@ -166,3 +166,23 @@ def test_a_damaged_running_state_is_refused_naming_the_file(tmp_path):
     np.savez(tmp_path / "damaged.npz", **arrays)
     with pytest.raises(ValueError, match="damaged.npz: its online_state cannot be read"):
         XDGMM.load(tmp_path / "damaged.npz")
+
+
+def test_set_params_between_calls_is_refused_by_name_and_a_saved_model_loads(tmp_path):
+    """A running state belongs to the settings it began with: a structural change between calls is named
+    and refused (it was ignored: 3 components kept under n_components=4), and the model saved after such
+    a change still loads, as the fitted model it is."""
+    x, S, init = _data(seed=69)
+    model = XDGMM(3, "minibatch_em", random_state=0, **init)
+    for start in (0, 200, 400):
+        model.partial_fit(x[start : start + 200], S[start : start + 200])
+    model.set_params(n_components=4, method="sgd", means_init=None, weights_init=None, covariances_init=None)
+    with pytest.raises(ValueError, match=r"partial_fit: n_components 3 -> 4, method 'minibatch_em' -> 'sgd'"):
+        model.partial_fit(x[600:800], S[600:800])
+    assert model.n_iter_ == 3
+    model.save(tmp_path / "model.npz")
+    loaded = XDGMM.load(tmp_path / "model.npz")
+    assert loaded.n_components == 3 and loaded.method == "minibatch_em"
+    np.testing.assert_array_equal(loaded.means_, model.means_)
+    model.set_params(n_components=3, method="minibatch_em", **init)  # set back: it goes on
+    assert model.partial_fit(x[600:800], S[600:800]).n_iter_ == 4

@@ -150,7 +150,8 @@ class XDGMM(BaseEstimator):
     def describe(self) -> dict:
         """The settings of the fitted model as JSON-friendly values (saved with it and in the metrics)."""
         seed = self.random_state if isinstance(self.random_state, (int, np.integer)) else None
-        return {**settings_record(self.n_components, self.settings_, self.kmeans_settings_), "random_state": seed}
+        k = self._fitted().n_components  # the fitted model's, whatever set_params has changed since
+        return {**settings_record(k, self.settings_, self.kmeans_settings_), "random_state": seed}
 
     # ------------------------------------------------------------------ fitting
 
@@ -231,6 +232,8 @@ class XDGMM(BaseEstimator):
         state. ``fit`` starts afresh."""
         settings, kmeans = self._validated()
         online = getattr(self, "_online", None)
+        if online is not None:
+            online.check_settings(settings_record(self.n_components, settings, kmeans))
         warm = getattr(self, "_mixture", None)  # fitted (or loaded) without a running state: go on from it
         kmeans_needed = online is None and warm is None and self.means_init is None
         batch = training_source(X, Xcov, R, sample_weight, settings, self.n_components if kmeans_needed else None)
@@ -418,7 +421,8 @@ class XDGMM(BaseEstimator):
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
             start = Start(model.n_components, model._fixed_masks())
-            model._online = OnlineFit.resumed(model._mixture, settings, start, read_online_state(path, device))
+            state = read_online_state(path, device)
+            model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state)
         return model
 
 

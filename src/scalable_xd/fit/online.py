@@ -17,9 +17,10 @@ import dataclasses
 import time
 
 from .._torch import resolve_device, resolve_dtype, synchronize
+from ..errors import brief
 from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
-from .driver import Start, fixed_parameters, regularisation, starting_mixture
+from .driver import Start, fixed_parameters, regularisation, settings_record, starting_mixture
 from .loop import assignment_uniforms
 from .methods import METHODS, make_fitter, method
 
@@ -36,12 +37,26 @@ class OnlineFit:
                 f"{' with split_merge' if settings.split_merge else ''} does not: use one of {minibatch} "
                 "(split-and-merge trials span whole epochs), or fit"
             )
+        self.kmeans = kmeans
         self._configure(settings, len(first), resolve_seed(random_state))
         mixture = starting_mixture(first, settings, kmeans, self.seed, start, None, self.device, self.dtype)
         self._start_fitter(mixture, start, regularisation(self.settings, first, mixture))
         self.seen, self.seconds, self.updates = 0.0, 0.0, 0
 
+    def check_settings(self, record: dict) -> None:
+        """Refuse a call whose settings (``driver.settings_record``, K included) differ from those the
+        running state was started with: set_params between calls would otherwise be ignored."""
+        started = settings_record(self.fitter.result.n_components, self.given, self.kmeans)
+        changed = [key for key in record if key != "verbose" and record[key] != started.get(key)]
+        if changed:
+            what = ", ".join(f"{key} {brief(started.get(key))} -> {brief(record[key])}" for key in changed)
+            raise ValueError(
+                f"partial_fit: {what} since the running state began (set_params?); it belongs to the old "
+                "settings: set them back, or call fit to start afresh with the new ones"
+            )
+
     def _configure(self, settings: FitSettings, n_points: int, seed: int) -> None:
+        self.given = settings
         self.settings = settings.for_data(n_points)
         self.device, self.dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         self.seed = seed
@@ -59,9 +74,10 @@ class OnlineFit:
         return {"fitter": self.fitter.state_dict(), "w": self.w, **counts}
 
     @classmethod
-    def resumed(cls, mixture, settings: FitSettings, start, state: dict) -> OnlineFit:
+    def resumed(cls, mixture, settings: FitSettings, kmeans: KMeansSettings, start, state: dict) -> OnlineFit:
         """The online fit a ``state_dict`` describes, its fitter built around ``mixture`` and then loaded."""
         online = cls.__new__(cls)
+        online.kmeans = kmeans
         online._configure(settings, max(1, int(state["seen"])), int(state["seed"]))
         if "w" in state:
             w = None if state["w"] is None else state["w"].to(online.device)
