@@ -40,9 +40,9 @@ class _Payload:
 
 def test_a_checkpoint_carrying_a_pickle_payload_runs_nothing(finished, tmp_path):
     marker = tmp_path / "payload-ran"
-    state = torch.load(finished, weights_only=True)
+    state = checkpoint.load(finished)
     state["history"].append(_Payload(marker))
-    torch.save(state, finished)
+    checkpoint.write_state(finished, state)  # with a checksum that matches: the payload itself must be refused
     with pytest.raises(CheckpointError, match=f"checkpoint {finished} holds objects other than tensors.*delete"):
         XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
     assert not marker.exists()
@@ -107,15 +107,52 @@ def test_damaged_or_foreign_checkpoints_name_the_file(finished, damage):
     elif damage == "a tensor":
         torch.save(torch.zeros(3), finished)
     else:
-        state = torch.load(finished, weights_only=True)
+        state = checkpoint.load(finished)
         state["format"] = 2
-        torch.save(state, finished)
+        checkpoint.write_state(finished, state)
     expected = {
-        "format 2": "has format 2, this version of scalable-xd reads format 5",
+        "format 2": f"has format 2, this version of scalable-xd reads format {checkpoint.FORMAT}",
         "a tensor": "is not a scalable-xd checkpoint",
     }.get(damage, "is empty, truncated or not a checkpoint")
     with pytest.raises(CheckpointError, match=f"checkpoint {finished} {expected}.*delete {finished}"):
         XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+
+
+def test_every_damaged_byte_range_is_refused_or_harmless(finished):
+    """Each 64-byte block of the file overwritten in turn (a bad sector, a torn write): the fit either
+    refuses the checkpoint naming it or, where the block held nothing that is read, resumes to the
+    undamaged fit. Before the checksum, flipped bytes in the tensor data resumed into a wrong model
+    (weights summing to -12.7)."""
+    intact = finished.read_bytes()
+    resumed = XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+    refused = 0
+    for start in range(0, len(intact), 64):
+        damaged = bytearray(intact)
+        damaged[start : start + 64] = bytes(255 - b for b in damaged[start : start + 64])
+        finished.write_bytes(bytes(damaged))
+        try:
+            model = XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+        except CheckpointError as err:
+            assert str(finished) in str(err)
+            refused += 1
+            continue
+        np.testing.assert_array_equal(model.means_, resumed.means_)
+    assert refused > len(intact) // 64 // 2
+
+
+def test_a_state_with_a_valid_checksum_but_an_invalid_model_is_refused(finished):
+    """The checksum vouches for the bytes, not for what wrote them: a state whose means are NaN, or cut to
+    another shape, is refused before the fit trusts it."""
+    for damage in ("nan", "shape"):
+        state = checkpoint.load(finished)
+        fitter = state["fitter"]
+        mixture = fitter["state"] if "state" in fitter else fitter["mixture"]
+        mixture["means"] = mixture["means"][:, :1] if damage == "shape" else torch.full_like(mixture["means"], np.nan)
+        checkpoint.write_state(finished, state)
+        with pytest.raises(CheckpointError, match=f"checkpoint {finished} (holds|.*means).*delete {finished}"):
+            XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
+        finished.unlink()
+        XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)  # a fresh, finished checkpoint again
 
 
 def test_the_digest_is_independent_of_the_array_container():

@@ -7,6 +7,7 @@ import pytest
 from helpers import damage_file
 
 from scalable_xd import XDGMM
+from scalable_xd.model_file import checksum
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,23 @@ def saved(tmp_path_factory):
 
 
 def _rewrite(path, arrays, **changes):
-    np.savez(path, **{**arrays, **changes})
+    """The file with ``changes``, its checksum recomputed (as a file written by other code would have
+    it), so that what is tested is the validation of its contents."""
+    arrays = {**arrays, **changes}
+    meta = json.loads(str(arrays["meta"]))
+    meta["sha256"] = checksum({key: value for key, value in arrays.items() if key != "meta"})
+    np.savez(path, **{**arrays, "meta": np.array(json.dumps(meta))})
     return path
+
+
+def test_a_damaged_array_is_refused_by_its_checksum(saved, tmp_path):
+    """A flipped value that still makes a valid mixture (the weights 0.4/0.6 for 0.6/0.4) would load as
+    another model; the checksum refuses it."""
+    path, arrays = saved
+    swapped = arrays["weights"][::-1].copy()
+    np.savez(tmp_path / "model.npz", **{**arrays, "weights": swapped})
+    with pytest.raises(ValueError, match=f"{tmp_path / 'model.npz'} is damaged: its arrays do not match"):
+        XDGMM.load(tmp_path / "model.npz")
 
 
 def test_a_saved_model_loads(saved):
@@ -50,12 +66,12 @@ def test_damaged_or_foreign_files_are_refused_by_name(saved, tmp_path, damage, m
     elif damage == "no meta":
         np.savez(target, **{k: v for k, v in arrays.items() if k != "meta"})
     elif damage == "pickled meta":
-        _rewrite(target, arrays, meta=np.array([{"format_version": 1}], dtype=object))
+        np.savez(target, **{**arrays, "meta": np.array([{"format_version": 1}], dtype=object)})
     elif damage == "a .npy array":
         with open(target, "wb") as handle:  # np.save to a file object keeps the .npz name
             np.save(handle, arrays["means"])
     else:
-        _rewrite(target, arrays, meta=np.array("{not json"))
+        np.savez(target, **{**arrays, "meta": np.array("{not json")})
     with pytest.raises(ValueError, match=f"{target} is not a model written by XDGMM.save.*{message}"):
         XDGMM.load(target)
 

@@ -6,14 +6,17 @@ builds the fit's fingerprint and refuses a mismatch (``bind``), and writes after
 A checkpoint holds only tensors and plain data (numbers, strings, lists, dicts): the fitter's parameters
 and optimiser state, the history so far, and a fingerprint of the fit. It is read with
 ``torch.load(weights_only=True)``, which refuses anything else, so a file planted at the checkpoint path
-cannot run code. The fingerprint records the settings, the shapes, the seed and a digest of the data
-(``data_digest``), and a checkpoint whose fingerprint differs from the fit's is refused with the
-differences named, never resumed.
+cannot run code. The state is stored as bytes beside their SHA-256, checked before they are read, so a
+damaged file is refused rather than resumed into a wrong model; the resumed fitter's state is then checked
+as a whole (``check_state``: every tensor finite, a valid mixture of the fit's shape). The fingerprint
+records the settings, the shapes, the seed and a digest of the data (``data_digest``), and a checkpoint
+whose fingerprint differs from the fit's is refused with the differences named, never resumed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
 import zipfile
 from pathlib import Path
@@ -27,8 +30,10 @@ from ..io import atomic_path
 
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
 # 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds);
-# 5: SGD keeps its own Adam state (step count on the host) rather than torch.optim.Adam's.
-FORMAT = 5
+# 5: SGD keeps its own Adam state (step count on the host) rather than torch.optim.Adam's; 6: the state as
+# checksummed bytes (``ENVELOPE``), the regularisation per feature.
+FORMAT = 6
+ENVELOPE = ("sha256", "payload")
 KEYS = ("format", "fingerprint", "epoch", "history", "converged", "fitter", "batch", "epoch_seconds")
 # Rows of a data set hashed in full by ``data_digest``, evenly spaced over the set.
 DIGEST_ROWS = 64
@@ -84,8 +89,20 @@ def save(
         "batch": batch,
         "epoch_seconds": epoch_seconds,
     }
+    write_state(path, state)
+
+
+def write_state(path, state: dict) -> None:
+    """``state`` written atomically as bytes beside their SHA-256 (``ENVELOPE``), which ``load`` checks."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    envelope = {
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
+    }
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        torch.save(envelope, tmp)
 
 
 def load(path, device="cpu") -> dict:
@@ -94,8 +111,16 @@ def load(path, device="cpu") -> dict:
     path = Path(path)
     fresh = f"delete {path} to start the fit afresh"
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
+        envelope = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(envelope, dict) or set(envelope) != set(ENVELOPE):
+            raise CheckpointError(
+                f"checkpoint {path} is not a scalable-xd checkpoint of format {FORMAT} (no checksummed state); {fresh}"
+            )
+        payload = envelope["payload"].numpy().tobytes()
+        if hashlib.sha256(payload).hexdigest() != envelope["sha256"]:
+            raise CheckpointError(f"checkpoint {path} is damaged: its state does not match its checksum; {fresh}")
+        state = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
+    except (FileNotFoundError, CheckpointError):
         raise
     except pickle.UnpicklingError as err:
         # torch's message advises weights_only=False, which is exactly what must not be done; keep the cause.
@@ -118,6 +143,44 @@ def load(path, device="cpu") -> dict:
             f"{fresh}"
         )
     return state
+
+
+def tensor_shapes(state) -> dict[str, tuple]:
+    """{where: shape} of every tensor in a nested state, ``where`` its keys and indices joined by dots."""
+    return {where: tuple(tensor.shape) for where, tensor in _tensors(state)}
+
+
+def check_state(fitter, expected: dict[str, tuple], path) -> None:
+    """Refuse a resumed state that is not a fit's: a tensor of another shape than this fit's own state has
+    (``expected``, its ``tensor_shapes`` before loading, where it has one), a non-finite value anywhere, or
+    a model that is not a valid mixture (a checksum vouches for the bytes, not for what wrote them)."""
+    fresh = f"delete {path} to start the fit afresh"
+    state = fitter.state_dict()
+    shapes = tensor_shapes(state)
+    for where, shape in sorted(expected.items()):  # an empty or absent part of a fresh state is not known yet
+        if 0 not in shape and shapes.get(where) != shape:
+            raise CheckpointError(
+                f"checkpoint {path} holds a state whose {where} has shape {shapes.get(where)}, where this fit's "
+                f"has {expected.get(where)}; {fresh}"
+            )
+    for where, tensor in _tensors(state):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"checkpoint {path} holds a state whose {where} has NaN or inf; {fresh}")
+    for mixture in (fitter.mixture, fitter.result):
+        try:
+            mixture.check(f"checkpoint {path}")
+        except ValueError as err:
+            raise CheckpointError(f"{err}; {fresh}") from None
+
+
+def _tensors(state, prefix: str = ""):
+    """(where, tensor) for every tensor in a nested state, as ``tensor_shapes`` names them."""
+    if isinstance(state, torch.Tensor):
+        yield prefix, state
+        return
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        yield from _tensors(value, f"{prefix}.{key}" if prefix else str(key))
 
 
 def check_matches(state: dict, fingerprint: dict, path) -> None:

@@ -32,7 +32,7 @@ from ..kernel.dispatch import batch_statistics, log_densities
 from ..kernel.fused import PARALLEL_PAIRS
 from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, CheckpointError, check_state, tensor_shapes
 from .cuda_graphs import GraphedStep
 from .fitters import Fitter
 from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
@@ -161,7 +161,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
     done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
     if checkpoint is not None and checkpoint.saved is not None:
         saved = checkpoint.saved
-        fitter.load_state_dict(saved["fitter"])
+        resume_state(fitter, saved["fitter"], checkpoint.path)
         start, history, converged = saved["epoch"], saved["history"], saved["converged"]
         done, done_seconds = saved["batch"], saved["epoch_seconds"]
     else:
@@ -221,6 +221,20 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
         _log(cfg, history[-1])
     return history, converged
+
+
+def resume_state(fitter: Fitter, state: dict, path) -> None:
+    """Load a checkpoint's fitter state, refusing (``CheckpointError``) one that does not fit this fitter or
+    is not a valid fit (``checkpoint.check_state``), instead of resuming a wrong model."""
+    expected = tensor_shapes(fitter.state_dict())  # this fit's own state, built for its K and D
+    try:
+        fitter.load_state_dict(state)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"checkpoint {path} holds a state this fit cannot take ({err.__class__.__name__}: {str(err)[:120]}); "
+            f"delete {path} to start the fit afresh"
+        ) from None
+    check_state(fitter, expected, path)
 
 
 def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
