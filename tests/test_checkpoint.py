@@ -118,6 +118,17 @@ def test_damaged_or_foreign_checkpoints_name_the_file(finished, damage):
         XDGMM(**SETTINGS).fit(*_data(0), checkpoint=finished)
 
 
+def test_the_digest_sees_every_row_of_the_noise(finished):
+    """Noise multiplied by 4 everywhere but on the rows the digest hashes in full: other data, refused
+    (the digest summed only X's columns, and the old model was returned)."""
+    x, S = _data(0)
+    sampled = np.unique(np.linspace(0, len(x) - 1, checkpoint.DIGEST_ROWS).astype(np.int64))
+    louder = S * 4
+    louder[sampled] = S[sampled]
+    with pytest.raises(CheckpointError, match="other data"):
+        XDGMM(**SETTINGS).fit(x, louder, checkpoint=finished)
+
+
 def test_every_damaged_byte_range_is_refused_or_harmless(finished):
     """Each 64-byte block of the file overwritten in turn (a bad sector, a torn write): the fit either
     refuses the checkpoint naming it or, where the block held nothing that is read, resumes to the

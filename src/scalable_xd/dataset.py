@@ -190,10 +190,13 @@ class Dataset:
         return self.X if self.observed is None else self.X[self.observed.all(1)]
 
     def digest_bytes(self, rows: torch.Tensor):
-        """Yield what identifies these data for a checkpoint: column sums of X a block at a time (one pass),
-        the rows ``rows`` in full (X, noise, R) and every weight."""
+        """Yield what identifies these data for a checkpoint: the column sums of X, of the noise covariances
+        and of R, a block at a time (one pass: a digest sees all the data it vouches for), the rows
+        ``rows`` in full and every weight."""
         for start in range(0, len(self), CHECK_CHUNK):
-            yield self.X[start : start + CHECK_CHUNK].to(torch.float64).sum(dim=0).numpy().tobytes()
+            for part in self.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64):
+                if part is not None:
+                    yield part.sum(dim=0).numpy().tobytes()
         for part in (*self.batch(rows, "cpu", torch.float64), self.weights):
             if part is not None:
                 yield part.contiguous().numpy().tobytes()

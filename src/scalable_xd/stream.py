@@ -196,13 +196,15 @@ class ParquetSource:
 
     def validate(self) -> None:
         """Check every row (finite values, valid standard deviations and correlations), naming the first
-        bad one by its row in the whole data set and its file; also sums X's columns for ``digest_bytes``."""
-        sums = np.zeros(self.obs_dim)
+        bad one by its row in the whole data set and its file; also sums every column (x, sigma,
+        correlations) for ``digest_bytes``, which vouches for all of them."""
+        sums = 0.0
         for piece in self._pieces:
             block = self._read(piece)
             with _rows_named_from(piece):
                 self._dataset(block, validate=True)
-            sums += block["x"].sum(axis=0)
+            columns = [block[key].astype(np.float64).sum(axis=0) for key in ("x", "sigma", "corr") if key in block]
+            sums = sums + np.concatenate(columns)
         self._sums = sums
 
     def check_range(self, dtype: torch.dtype, name: str | None = None) -> None:
@@ -312,7 +314,7 @@ class ParquetSource:
 
     def digest_bytes(self, rows):
         """Yield what identifies these data for a checkpoint: the layout, ``window_rows`` (both fix the
-        epochs' order), X's column sums (from ``validate``) and the rows ``rows`` in full."""
+        epochs' order), the sums of every column (from ``validate``) and the rows ``rows`` in full."""
         if self._sums is None:
             self.validate()
         yield repr((self.layout, self.window_rows, self._columns, self.pairs)).encode()
