@@ -164,6 +164,46 @@ def test_every_option_has_help_and_says_its_default():
                 assert "default" in action.help, (name, action.dest)
 
 
+def test_foreign_inputs_to_the_report_steps_are_named_not_tracebacks(files, tmp_path, caplog):
+    """A features file whose spec lacks its names, a features file given as a denoised catalogue, and a
+    JSON that is not a calibration: one error line naming the file (KeyError and IndexError before)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(files / "data" / "val.parquet")
+    meta = json.loads(table.schema.metadata[b"scalable_xd"])
+    del meta["spec"]["names"]
+    broken = table.replace_schema_metadata({b"scalable_xd": json.dumps(meta).encode()})
+    pq.write_table(broken, tmp_path / "nameless.parquet")
+    out = str(tmp_path / "k.npz")
+    _fails_with(
+        ["kmeans", "--train", str(tmp_path / "nameless.parquet"), "--n-components", "3", "--output", out],
+        "nameless.parquet is not a features file written by `scalable-xd features`: its feature spec lacks names",
+        caplog,
+    )
+    _fails_with(
+        ["calibrate", "--denoised", str(files / "data" / "val.parquet"), "--output-json", out, "--output-md", out],
+        "val.parquet is not a denoised catalogue (no mean_<feature> columns)",
+        caplog,
+    )
+    (tmp_path / "other.json").write_text(json.dumps({"features": {}}))
+    metrics = str(files / "data" / "features.json")
+    _fails_with(
+        [
+            "claims",
+            "--metrics",
+            metrics,
+            "--output",
+            str(tmp_path / "c.md"),
+            "--calibration",
+            str(tmp_path / "other.json"),
+        ],
+        "other.json is not a calibration written by `scalable-xd calibrate` (no 'available' flag)",
+        caplog,
+    )
+
+
 def test_every_help_page_renders_and_names_its_options(capsys):
     """``--help`` of the CLI and of each subcommand, as a user types it: formatted in full (argparse
     formats the help strings only then) and listing each option with its help text."""

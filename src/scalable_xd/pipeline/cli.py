@@ -200,10 +200,10 @@ def _table(args) -> None:
 
 
 def _claims(args) -> None:
-    from ..io import read_json
+    from .denoise import read_calibration
     from .report.claims import write_claims
 
-    calibration = None if args.calibration is None else read_json(args.calibration)
+    calibration = None if args.calibration is None else read_calibration(args.calibration)
     write_claims(args.metrics, args.output, device_note=args.device_note, calibration=calibration)
 
 
@@ -247,10 +247,10 @@ def _calibrate(args) -> None:
 
 
 def _plot_denoised(args) -> None:
-    from ..io import read_json
+    from .denoise import read_calibration
     from .report.denoised import plot_denoised
 
-    plot_denoised(args.denoised, read_json(args.calibration), args.output)
+    plot_denoised(args.denoised, read_calibration(args.calibration), args.output)
 
 
 # ------------------------------------------------------------------------------------------- parser

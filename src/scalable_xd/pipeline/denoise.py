@@ -82,6 +82,11 @@ def calibration(denoised_path) -> dict:
 
     table = pd.read_parquet(denoised_path)
     names = [c.removeprefix("mean_") for c in table.columns if c.startswith("mean_")]
+    if not names:
+        raise ValueError(
+            f"{denoised_path} is not a denoised catalogue (no mean_<feature> columns): run `scalable-xd denoise` "
+            "on a features file and calibrate what it writes"
+        )
     if f"true_{names[0]}" not in table.columns:
         return {"available": False, "reason": "the data carry no true values (not a mock)"}
     g = table["x_phot_g_mean_mag"].to_numpy() if "x_phot_g_mean_mag" in table.columns else None
@@ -97,6 +102,24 @@ def calibration(denoised_path) -> dict:
                     overall["by_g"].append({**bounds, **_feature_calibration(table, name, rows)})
         out["features"][name] = overall
     return out
+
+
+def read_calibration(path) -> dict:
+    """A calibration file (``calibration`` as JSON), checked: a ValueError naming the file where it is not one."""
+    from ..io import read_json
+
+    result = read_json(path)
+    not_ours = f"{path} is not a calibration written by `scalable-xd calibrate`"
+    if not isinstance(result, dict) or not isinstance(result.get("available"), bool):
+        raise ValueError(f"{not_ours} (no 'available' flag)")
+    features = result.get("features")
+    if result["available"] and not (
+        isinstance(features, dict)
+        and features
+        and all(isinstance(row, dict) and {"coverage_68", "coverage_95"} <= set(row) for row in features.values())
+    ):
+        raise ValueError(f"{not_ours} (its features lack their coverage)")
+    return result
 
 
 def _finite(value: float) -> float | None:

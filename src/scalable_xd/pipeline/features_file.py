@@ -79,7 +79,16 @@ class FeatureSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> FeatureSpec:
-        pairs = tuple((str(c), int(i), int(j)) for c, i, j in data["correlations"])
+        """The spec a features file's metadata holds; a ValueError naming what is missing or malformed."""
+        if not isinstance(data, dict):
+            raise ValueError("its feature spec is not a mapping")
+        missing = [key for key in ("survey", "names", "units", "correlations") if key not in data]
+        if missing:
+            raise ValueError(f"its feature spec lacks {', '.join(missing)}")
+        try:
+            pairs = tuple((str(c), int(i), int(j)) for c, i, j in data["correlations"])
+        except (TypeError, ValueError):
+            raise ValueError("its feature spec's correlations must be [column, i, j] triples") from None
         return cls(data["survey"], tuple(data["names"]), tuple(data["units"]), pairs)
 
 
@@ -212,6 +221,10 @@ def _metadata(path, schema) -> dict:
         else:
             hint = f"no feature spec in its metadata, and columns {', '.join(schema.names[:5])} instead of x_<feature>"
         raise ValueError(f"{path} is not {WHAT} ({hint})")
+    try:
+        FeatureSpec.from_dict(meta["spec"])
+    except ValueError as err:
+        raise ValueError(f"{path} is not {WHAT}: {err}") from None
     return meta
 
 
