@@ -186,3 +186,28 @@ def test_set_params_between_calls_is_refused_by_name_and_a_saved_model_loads(tmp
     np.testing.assert_array_equal(loaded.means_, model.means_)
     model.set_params(n_components=3, method="minibatch_em", **init)  # set back: it goes on
     assert model.partial_fit(x[600:800], S[600:800]).n_iter_ == 4
+
+
+def test_a_projection_or_a_running_state_of_another_shape_is_named(tmp_path):
+    """R projecting from another model dimension, and a model file whose running state has another K (its
+    checksum recomputed, as other code would write it): named, not torch's size errors."""
+    import json
+
+    from scalable_xd.model_file import checksum
+
+    x, S, init = _data(seed=70)
+    model = XDGMM(3, "minibatch_em", random_state=0, **init).partial_fit(x[:200], S[:200])
+    R = np.broadcast_to(np.eye(3, 2), (200, 3, 2))
+    with pytest.raises(ValueError, match=r"R projects from 2 model dimensions, the model has 3: R must have shape"):
+        model.partial_fit(x[200:400], S[200:400], R=R)
+    other = XDGMM(2, "minibatch_em", random_state=0).partial_fit(x[:200], S[:200])
+    model.save(tmp_path / "model.npz")
+    other.save(tmp_path / "other.npz")
+    with np.load(tmp_path / "model.npz") as archive, np.load(tmp_path / "other.npz") as foreign:
+        arrays = {key: archive[key] for key in archive.files}
+        arrays["online_state"] = foreign["online_state"]
+    meta = json.loads(str(arrays["meta"]))
+    meta["sha256"] = checksum({key: value for key, value in arrays.items() if key != "meta"})
+    np.savez(tmp_path / "mixed.npz", **{**arrays, "meta": np.array(json.dumps(meta))})
+    with pytest.raises(ValueError, match=r"mixed.npz: its online_state holds a state whose .* \(2, 3, 3\), where"):
+        XDGMM.load(tmp_path / "mixed.npz")

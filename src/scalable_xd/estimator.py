@@ -251,6 +251,11 @@ class XDGMM(BaseEstimator):
             raise ValueError(
                 f"partial_fit: this batch has {batch.obs_dim} features, the earlier ones {self.n_features_in_}"
             )
+        elif batch.model_dim != online.fitter.result.dim:
+            raise ValueError(
+                f"partial_fit: this batch's R projects from {batch.model_dim} model dimensions, the model has "
+                f"{online.fitter.result.dim}: R must have shape (N, {batch.obs_dim}, {online.fitter.result.dim})"
+            )
         entry = online.update(batch)
         history = [*self.history_, entry]
         self._set_fitted(online.fitter.result, history, False, online.settings, kmeans)
@@ -422,7 +427,8 @@ class XDGMM(BaseEstimator):
         if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
             start = Start(model.n_components, model._fixed_masks())
             state = read_online_state(path, device)
-            model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state)
+            what = f"model {path}: its online_state"
+            model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state, what)
         return model
 
 

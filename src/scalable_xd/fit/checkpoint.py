@@ -150,27 +150,27 @@ def tensor_shapes(state) -> dict[str, tuple]:
     return {where: tuple(tensor.shape) for where, tensor in _tensors(state)}
 
 
-def check_state(fitter, expected: dict[str, tuple], path) -> None:
-    """Refuse a resumed state that is not a fit's: a tensor of another shape than this fit's own state has
-    (``expected``, its ``tensor_shapes`` before loading, where it has one), a non-finite value anywhere, or
-    a model that is not a valid mixture (a checksum vouches for the bytes, not for what wrote them)."""
-    fresh = f"delete {path} to start the fit afresh"
+def check_state(fitter, expected: dict[str, tuple], what: str, advice: str) -> None:
+    """Refuse (``CheckpointError``: ``what`` holds ...; ``advice``) a resumed state that is not a fit's: a
+    tensor of another shape than this fit's own state has (``expected``, its ``tensor_shapes`` before
+    loading, where it has one), a non-finite value anywhere, or a model that is not a valid mixture (a
+    checksum vouches for the bytes, not for what wrote them)."""
     state = fitter.state_dict()
     shapes = tensor_shapes(state)
     for where, shape in sorted(expected.items()):  # an empty or absent part of a fresh state is not known yet
         if 0 not in shape and shapes.get(where) != shape:
             raise CheckpointError(
-                f"checkpoint {path} holds a state whose {where} has shape {shapes.get(where)}, where this fit's "
-                f"has {expected.get(where)}; {fresh}"
+                f"{what} holds a state whose {where} has shape {shapes.get(where)}, where this fit's has "
+                f"{shape}; {advice}"
             )
     for where, tensor in _tensors(state):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(f"checkpoint {path} holds a state whose {where} has NaN or inf; {fresh}")
+            raise CheckpointError(f"{what} holds a state whose {where} has NaN or inf; {advice}")
     for mixture in (fitter.mixture, fitter.result):
         try:
-            mixture.check(f"checkpoint {path}")
+            mixture.check(what)
         except ValueError as err:
-            raise CheckpointError(f"{err}; {fresh}") from None
+            raise CheckpointError(f"{err}; {advice}") from None
 
 
 def _tensors(state, prefix: str = ""):

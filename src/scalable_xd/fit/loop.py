@@ -161,7 +161,8 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
     done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
     if checkpoint is not None and checkpoint.saved is not None:
         saved = checkpoint.saved
-        resume_state(fitter, saved["fitter"], checkpoint.path)
+        path = checkpoint.path
+        resume_state(fitter, saved["fitter"], f"checkpoint {path}", f"delete {path} to start the fit afresh")
         start, history, converged = saved["epoch"], saved["history"], saved["converged"]
         done, done_seconds = saved["batch"], saved["epoch_seconds"]
     else:
@@ -223,18 +224,18 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
     return history, converged
 
 
-def resume_state(fitter: Fitter, state: dict, path) -> None:
-    """Load a checkpoint's fitter state, refusing (``CheckpointError``) one that does not fit this fitter or
-    is not a valid fit (``checkpoint.check_state``), instead of resuming a wrong model."""
+def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
+    """Load a saved fitter state (a checkpoint's, a model file's running state), refusing
+    (``CheckpointError``: ``what`` holds ...; ``advice``) one that does not fit this fitter or is not a valid
+    fit (``checkpoint.check_state``), instead of resuming a wrong model."""
     expected = tensor_shapes(fitter.state_dict())  # this fit's own state, built for its K and D
     try:
         fitter.load_state_dict(state)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(
-            f"checkpoint {path} holds a state this fit cannot take ({err.__class__.__name__}: {str(err)[:120]}); "
-            f"delete {path} to start the fit afresh"
+            f"{what} holds a state this fit cannot take ({err.__class__.__name__}: {str(err)[:120]}); {advice}"
         ) from None
-    check_state(fitter, expected, path)
+    check_state(fitter, expected, what, advice)
 
 
 def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:

@@ -21,7 +21,7 @@ from ..errors import brief
 from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
 from .driver import Start, fixed_parameters, regularisation, settings_record, starting_mixture
-from .loop import assignment_uniforms
+from .loop import assignment_uniforms, resume_state
 from .methods import METHODS, make_fitter, method
 
 
@@ -74,8 +74,11 @@ class OnlineFit:
         return {"fitter": self.fitter.state_dict(), "w": self.w, **counts}
 
     @classmethod
-    def resumed(cls, mixture, settings: FitSettings, kmeans: KMeansSettings, start, state: dict) -> OnlineFit:
-        """The online fit a ``state_dict`` describes, its fitter built around ``mixture`` and then loaded."""
+    def resumed(
+        cls, mixture, settings: FitSettings, kmeans: KMeansSettings, start, state: dict, what: str
+    ) -> OnlineFit:
+        """The online fit a ``state_dict`` describes, its fitter built around ``mixture`` and then loaded, or
+        a ValueError (``what`` holds ...) where the state does not fit it (``loop.resume_state``)."""
         online = cls.__new__(cls)
         online.kmeans = kmeans
         online._configure(settings, max(1, int(state["seen"])), int(state["seed"]))
@@ -84,7 +87,7 @@ class OnlineFit:
         else:  # a file written before w_scale, whose w was in the features' own units
             w = regularisation(dataclasses.replace(settings, w_scale="none"), None, mixture.to(online.device))
         online._start_fitter(mixture.to(online.device, mixture.weights.dtype), start, w)
-        online.fitter.load_state_dict(state["fitter"])
+        resume_state(online.fitter, state["fitter"], what, "the file is not as XDGMM.save wrote it")
         online.seen, online.seconds, online.updates = (
             float(state["seen"]),
             float(state["seconds"]),
