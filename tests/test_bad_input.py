@@ -145,3 +145,43 @@ def test_a_minibatch_of_zero_total_weight_makes_no_update(method, fitter, monkey
     weighted = [(weights[rows] > 0).any() for rows in batches]
     assert len(observed) == sum(weighted) < 30 and all(n > 0 for n in observed)
     assert np.isfinite(model.means_).all() and np.isfinite(model.history_[-1]["train_loglik"])
+
+
+def test_unclear_inputs_are_named_by_the_argument_they_came_in():
+    """Each case below gave numpy's or pyarrow's words (an inhomogeneous shape, ArrowInvalid, "need at least
+    one array to stack", "could not convert string to float") or named warm_start, which was not set."""
+    import tempfile
+    from pathlib import Path
+
+    from scalable_xd.stream import ParquetSource
+
+    V = np.full(X.shape, 0.1)
+    with pytest.raises(ValueError, match=r"X batch 0: it is a tuple of 4 items, where a batch is a tuple \(X, Xcov\)"):
+        XDGMM(2).fit([(X, V, np.ones(len(X)), 1)])
+    with pytest.raises(ValueError, match=r"X batch 0: X must have shape \(N, d\), got \(200,\)"):
+        XDGMM(2).fit([(X[:, 0], V[:, 0])])
+
+    class Rows:  # map-style, without torch
+        def __getitem__(self, i):
+            return X[i], V[i]
+
+        def __len__(self):
+            return len(X)
+
+    with pytest.raises(ValueError, match=r"X is a Rows \(__getitem__ and __len__\), which gives one point at a time"):
+        XDGMM(2).fit(Rows())
+    folder = Path(tempfile.mkdtemp())
+    (folder / "empty.parquet").write_bytes(b"")
+    (folder / "table.csv").write_text("a,b\n1,2\n")
+    for name in ("empty.parquet", "table.csv"):
+        with pytest.raises(ValueError, match=f"{folder / name} is not a readable Parquet data set"):
+            ParquetSource(folder / name, ["a", "b"])
+    with pytest.raises(ValueError, match="x_columns is empty"):
+        ParquetSource(folder / "table.csv", [])
+    model = XDGMM(2, "minibatch_em", epochs=2, random_state=0).fit(X, V)
+    with pytest.raises(ValueError, match=r"q must hold numbers, got \['a'\]"):
+        model.posterior(X, V, q=["a"])
+    with pytest.raises(ValueError, match=r"X_given must hold numbers, got \['a', None\]"):
+        model.condition(["a", None])
+    with pytest.raises(ValueError, match="partial_fit: this batch has 3 features, the fitted model 2"):
+        model.partial_fit(np.zeros((50, 3)), np.full((50, 3), 0.1))

@@ -17,14 +17,23 @@ import math
 import numpy as np
 import torch
 
+from .errors import brief
 from .mixture import Mixture
 
 LOG_2PI = math.log(2.0 * math.pi)
 
 
+def floats(value, name: str) -> np.ndarray:
+    """``value`` as a float64 array, or a ValueError naming the argument (numpy's names neither)."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must hold numbers, got {brief(value)}") from None
+
+
 def measured_features(x_given, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """The measured features' mask and values from ``x_given`` (D,), where NaN marks a feature to keep."""
-    x_given = np.asarray(x_given, dtype=np.float64)
+    x_given = floats(x_given, "X_given")
     if x_given.shape != (dim,):
         raise ValueError(
             f"X_given must have shape ({dim},), one entry per feature (NaN for those to keep), got {x_given.shape}"
@@ -48,7 +57,7 @@ def measurement_noise(noise, n_measured: int) -> np.ndarray:
     """The measured features' noise covariance (d_b, d_b) from None, variances (d_b,) or a matrix."""
     if noise is None:
         return np.zeros((n_measured, n_measured))
-    noise = np.asarray(noise, dtype=np.float64)
+    noise = floats(noise, "Xcov_given")
     if noise.shape == (n_measured,):
         noise = np.diag(noise)
     if noise.shape != (n_measured, n_measured):

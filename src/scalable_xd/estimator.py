@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
-from .conditioning import condition, measured_features, measurement_noise
+from .conditioning import condition, floats, measured_features, measurement_noise
 from .dataset import Dataset
 from .fit.driver import (
     Start,
@@ -242,6 +242,11 @@ class XDGMM(BaseEstimator):
                 f"partial_fit takes one batch of arrays per call, and X is a {type(batch).__name__}: call it once "
                 "per batch, or give the whole source to fit"
             )
+        if online is None and warm is not None and batch.model_dim != warm.dim:
+            raise ValueError(
+                f"partial_fit: this batch has {batch.model_dim} features, the fitted model {warm.dim} (partial_fit "
+                "after fit goes on from the fitted model)"
+            )
         if online is None:
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
@@ -327,7 +332,7 @@ class XDGMM(BaseEstimator):
         positions)."""
         probs = None
         if q is not None:
-            probs = np.atleast_1d(np.asarray(q, dtype=float))
+            probs = np.atleast_1d(floats(q, "q"))
             if probs.ndim != 1 or not np.all((probs > 0) & (probs < 1)):
                 raise ValueError(f"q must be probabilities strictly between 0 and 1, got {q!r}")
         data = self._data_for_model(X, Xcov, R)

@@ -74,8 +74,10 @@ class IterableSource:
                 continue
             with _named(self.name, number):
                 if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                    what = f"of {len(item)} items" if isinstance(item, (tuple, list)) else ""
                     raise ValueError(
-                        f"it is a {type(item).__name__}, where a batch is a tuple (X, Xcov) or (X, Xcov, weights)"
+                        f"it is a {type(item).__name__}{' ' + what if what else ''}, where a batch is a tuple "
+                        "(X, Xcov) or (X, Xcov, weights)"
                     )
                 x, cov, weights = (*item, None)[:3]
                 data = Dataset(x, cov, sample_weight=weights, name="X", missing=self.missing)
@@ -184,12 +186,13 @@ def _named(name: str, number: int):
 
 def is_batch_iterable(X) -> bool:
     """Whether X is an iterable of batches rather than an array: not array-like, not a data source, and
-    iterable; a list or tuple only where its first item is a (X, Xcov[, weights]) tuple of 2-d X."""
+    iterable; a list or tuple only where its first item is a tuple of arrays (its batches are then checked:
+    (X, Xcov[, weights]) with 2-d X)."""
     if isinstance(X, (np.ndarray, torch.Tensor, str, bytes, dict)) or hasattr(X, "__array__"):
         return False
     if hasattr(X, "epoch_batches") or not hasattr(X, "__iter__"):
         return False
-    if isinstance(X, (list, tuple)):
+    if isinstance(X, (list, tuple)):  # batches hold arrays; rows of numbers are X itself (checked by batch)
         first = X[0] if len(X) else None
-        return isinstance(first, (list, tuple)) and len(first) in (2, 3) and np.ndim(first[0]) == 2
+        return isinstance(first, (list, tuple)) and len(first) > 0 and np.ndim(first[0]) >= 1
     return True

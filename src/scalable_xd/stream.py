@@ -101,6 +101,8 @@ class ParquetSource:
             raise ValueError(f"window_rows must be a positive number of rows, got {window_rows}")
         self.path, self.name, self.window_rows, self.missing = str(path), name, int(window_rows), missing
         self.x_columns = list(x_columns)
+        if not self.x_columns:
+            raise ValueError("x_columns is empty: name the columns of X (at least one)")
         self.sigma_columns = None if sigma_columns is None else list(sigma_columns)
         self.corr_columns, self.pairs = list(corr_columns), [tuple(p) for p in pairs]
         if self.sigma_columns is not None and len(self.sigma_columns) != len(self.x_columns):
@@ -108,7 +110,13 @@ class ParquetSource:
         if len(self.corr_columns) != len(self.pairs) or (self.corr_columns and self.sigma_columns is None):
             raise ValueError("corr_columns needs sigma_columns and one dimension pair (i, j) per column")
         self._columns = self.x_columns + (self.sigma_columns or []) + self.corr_columns
-        dataset = ds.dataset(parquet_files(path), format="parquet")
+        import pyarrow as pa
+
+        files = parquet_files(path)
+        try:
+            dataset = ds.dataset(files, format="parquet")
+        except (pa.ArrowInvalid, OSError) as err:  # empty, truncated, CSV: pyarrow's message, first line
+            raise ValueError(f"{path} is not a readable Parquet data set ({str(err).splitlines()[0][:200]})") from None
         self._pieces = []
         start = 0
         for fragment in dataset.get_fragments():

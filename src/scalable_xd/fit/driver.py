@@ -73,9 +73,11 @@ def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
     if is_batch_iterable(X):
         _refuse_beside(X, name, "an iterable of batches", Xcov=Xcov, R=R, sample_weight=sample_weight)
         return IterableSource(X, name=name, missing=missing)
-    if isinstance(X, TorchDataset):  # map-style: one point per index, no batches
+    map_style = hasattr(X, "__getitem__") and hasattr(X, "__len__") and not hasattr(X, "__iter__")
+    if isinstance(X, TorchDataset) or (map_style and not hasattr(X, "__array__")):  # one point per index
+        kind = "a torch Dataset" if isinstance(X, TorchDataset) else f"a {type(X).__name__} (__getitem__ and __len__)"
         raise ValueError(
-            f"{name} is a torch Dataset, which gives one point at a time: give a DataLoader over it "
+            f"{name} is {kind}, which gives one point at a time: give a DataLoader over it "
             "(DataLoader(dataset, batch_size=500)), whose (X, Xcov) batches the fit reads"
         )
     if not isinstance(X, DataSource):
