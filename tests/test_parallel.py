@@ -87,6 +87,30 @@ def test_processes_given_different_data_fail_together_naming_it(tmp_path, given,
         assert "rows: rank 0 2100, rank 1 2000" in results[0][1]
 
 
+@pytest.mark.parametrize(
+    "environ, differs",
+    [
+        ({"RANK1_SETTINGS": '{"random_state": null}'}, "random_state, seed"),  # hung both processes before
+        ({"RANK1_SETTINGS": '{"dtype": "float32"}'}, "setting dtype"),  # was cut at 'epochs': 4...
+        ({"RANK0_VAL": "1"}, "validation data"),  # aborted rank 0 in gloo ("collective mismatch")
+    ],
+)
+def test_processes_given_different_settings_fail_together_naming_them(tmp_path, environ, differs):
+    settings = {**BASE, "method": "minibatch_em"}
+    _, results = _run_two(tmp_path, settings, timeout=120, **environ)
+    for rank, (code, err) in enumerate(results):
+        assert code != 0, err
+        assert f"rank {rank} of 2: the processes of this data-parallel fit were given different {differs} (" in err
+
+
+def test_the_command_line_states_the_group_timeout_the_library_uses():
+    from scalable_xd.fit.parallel import GROUP_TIMEOUT
+    from scalable_xd.pipeline.cli import build_parser
+
+    fit = build_parser()._subparsers._group_actions[0].choices["fit"]
+    assert next(a.default for a in fit._actions if a.dest == "group_timeout") == GROUP_TIMEOUT
+
+
 def test_processes_without_a_random_state_share_rank_0s_seed(tmp_path):
     settings = {**BASE, "method": "minibatch_em", "random_state": None}
     _, results = _run_two(tmp_path, settings)

@@ -201,8 +201,6 @@ def fit_mixture(
             "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
             "ParquetSource, which every process splits the same way"
         )
-    if random_state is None:
-        seed = shared_seed(group, seed)  # one seed drawn for all the processes: rank 0's
     # how the fit is logged and which kernel computes it do not change its result: resume across them
     record = {
         **settings_record(start.n_components, settings, kmeans),
@@ -212,8 +210,12 @@ def fit_mixture(
     }
     record.update(start.record())
     digest = data_digest(train) if group.parallel or store is not None else None  # one pass over X
-    if group.parallel:
-        check_same_fit(group, {"rows": len(train), "data": digest, "settings": record, "seed": seed})
+    if group.parallel:  # everything the processes must share, checked at once before any other collective
+        check_same_fit(
+            group, _shared_by_the_processes(train, val, monitored, record, digest, random_state, seed, store)
+        )
+    if random_state is None:
+        seed = shared_seed(group, seed)  # one seed drawn for all the processes: rank 0's
     if store is not None:
         store.bind(record, seed, train, digest, val, (start.weights, start.means, start.covariances))
     sample = train if isinstance(train, Dataset) else kmeans_sample(train, KMEANS_SAMPLE, seed)  # in memory
@@ -302,6 +304,23 @@ def starting_mixture(train: Dataset, settings, kmeans, seed: int, start: Start, 
         means=start.means,
         covariances=start.covariances,
     )
+
+
+def _shared_by_the_processes(train, val, monitored, record, digest, random_state, seed, store) -> dict:
+    """What every process of a data-parallel fit must agree on, each setting by name: the training data
+    (rows and digest), the validation and monitored data, the settings, whether a random_state was given
+    (and which), and what checkpoint each found. Compared in one all_gather (``check_same_fit``) before any
+    other collective, so that a difference fails every process with its name instead of hanging one."""
+    return {
+        "rows": len(train),
+        "data": digest,
+        **{f"setting {key}": value for key, value in record.items()},
+        "random_state": "given" if random_state is not None else "none (rank 0's seed is drawn)",
+        "seed": seed if random_state is not None else None,
+        "validation data": None if val is None else [len(val), data_digest(val)],
+        "monitored sets": sorted(monitored or {}),
+        "checkpoint": None if store is None else (None if store.saved is None else f"epoch {store.saved['epoch']}"),
+    }
 
 
 def regularisation(settings: FitSettings, data: Dataset, mixture: Mixture) -> torch.Tensor | None:

@@ -10,8 +10,12 @@ global batches up to the order of float summation (tested in float64 to 1e-9).
 One reduction carries one flat float64 tensor: n, q (K), U (K D), the upper triangles of UU and P
 (K D (D + 1) / 2 each) and the log-likelihood, so K (1 + D + D (D + 1)) + 2 numbers a step, plus K^2 + 2K
 when the split-and-merge criteria ride along. A process that dies makes the others' next reduction fail
-(gloo reports the closed connection; otherwise the group's timeout, 10 minutes by default, bounds the
-wait), which ``reduce_statistics`` turns into a ``RuntimeError`` naming the rank.
+(gloo reports the closed connection; otherwise the group's timeout bounds the wait: ``process_group``'s
+``timeout``, 600 s by default and ``scalable-xd fit --group-timeout``; a group a user initialises has the
+one given to ``init_process_group``, 30 minutes by torch's default for gloo), which ``reduce_statistics``
+turns into a ``RuntimeError`` naming the rank and the timeout. Every input and setting the processes must
+share is compared in one exchange before any other (``check_same_fit``), so a difference fails them all
+at once with its name.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -74,7 +79,8 @@ def check_same_fit(group: Group, fit: dict) -> None:
     if not group.parallel:
         return
     everyone = [None] * group.size
-    dist.all_gather_object(everyone, fit)
+    with _collective(group):
+        dist.all_gather_object(everyone, fit)
     differing = [key for key in fit if len({json.dumps(each[key], sort_keys=True) for each in everyone}) > 1]
     if differing:
         details = "; ".join(
@@ -92,12 +98,17 @@ def shared_seed(group: Group, seed: int) -> int:
     if not group.parallel:
         return seed
     shared = [seed]
-    dist.broadcast_object_list(shared, src=0)
+    with _collective(group):
+        dist.broadcast_object_list(shared, src=0)
     return shared[0]
 
 
+GROUP_TIMEOUT = 600.0  # seconds a process waits for the others in one collective (``process_group``)
+_timeout: float | None = None  # the timeout of the group ``process_group`` made, for error messages
+
+
 @contextlib.contextmanager
-def process_group(device: str):
+def process_group(device: str, timeout: float = GROUP_TIMEOUT):
     """Under torchrun (WORLD_SIZE > 1 in the environment) join the process group for the block: NCCL with
     one GPU per process where the fit runs on CUDA, gloo on CPU; yields the device this process fits on.
     The group is destroyed on the way out: a process that exits with it alive can abort in gloo's threads
@@ -109,14 +120,17 @@ def process_group(device: str):
     if cuda:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
+    global _timeout
     joined = not dist.is_initialized()
     if joined:
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
+        _timeout = timeout
     try:
         yield device
     finally:
         if joined:
             dist.destroy_process_group()
+            _timeout = None
 
 
 def _upper(a: torch.Tensor) -> torch.Tensor:
@@ -173,10 +187,19 @@ def reduce_sum(value: float, group: Group, device) -> float:
 
 
 def _all_reduce(tensor: torch.Tensor, group: Group) -> None:
-    try:
+    with _collective(group):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+
+@contextlib.contextmanager
+def _collective(group: Group):
+    """A collective whose failure (a process gone, the timeout passed) is a RuntimeError naming the rank and
+    the timeout, not gloo's bare "Timed out" or "Connection closed by peer"."""
+    try:
+        yield
     except (RuntimeError, dist.DistBackendError) as err:
+        waited = f"the group's timeout, {_timeout:g} s" if _timeout else "the group's timeout (init_process_group's)"
         raise RuntimeError(
-            f"rank {group.rank} of {group.size}: lost contact with the other processes of the "
-            f"fit (one of them failed or was killed): {err}"
+            f"rank {group.rank} of {group.size}: lost contact with the other processes of the fit (one of them "
+            f"failed, was killed or waited longer than {waited}): {err}"
         ) from None

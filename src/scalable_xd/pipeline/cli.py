@@ -146,7 +146,7 @@ def _kmeans(args) -> None:
 def _fit(args) -> None:
     from ..fit.parallel import process_group  # torch: not imported for --help
 
-    with process_group(args.device) as device:
+    with process_group(args.device, args.group_timeout) as device:
         steps.fit(
             train=args.train,
             val=args.val,
@@ -406,6 +406,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROWS",
         help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading them "
         "(0: load; --train etc. may then be folders of Parquet files or HATS catalogues)",
+    )
+    p.add_argument(
+        "--group-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="under torchrun: how long a process waits for the others in one exchange before the fit fails "
+        "(default: 600)",
     )
     p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
     p.add_argument("--config-hash", default=None, help="recorded in the metrics")
