@@ -112,3 +112,24 @@ def test_invalid_settings_and_versions_name_the_file(saved, tmp_path):
     target = _rewrite(tmp_path / "model.npz", arrays, meta=np.array(json.dumps({**meta, "format_version": 99})))
     with pytest.raises(ValueError, match=f"{target}: unsupported model format version 99"):
         XDGMM.load(target)
+
+
+def test_every_damaged_byte_range_is_refused_or_harmless(saved, tmp_path):
+    """Each 64-byte block of a model file (with a running state) overwritten in turn: loading either refuses
+    the file naming it or gives the undamaged model."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 2))
+    path = tmp_path / "online.npz"
+    XDGMM(2, "minibatch_em", random_state=0).partial_fit(x, np.full((300, 2), 0.1)).save(path)
+    intact, model = path.read_bytes(), XDGMM.load(path)
+    for start in range(0, len(intact), 64):
+        damaged = bytearray(intact)
+        damaged[start : start + 64] = bytes(255 - b for b in damaged[start : start + 64])
+        path.write_bytes(bytes(damaged))
+        try:
+            loaded = XDGMM.load(path)
+        except ValueError as err:
+            assert str(path) in str(err), err
+            continue
+        for attr in ("weights_", "means_", "covariances_"):
+            np.testing.assert_array_equal(getattr(loaded, attr), getattr(model, attr))

@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 import threading
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -75,7 +76,14 @@ def read_npz(path, keys, not_ours: str) -> dict:
             return {key: archive[key] for key in keys}
     except FileNotFoundError:
         raise
-    except (OSError, EOFError, zipfile.BadZipFile, ValueError) as err:
+    except (
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        ValueError,
+        SyntaxError,
+        tokenize.TokenError,
+    ) as err:  # a torn header
         if str(err).startswith(not_ours):
             raise
         if "Object arrays" in str(err):  # numpy's advice (allow_pickle) is exactly what must not be done
