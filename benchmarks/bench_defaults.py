@@ -118,7 +118,8 @@ def mean_loglik(X, variances, weights, means, covariances, chunk: int = 100_000)
             L = np.linalg.cholesky(T)
             z = np.linalg.solve(L, (x - m)[:, :, None])[..., 0]
             log_det = 2 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(1)
-            terms.append(np.log(alpha) - 0.5 * (X.shape[1] * np.log(2 * np.pi) + log_det + (z**2).sum(1)))
+            with np.errstate(divide="ignore"):  # a frozen component's weight is 0: log 0 = -inf, no term
+                terms.append(np.log(alpha) - 0.5 * (X.shape[1] * np.log(2 * np.pi) + log_det + (z**2).sum(1)))
         stacked = np.stack(terms, axis=1)
         top = stacked.max(1)
         total += (top + np.log(np.exp(stacked - top[:, None]).sum(1))).sum()
