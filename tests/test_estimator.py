@@ -403,3 +403,23 @@ def test_batch_em_that_converges_within_its_budget_does_not_warn(data):
         warnings.simplefilter("error", ConvergenceWarning)
         model = XDGMM(K, "em", epochs=500, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, S)
     assert model.converged_ and model.n_iter_ < 500
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_minibatch_epochs_score_a_fixed_sample_of_the_training_data(data, method):
+    """``train_score_rows``: every entry's ``train_loglik`` is the mean log-likelihood (scipy's) of the same
+    seeded sample of the training rows, not of all of them; None scores every row."""
+    from scalable_xd.batching import random_rows
+
+    x, S = data
+    settings = dict(epochs=2, tol=None, dtype="float64", device="cpu", random_state=3)
+    model = XDGMM(K, method, train_score_rows=200, **settings).fit(x, S)
+    rows = random_rows(len(x), 200, 3).numpy()
+    params = (model.weights_, model.means_, model.covariances_)
+    on_sample = xd_loglik(x[rows], S[rows], *params).mean()
+    assert model.history_[-1]["train_loglik"] == pytest.approx(on_sample, rel=1e-9)
+    assert abs(on_sample - xd_loglik(x, S, *params).mean()) > 1e-6  # the sample is not the whole set
+    full = XDGMM(K, method, train_score_rows=None, **settings).fit(x, S)
+    params = (full.weights_, full.means_, full.covariances_)
+    assert full.history_[-1]["train_loglik"] == pytest.approx(xd_loglik(x, S, *params).mean(), rel=1e-9)
+    np.testing.assert_array_equal(full.means_, model.means_)  # what is scored does not change the fit

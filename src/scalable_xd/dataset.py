@@ -15,6 +15,10 @@ from .batching import Batch, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
 from .settings import MISSING_MODES, MISSING_VARIANCE
 
+# Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of
+# dense float64 noise are 26 MB
+GATHER_ROWS = 65_536
+
 
 class Dataset:
     """X (N, d), noise covariances (N, d, d) in any container from ``noise``, projections R (N, d, D) or None,
@@ -154,16 +158,24 @@ class Dataset:
 
     def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
         """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``) after the first ``skip``:
-        this process's share of it in a process group, the whole of it otherwise."""
+        this process's share of it in a process group, the whole of it otherwise. The rows of many batches
+        are gathered at once (``GATHER_ROWS``) and each batch is a view of them: the same rows, with a dozen
+        small tensor calls a window instead of a batch (~0.25 ms a step at batch 500)."""
+        shares = []
         for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
-            share = group.share(index, size)
-            yield Batch(
-                size,
-                *self.batch(share, device, dtype),
-                self.batch_weights(share, device, dtype),
-                self.batch_observed(share, device),
-            )
+            shares.append((size, _as_rows(group.share(index, size))))
+        per_window = max(1, GATHER_ROWS // batch_size)
+        for first in range(0, len(shares), per_window):
+            window = shares[first : first + per_window]
+            rows = torch.cat([rows for _, rows in window])
+            x, S, R = self.batch(rows, device, dtype)
+            weights, observed = self.batch_weights(rows, device, dtype), self.batch_observed(rows, device)
+            at = 0
+            for size, part in window:
+                cut = slice(at, at + len(part))
+                at = cut.stop
+                yield Batch(size, *(None if t is None else t[cut] for t in (x, S, R, weights, observed)))
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, R, weights, observed) over ``rows`` in order, ``batch_size`` rows at a time."""
@@ -200,6 +212,11 @@ class Dataset:
         for part in (*self.batch(rows, "cpu", torch.float64), self.weights):
             if part is not None:
                 yield part.contiguous().numpy().tobytes()
+
+
+def _as_rows(index) -> torch.Tensor:
+    """Row numbers of a slice or an index tensor."""
+    return torch.arange(index.start, index.stop) if isinstance(index, slice) else index
 
 
 def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:

@@ -98,6 +98,7 @@ class XDGMM(BaseEstimator):
         w_scale: str = _FIT.w_scale,
         online_regularisation: str = _FIT.online_regularisation,
         tol: float | None = _FIT.tol,
+        train_score_rows: int | None = _FIT.train_score_rows,
         acceleration: str = _FIT.acceleration,
         split_merge: bool = _FIT.split_merge,
         split_merge_tries: int = _FIT.split_merge_tries,

@@ -235,8 +235,11 @@ class CompactCovariance:
 
     def batch(self, index, device, dtype) -> torch.Tensor:
         sigma = self.sigma[index].to(device=device, dtype=dtype, non_blocking=True)
-        corr = self._correlation_matrices(self.corr[index].to(device=device, dtype=dtype, non_blocking=True))
-        return corr * (sigma[:, :, None] * sigma[:, None, :])  # exactly symmetric: sigma_i sigma_j == sigma_j sigma_i
+        corr = self.corr[index].to(device=device, dtype=dtype, non_blocking=True)
+        S = torch.diag_embed(sigma * sigma)
+        for p, (i, j) in enumerate(self.pairs):  # exactly symmetric: one product written to both halves
+            S[:, i, j] = S[:, j, i] = corr[:, p] * (sigma[:, i] * sigma[:, j])
+        return S
 
     def dense(self) -> torch.Tensor:
         """All covariances at once, (N, d, d); for data that fits in memory."""

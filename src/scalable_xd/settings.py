@@ -172,6 +172,15 @@ class FitSettings(_Settings):
         low=0,
         nullable=True,
     )
+    train_score_rows: int | None = setting(
+        100_000,
+        "minibatch methods score the training data after every epoch (the history's train_loglik) on a fixed "
+        "random sample of this many points chosen by the seed, so that an epoch is not taxed with a second "
+        "full pass and the figures compare across epochs; None: every point, as the paper measured (em's pass "
+        "scores every point at no cost)",
+        low=1,
+        nullable=True,
+    )
     acceleration: str = setting(
         "squarem",
         "batch EM (em without split_merge): squarem extrapolates along EM's steps (Varadhan & Roland 2008), "

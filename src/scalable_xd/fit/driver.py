@@ -225,7 +225,7 @@ def fit_mixture(
     backend = fit_backend(settings.backend, device)
     judge = None
     if settings.split_merge and row.split_merge == "epoch":
-        judged = val if val is not None else _judge_sample(train, seed)
+        judged = val if val is not None else _training_sample(train, JUDGE_SAMPLE, seed, "split-and-merge judging")
         judge = _judge(judged, device, dtype, backend, group)
     fixed = fixed_parameters(start.fixed, mixture)
     fitter = make_fitter(settings, mixture, fixed, judge, data_size=train.total_weight, w=w)
@@ -245,7 +245,8 @@ def fit_mixture(
         defer_checks=defers_checks(device),
         graph_steps=settings.cuda_graphs and graphs_steps(device),
     )
-    history, converged = run(fitter, train, val, loop, store, monitored)
+    scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
+    history, converged = run(fitter, train, val, loop, store, monitored, scored)
     return Fitted(fitter.result, history, converged or _judged_converged(history, settings), settings)
 
 
@@ -362,11 +363,12 @@ def fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedPar
     return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
 
 
-def _judge_sample(train, seed: int) -> Dataset:
-    """A fixed random sample of the training data (``JUDGE_SAMPLE`` stars at most), chosen by the seed."""
-    if len(train) <= JUDGE_SAMPLE and isinstance(train, Dataset):
+def _training_sample(train, size: int | None, seed: int, what: str) -> Dataset:
+    """A fixed random sample of the training data (``size`` stars at most; None: all), chosen by the seed,
+    in memory: the split-and-merge judge's, or the points a minibatch fit scores after each epoch."""
+    if size is None or len(train) <= size:
         return train
-    return train.sample(random_rows(len(train), JUDGE_SAMPLE, seed), "the split-and-merge judging sample")
+    return train.sample(random_rows(len(train), size, seed), f"the {what} sample of the training data")
 
 
 def _judge(data: Dataset, device, dtype, backend: str, group: Group):

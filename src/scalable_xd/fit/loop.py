@@ -2,7 +2,8 @@
 
 History entry 0 describes the initial parameters; entry e the parameters after epoch e. ``seconds`` is the
 cumulative training wall time (batch transfer, statistics and updates), excluding the evaluation passes
-that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point over the whole set).
+that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point: over the whole validation set,
+and over the training set or, for the minibatch methods, a fixed sample of it, ``train_score_rows``).
 
 Batch EM needs no evaluation pass over the training set: its E-step of epoch e + 1 sums the log-likelihood
 of the parameters after epoch e over every training point, which is entry e's ``train_loglik``. So each
@@ -133,11 +134,12 @@ def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with
     return reduce_statistics(stats, cfg.group, with_criteria)
 
 
-def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None, monitored=None):
+def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None, monitored=None, scored=None):
     """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from the checkpoint's
     saved state when there is one and saving to it after every epoch (and every ``cfg.checkpoint_every``
     batches); returns (history, converged). ``monitored`` ({name: data}) are scored after every epoch as
-    ``val`` is, into each entry's ``<name>_loglik``.
+    ``val`` is, into each entry's ``<name>_loglik``; ``scored`` (default ``train``) is what an evaluation pass
+    scores for ``train_loglik`` (a fixed sample of ``train``: the ``train_score_rows`` setting).
 
     A checkpoint written inside an epoch records the batches done; a resumed fit runs the same epoch's
     batches from there (the data source serves that epoch's batches again, skipping those done: a streamed
@@ -149,7 +151,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": _mean_loglik(train, fitter.result, cfg) if score_train else None,
+            "train_loglik": _mean_loglik(scored, fitter.result, cfg) if score_train else None,
             "val_loglik": None if val is None else _mean_loglik(val, fitter.result, cfg),
             **{f"{name}_loglik": _mean_loglik(data, fitter.result, cfg) for name, data in (monitored or {}).items()},
             "step_size": fitter.step_size(max(epoch - 1, 0)),
@@ -157,6 +159,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         }
 
     one_pass = fitter.scores_its_pass
+    scored = train if scored is None or one_pass else scored
     saving = checkpoint is not None and cfg.group.writes
     done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
     if checkpoint is not None and checkpoint.saved is not None:
