@@ -399,7 +399,7 @@ def fused_chunk(
     # (stalling the step where one is descheduled on a shared machine), and the pool's threads spin on a
     # core after each region
     parallel = threads > 1 and n * k >= PARALLEL_PAIRS
-    if parallel:
+    if parallel and numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
     n_tiles = -(-k // TILE)
     x_np, S_np = x.detach().contiguous().numpy(), S.detach().contiguous().numpy()

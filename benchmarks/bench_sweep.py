@@ -1,0 +1,138 @@
+"""The pair rate of one epoch against N, for each method and data form; writes JSON to benchmarks/results/.
+
+    python benchmarks/bench_sweep.py                       # N = 2e5, 2e6 (all forms) and 2e7 (streamed), K = 64
+    python benchmarks/bench_sweep.py --sizes 200000 2000000 --streamed-only 2000000
+
+A synthetic Gaia-like features catalogue (``bench_stream.write_catalogue``: 7 features, 7 standard deviations
+and 10 correlations a star) is fitted for one epoch, float32 and float64, by batch EM (the pass's own rate),
+minibatch EM and SGD (batch 500), from each data form a user has:
+
+* ``arrays``: X and the variances as numpy arrays in memory (the correlations dropped);
+* ``compact``: X and a ``CompactCovariance`` (sigma and correlations) in memory;
+* ``parquet``: the files streamed a window at a time (``features_source``).
+
+Reported per fit: the epoch's training seconds (evaluation excluded) and (star, component) pairs a second;
+per N, form and dtype each minibatch method's rate as a fraction of batch EM's; and per method, form and
+dtype the largest N's seconds per pair over the smallest's (``per_pair_growth``): 1 is a cost flat in N.
+Every fit starts from the same means (no k-means); each case runs in its own process, after a fit on 2,000
+rows has compiled its kernels, and keeps the fastest of ``--repeats`` fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, parse_args, write_result  # noqa: E402
+from bench_stream import write_catalogue  # noqa: E402
+
+METHODS = ("em", "minibatch_em", "sgd")
+DTYPES = ("float32", "float64")
+
+CHILD = r"""
+import json, sys, time
+
+import numpy as np
+from scalable_xd import XDGMM
+from scalable_xd.pipeline.features_file import features_source
+
+folder, form, method, dtype = sys.argv[1:5]
+k, repeats = int(sys.argv[5]), int(sys.argv[6])
+source = features_source(folder, validate=False)
+n = len(source)
+means = source.sample(np.linspace(0, n - 1, k).astype(np.int64), "means").X.numpy()
+
+
+def in_memory(rows):  # X and the noise of rows in memory, as the form holds them
+    some = source.sample(rows, "X")
+    return some.X.numpy(), some.noise.sigma.numpy() ** 2 if form == "arrays" else some.noise
+
+
+data = (source,) if form == "parquet" else in_memory(np.arange(n))
+settings = dict(method=method, tol=None, device="cpu", dtype=dtype, random_state=0, means_init=means)
+XDGMM(k, epochs=1, **settings).fit(*in_memory(np.arange(min(n, 2000))))  # compiles the kernels outside the timing
+seconds = min(XDGMM(k, epochs=1, **settings).fit(*data).history_[-1]["seconds"] for _ in range(repeats))
+print(json.dumps({"N": n, "form": form, "method": method, "dtype": dtype, "K": k, "train_seconds": seconds,
+                  "pairs_per_s": n * k / seconds}))
+"""
+
+
+def fit_once(folder: Path, form: str, method: str, dtype: str, k: int, repeats: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), form, method, dtype, str(k), str(repeats)],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarise(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(each minibatch fit's rate over batch EM's on the same N, form and dtype; each method, form and dtype's
+    seconds per pair at its largest N over its smallest)."""
+    rate = {(r["N"], r["form"], r["method"], r["dtype"]): r["pairs_per_s"] for r in rows}
+    of_em = [
+        {"N": n, "form": form, "method": method, "dtype": dtype, "of_em": value / rate[(n, form, "em", dtype)]}
+        for (n, form, method, dtype), value in rate.items()
+        if method != "em" and (n, form, "em", dtype) in rate
+    ]
+    growth = []
+    for form, method, dtype in sorted({key[1:] for key in rate}):
+        sizes = sorted(n for n, f, m, d in rate if (f, m, d) == (form, method, dtype))
+        if len(sizes) > 1:
+            small, large = rate[(sizes[0], form, method, dtype)], rate[(sizes[-1], form, method, dtype)]
+            growth.append(
+                {"form": form, "method": method, "dtype": dtype, "N": [sizes[0], sizes[-1]], "growth": small / large}
+            )
+    return of_em, growth
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 2_000_000, 20_000_000])
+    parser.add_argument(
+        "--streamed-only", type=int, nargs="*", default=[20_000_000], help="sizes fitted from Parquet alone"
+    )
+    parser.add_argument("--n-components", type=int, default=64)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--repeats", type=int, default=2, help="fits timed per case; the fastest is kept")
+    parser.add_argument("--scratch", default=None, help="where the catalogues are written (default: a temp dir)")
+    args = parse_args(
+        parser,
+        argv,
+        sizes=[3000, 6000],
+        streamed_only=[3000, 6000],
+        n_components=4,
+        methods=["em", "minibatch_em"],
+        dtypes=["float32"],
+        repeats=1,
+    )
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
+        for n in args.sizes:
+            folder = Path(scratch) / f"n{n}"
+            write_catalogue(folder, n)
+            forms = ("parquet",) if n in args.streamed_only else ("arrays", "compact", "parquet")
+            for form in forms:
+                for dtype in args.dtypes:
+                    for method in args.methods:
+                        row = fit_once(folder, form, method, dtype, args.n_components, args.repeats)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+    of_em, growth = summarise(rows)
+    write_result(
+        "bench_sweep_cpu",
+        {"benchmark": "bench_sweep", **machine(), "results": rows, "of_em": of_em, "per_pair_growth": growth},
+    )
+
+
+if __name__ == "__main__":
+    main()
