@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .batching import Batch, batch_bounds, generator
-from .dataset import Dataset
+from .dataset import GATHER_ROWS, Dataset
 from .noise import CompactCovariance
 
 # Rows a shuffle window holds by default: about 150 MB of Gaia features.
@@ -285,14 +285,38 @@ class ParquetSource:
     def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
         """Yield a ``Batch`` per global batch of an epoch after the first ``skip`` (whose windows are still
         read: the rows they carry over belong to later batches): this process's share of it (see the
-        module)."""
+        module). As ``Dataset.epoch_batches`` does, the shares of many batches are made tensors at once
+        (``GATHER_ROWS``) and each batch is a view of them."""
+        shares, held = [], 0
         for number, block in enumerate(self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read)):
             if number < skip:
                 continue
             size = len(block["row"])
             share = group.share(slice(0, size), size)
-            x, S, R, observed = self._tensors({k: v[share] for k, v in block.items()}, device, dtype)
-            yield Batch(size, x, S, R, None, observed)
+            shares.append((size, {k: v[share] for k, v in block.items()}))
+            held += len(shares[-1][1]["row"])
+            if held >= GATHER_ROWS:
+                yield from self._batches(shares, device, dtype)
+                shares, held = [], 0
+        yield from self._batches(shares, device, dtype)
+
+    def _batches(self, shares: list, device, dtype):
+        """A ``Batch`` for each (size, block) of ``shares``, from the tensors of all their rows."""
+        if not shares:
+            return
+        x, S, R, observed = self._tensors(
+            {k: np.concatenate([part[k] for _, part in shares]) for k in shares[0][1]}, device, dtype
+        )
+        at = 0
+        for size, part in shares:
+            cut = slice(at, at + len(part["row"]))
+            at = cut.stop
+            yield Batch(
+                size,
+                *(None if t is None else t[cut] for t in (x, S, R)),
+                None,
+                None if observed is None else observed[cut],
+            )
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, None, None, observed) over ``rows`` in file order, ``batch_size`` rows at a
