@@ -35,7 +35,7 @@ METHODS = ("em", "minibatch_em", "sgd")
 DTYPES = ("float32", "float64")
 
 CHILD = r"""
-import json, sys, time
+import json, sys
 
 import numpy as np
 from scalable_xd import XDGMM

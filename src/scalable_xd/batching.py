@@ -60,3 +60,14 @@ class Batch:
     R: torch.Tensor | None
     weights: torch.Tensor | None
     observed: torch.Tensor | None = None
+
+
+def batch_views(parts, tensors):
+    """A ``Batch`` for each (size in the global batch, rows held) of ``parts``, whose rows follow one another
+    in ``tensors`` (x, S, R, weights, observed; any but x and S may be None): views, not copies, so that the
+    rows of many batches are gathered and converted at once."""
+    at = 0
+    for size, rows in parts:
+        cut = slice(at, at + rows)
+        at = cut.stop
+        yield Batch(size, *(None if t is None else t[cut] for t in tensors))

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .batching import Batch, epoch_order
+from .batching import batch_views, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
 from .settings import MISSING_MODES, MISSING_VARIANCE
 
@@ -171,11 +171,7 @@ class Dataset:
             rows = torch.cat([rows for _, rows in window])
             x, S, R = self.batch(rows, device, dtype)
             weights, observed = self.batch_weights(rows, device, dtype), self.batch_observed(rows, device)
-            at = 0
-            for size, part in window:
-                cut = slice(at, at + len(part))
-                at = cut.stop
-                yield Batch(size, *(None if t is None else t[cut] for t in (x, S, R, weights, observed)))
+            yield from batch_views([(size, len(part)) for size, part in window], (x, S, R, weights, observed))
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, R, weights, observed) over ``rows`` in order, ``batch_size`` rows at a time."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .batching import Batch, batch_bounds, generator
+from .batching import batch_bounds, batch_views, generator
 from .dataset import GATHER_ROWS, Dataset
 from .noise import CompactCovariance
 
@@ -307,16 +307,7 @@ class ParquetSource:
         x, S, R, observed = self._tensors(
             {k: np.concatenate([part[k] for _, part in shares]) for k in shares[0][1]}, device, dtype
         )
-        at = 0
-        for size, part in shares:
-            cut = slice(at, at + len(part["row"]))
-            at = cut.stop
-            yield Batch(
-                size,
-                *(None if t is None else t[cut] for t in (x, S, R)),
-                None,
-                None if observed is None else observed[cut],
-            )
+        yield from batch_views([(size, len(part["row"])) for size, part in shares], (x, S, R, None, observed))
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, None, None, observed) over ``rows`` in file order, ``batch_size`` rows at a
