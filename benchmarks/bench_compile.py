@@ -41,7 +41,7 @@ x = torch.tensor(rng.normal(size=(n, dim)), dtype=torch.float32)
 S = torch.eye(dim, dtype=torch.float32).expand(n, dim, dim).contiguous() * 0.1
 from scalable_xd import XDGMM
 tick = time.perf_counter()
-XDGMM(16, "minibatch_em", epochs=2, random_state=0).fit(np.tile(x.numpy(), (5, 1)), np.tile(S.numpy(), (5, 1, 1)))
+XDGMM(16, "minibatch_em", epochs=2, random_state=0).fit(np.tile(x.numpy(), (5, 1)), Xcov=np.tile(S.numpy(), (5, 1, 1)))
 first_fit = time.perf_counter() - tick
 tick = time.perf_counter()
 batch_statistics(x, S, mixture, backend="fused")

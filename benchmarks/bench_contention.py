@@ -48,7 +48,7 @@ def _time_fit(method: str, x, S, k: int, rounds: int) -> dict:
     best = None
     for _ in range(rounds):
         wall, cpu = time.perf_counter(), time.process_time()
-        XDGMM(k, method, epochs=2, device="cpu", random_state=0, tol=None).fit(x, S)
+        XDGMM(k, method, epochs=2, device="cpu", random_state=0, tol=None).fit(x, Xcov=S)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         if best is None or wall < best["wall_s"]:
             best = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     for k in args.n_components:
         x, S, _ = synthetic(args.n, k, torch.float64)
         x, S = x.numpy(), S.numpy()
-        XDGMM(k, "sgd", epochs=1, device="cpu", random_state=0, tol=None).fit(x[:2000], S[:2000])  # compile
+        XDGMM(k, "sgd", epochs=1, device="cpu", random_state=0, tol=None).fit(x[:2000], Xcov=S[:2000])  # compile
         for method in ("minibatch_em", "sgd"):
             quiet = _time_fit(method, x, S, k, args.rounds)
             stop = multiprocessing.Event()

@@ -138,7 +138,7 @@ def optimum(X, variances, k: int, starts: int = 3) -> float:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             model = XDGMM(k, "em", epochs=5000, tol=1e-9, w=1e-9, dtype="float64", random_state=seed)
-            best = max(best, _score(model.fit(X, variances), X, variances))
+            best = max(best, _score(model.fit(X, Xcov=variances), X, variances))
     return best
 
 
@@ -148,7 +148,7 @@ def at_defaults(method: str, X, variances, k: int) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         try:
-            model = XDGMM(k, method, random_state=0).fit(X, variances)
+            model = XDGMM(k, method, random_state=0).fit(X, Xcov=variances)
         except Exception as err:  # a failure is a result here: recorded, not raised
             return {"error": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - tick}
     seconds = time.perf_counter() - tick

@@ -157,7 +157,7 @@ def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, 
             weights_init=mixture.weights.double().numpy(),
             means_init=mixture.means.double().numpy(),
             covariances_init=mixture.covariances.double().numpy(),
-        ).fit(x, S)
+        ).fit(x, Xcov=S)
     return float(np.diff([entry["seconds"] for entry in model.history_]).min())
 
 

@@ -39,7 +39,7 @@ noise = CompactCovariance(np.load(f"{folder}/sigma.npy", mmap_mode="r")[:n],
 means = np.asarray(X[np.random.default_rng(0).choice(n, k, replace=False)])
 baseline = status()["RssAnon"]
 tick = time.perf_counter()
-XDGMM(k, "minibatch_em", epochs=1, device="cpu", dtype="float32", random_state=0, means_init=means).fit(X, noise)
+XDGMM(k, "minibatch_em", epochs=1, device="cpu", dtype="float32", random_state=0, means_init=means).fit(X, Xcov=noise)
 seconds = time.perf_counter() - tick
 done = True
 peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])

@@ -117,7 +117,7 @@ def run(n: int, reps: int, noisy: bool, seed: int, trapped: bool = False) -> dic
             model = XDGMM(**{**base, **start, **settings})
             tick = time.perf_counter()
             try:
-                model.fit(x, S)
+                model.fit(x, Xcov=S)
             except ValueError as err:  # a divergence is a result of the study, not a crash of it
                 rows.append({"rep": rep, "algorithm": name, "error": str(err)})
                 continue
@@ -127,10 +127,10 @@ def run(n: int, reps: int, noisy: bool, seed: int, trapped: bool = False) -> dic
                     "algorithm": name,
                     "seconds": time.perf_counter() - tick,
                     "train_seconds": model.history_[-1]["seconds"],
-                    "loglik": model.score(x, S),
-                    "true_loglik": model.score(true, None),
+                    "loglik": model.score(x, Xcov=S),
+                    "true_loglik": model.score(true, Xcov=None),
                     "squared_error": squared_error(model),
-                    "ari": adjusted_rand_score(labels, model.predict(x, S)),
+                    "ari": adjusted_rand_score(labels, model.predict(x, Xcov=S)),
                     "truncation_restarts": model.history_[-1].get("truncation_restarts"),
                     "moves_accepted": model.history_[-1].get("moves_accepted"),
                 }

@@ -104,7 +104,7 @@ def main(argv=None) -> None:
             verbose=1,
             weights_init=weights.numpy(),
             means_init=means.numpy(),
-        ).fit(train.X, train.covariance(), X_val=val.X, Xcov_val=val.covariance())
+        ).fit(train.X, Xcov=train.covariance(), X_val=val.X, Xcov_val=val.covariance())
     fit_seconds = time.perf_counter() - tick
     total_seconds = time.perf_counter() - start
 

@@ -37,7 +37,7 @@ x = rng.normal(size=(n, 7)) * 3
 S = rng.uniform(0.01, 0.1, size=(n, 7))
 means = x[rng.choice(n, k, replace=False)]
 model = XDGMM(k, method, epochs=epochs, batch_size=500, tol=None, device="cpu", random_state=0, means_init=means)
-model.fit(x, S)
+model.fit(x, Xcov=S)
 if not dist.is_initialized() or dist.get_rank() == 0:
     print(json.dumps({"seconds_per_epoch": model.history_[-1]["seconds"] / epochs}))
 if dist.is_initialized():

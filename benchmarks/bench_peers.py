@@ -68,9 +68,9 @@ def ours(x, S, init, method: str, epochs: int, dtype: str, kernel: str) -> dict:
         **init,
     )
     with forced_kernel(kernel):
-        XDGMM(**{**settings, "epochs": 1}).fit(x[:5000], S[:5000])
+        XDGMM(**{**settings, "epochs": 1}).fit(x[:5000], Xcov=S[:5000])
         tick = time.perf_counter()
-        model = XDGMM(**{**settings, "epochs": epochs}).fit(x, S)
+        model = XDGMM(**{**settings, "epochs": epochs}).fit(x, Xcov=S)
         wall = time.perf_counter() - tick
     seconds = np.diff([h["seconds"] for h in model.history_])
     return {

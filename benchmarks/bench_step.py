@@ -93,7 +93,7 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
                 weights_init=start.weights.cpu().numpy(),
                 means_init=start.means.cpu().numpy(),
                 covariances_init=start.covariances.cpu().numpy(),
-            ).fit(x.cpu(), S.cpu())
+            ).fit(x.cpu(), Xcov=S.cpu())
         return min(b["seconds"] - a["seconds"] for a, b in zip(model.history_, model.history_[1:])) / steps
 
     loop_step_s = loop_step(cuda_graphs=False)

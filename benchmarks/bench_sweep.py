@@ -48,15 +48,15 @@ n = len(source)
 means = source.sample(np.linspace(0, n - 1, k).astype(np.int64), "means").X.numpy()
 
 
-def in_memory(rows):  # X and the noise of rows in memory, as the form holds them
+def in_memory(rows):  # X and the noise of rows in memory, as the form holds them, as fit's arguments
     some = source.sample(rows, "X")
-    return some.X.numpy(), some.noise.sigma.numpy() ** 2 if form == "arrays" else some.noise
+    return {"X": some.X.numpy(), "Xcov": some.noise.sigma.numpy() ** 2 if form == "arrays" else some.noise}
 
 
-data = (source,) if form == "parquet" else in_memory(np.arange(n))
+data = {"X": source} if form == "parquet" else in_memory(np.arange(n))
 settings = dict(method=method, tol=None, device="cpu", dtype=dtype, random_state=0, means_init=means)
-XDGMM(k, epochs=1, **settings).fit(*in_memory(np.arange(min(n, 2000))))  # compiles the kernels outside the timing
-seconds = min(XDGMM(k, epochs=1, **settings).fit(*data).history_[-1]["seconds"] for _ in range(repeats))
+XDGMM(k, epochs=1, **settings).fit(**in_memory(np.arange(min(n, 2000))))  # compiles the kernels outside the timing
+seconds = min(XDGMM(k, epochs=1, **settings).fit(**data).history_[-1]["seconds"] for _ in range(repeats))
 print(json.dumps({"N": n, "form": form, "method": method, "dtype": dtype, "K": k, "train_seconds": seconds,
                   "pairs_per_s": n * k / seconds}))
 """

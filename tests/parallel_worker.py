@@ -50,7 +50,7 @@ def main(output, settings, checkpoint=None, die_after=None):
     if dist.get_rank() == 1:
         settings.update(json.loads(os.environ.get("RANK1_SETTINGS", "{}")))
     val = dict(X_val=x[:100], Xcov_val=S[:100]) if dist.get_rank() == 0 and os.environ.get("RANK0_VAL") else {}
-    model = XDGMM(**settings).fit(x, S, checkpoint=checkpoint or None, **val)
+    model = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint or None, **val)
     if dist.get_rank() == 0:
         np.savez(
             output,

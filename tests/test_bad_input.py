@@ -40,20 +40,21 @@ def test_scoring_out_of_range_data_is_refused_not_minus_infinity(fitted):
     with pytest.raises(ValueError, match=r"X row 0, column \d has a value beyond"):
         fitted.score(X * 1e30)
     with pytest.raises(ValueError, match=r"the noise covariance of X row 3, entry \(0, 0\) has an entry beyond"):
-        fitted.score(X, np.where(np.arange(200)[:, None] == 3, 1e40, 0.1) * np.ones((200, 2)))
+        fitted.score(X, Xcov=np.where(np.arange(200)[:, None] == 3, 1e40, 0.1) * np.ones((200, 2)))
 
 
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: np.zeros((10, 0)), r"X has no columns \(shape \(10, 0\)\)"),
-        (lambda: np.array([["a", "b"]] * 10), "X must be a numeric array, got dtype <U1"),
-        (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "X must hold numbers only"),
+        # scikit-learn's words (its check_array reads array input first), then ours, naming the row
+        (lambda: np.zeros((10, 0)), r"Found array with 0 feature\(s\) \(shape=\(10, 0\)\)"),
+        (lambda: np.array([["a", "b"]] * 10), "could not convert string to float"),
+        (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "could not convert string to float: 'x'"),
         (
             lambda: pd.DataFrame({"a": pd.array([1, None] * 10, dtype="Int64"), "b": 1.0}),
             "X row 1, column 0 contains NaN or inf",
         ),
-        (lambda: np.array([[1 + 1j, 0]] * 10), "X must be a numeric array, got dtype complex128"),
+        (lambda: np.array([[1 + 1j, 0]] * 10), "Complex data not supported"),
     ],
 )
 def test_unusable_arrays_are_named(make, message):
@@ -84,15 +85,17 @@ def test_one_shared_covariance_is_refused_with_the_broadcast_that_gives_one_per_
     with pytest.raises(
         ValueError, match=r"Xcov has shape \(2, 2\): one noise covariance.*np.broadcast_to\(C, \(200, 2, 2\)\)"
     ):
-        XDGMM(2, epochs=1, device="cpu").fit(X, shared)
-    per_point = XDGMM(2, epochs=1, device="cpu", random_state=0).fit(X, np.broadcast_to(shared, (200, 2, 2)))
-    copied = XDGMM(2, epochs=1, device="cpu", random_state=0).fit(X, np.tile(shared, (200, 1, 1)))
+        XDGMM(2, epochs=1, device="cpu").fit(X, Xcov=shared)
+    per_point = XDGMM(2, epochs=1, device="cpu", random_state=0).fit(X, Xcov=np.broadcast_to(shared, (200, 2, 2)))
+    copied = XDGMM(2, epochs=1, device="cpu", random_state=0).fit(X, Xcov=np.tile(shared, (200, 1, 1)))
     np.testing.assert_array_equal(per_point.means_, copied.means_)
 
 
 def test_posterior_with_the_wrong_dimension_is_named(fitted):
-    with pytest.raises(ValueError, match="the model has dimension 2 but the data"):
+    with pytest.raises(ValueError, match="X has 3 features, but XDGMM is expecting 2 features as input"):
         fitted.posterior(np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="the model has dimension 2 but the data"):  # R maps to 3 dimensions
+        fitted.posterior(np.zeros((5, 3)), R=np.broadcast_to(np.eye(3), (5, 3, 3)))
 
 
 def test_sample_counts(fitted):
@@ -178,10 +181,10 @@ def test_unclear_inputs_are_named_by_the_argument_they_came_in():
             ParquetSource(folder / name, ["a", "b"])
     with pytest.raises(ValueError, match="x_columns is empty"):
         ParquetSource(folder / "table.csv", [])
-    model = XDGMM(2, "minibatch_em", epochs=2, random_state=0).fit(X, V)
+    model = XDGMM(2, "minibatch_em", epochs=2, random_state=0).fit(X, Xcov=V)
     with pytest.raises(ValueError, match=r"q must hold numbers, got \['a'\]"):
-        model.posterior(X, V, q=["a"])
+        model.posterior(X, Xcov=V, q=["a"])
     with pytest.raises(ValueError, match=r"X_given must hold numbers, got \['a', None\]"):
         model.condition(["a", None])
-    with pytest.raises(ValueError, match="partial_fit: this batch has 3 features, the fitted model 2"):
-        model.partial_fit(np.zeros((50, 3)), np.full((50, 3), 0.1))
+    with pytest.raises(ValueError, match="X has 3 features, but XDGMM is expecting 2 features as input"):
+        model.partial_fit(np.zeros((50, 3)), Xcov=np.full((50, 3), 0.1))

@@ -36,7 +36,7 @@ def _fit(y, ycovar, amp, mean, covar, **fix):
         **SETTINGS,
         **fix,
     )
-    return model.fit(y, ycovar)
+    return model.fit(y, Xcov=ycovar)
 
 
 def _dual(seed):
@@ -111,7 +111,7 @@ def test_weights_undo_an_oversampled_half():
         covariances_init=np.array([[[3 * y.var()]]]),
         **SETTINGS,
     )
-    model.fit(y, ycovar, sample_weight=weight)
+    model.fit(y, Xcov=ycovar, sample_weight=weight)
     assert abs(model.means_[0, 0]) < TOL and abs(model.covariances_[0, 0, 0] - 1.0) < TOL
-    unweighted = XDGMM(**model.get_params()).fit(y, ycovar)
+    unweighted = XDGMM(**model.get_params()).fit(y, Xcov=ycovar)
     assert unweighted.means_[0, 0] > TOL  # without the weights the oversampled half pulls the mean up

@@ -23,7 +23,7 @@ def problem():
 
 def _fit(x, S, init, **settings):
     base = dict(n_components=K, epochs=3, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=0)
-    return XDGMM(**{**base, **init, **settings}).fit(x, S)
+    return XDGMM(**{**base, **init, **settings}).fit(x, Xcov=S)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -74,13 +74,13 @@ def test_a_weighted_fit_equals_the_fit_of_repeated_rows(problem, method):
     repeated = np.repeat(np.arange(len(x)), counts)
     settings = dict(method=method, epochs=4, batch_size=4 * len(x), step_size=0.5, lr=0.05)
     weighted = XDGMM(n_components=K, tol=None, dtype="float64", device="cpu", random_state=0, **init, **settings)
-    weighted.fit(x, S, sample_weight=counts.astype(float))
+    weighted.fit(x, Xcov=S, sample_weight=counts.astype(float))
     plain = _fit(x[repeated], S[repeated], init, **settings)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(weighted, attr), getattr(plain, attr), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(weighted.history_[-1]["train_loglik"], plain.history_[-1]["train_loglik"], rtol=1e-12)
     np.testing.assert_allclose(
-        weighted.score(x, S, sample_weight=counts), plain.score(x[repeated], S[repeated]), rtol=1e-12
+        weighted.score(x, Xcov=S, sample_weight=counts), plain.score(x[repeated], Xcov=S[repeated]), rtol=1e-12
     )
 
 
@@ -96,7 +96,7 @@ def test_a_weighted_fit_equals_the_fit_of_repeated_rows(problem, method):
 def test_bad_sample_weights_are_named(problem, weights, message):
     x, S, init = problem
     with pytest.raises(ValueError, match=message):
-        XDGMM(K, device="cpu", **init).fit(x, S, sample_weight=weights)
+        XDGMM(K, device="cpu", **init).fit(x, Xcov=S, sample_weight=weights)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_bad_sample_weights_are_named(problem, weights, message):
 def test_bad_settings_are_named(problem, settings, message):
     x, S, init = problem
     with pytest.raises(ValueError, match=message):
-        XDGMM(K, device="cpu", **{**init, **settings}).fit(x, S)
+        XDGMM(K, device="cpu", **{**init, **settings}).fit(x, Xcov=S)
 
 
 def _conditional_by_hand(weights, means, covs, keep, x_b, S_b):
@@ -159,9 +159,9 @@ def test_exact_conditioning_is_the_joint_over_the_marginal():
     v_b = 0.4
     conditioned = model.condition([np.nan, np.nan, v_b])
     v_a = rng.normal(size=(5, 2))
-    joint = model.score_samples(np.c_[v_a, np.full(5, v_b)], None)
+    joint = model.score_samples(np.c_[v_a, np.full(5, v_b)], Xcov=None)
     marginal = np.log(sum(w * multivariate_normal(m[2], V[2, 2]).pdf(v_b) for w, m, V in zip(weights, means, covs)))
-    np.testing.assert_allclose(conditioned.score_samples(v_a, None), joint - marginal, rtol=1e-5)
+    np.testing.assert_allclose(conditioned.score_samples(v_a, Xcov=None), joint - marginal, rtol=1e-5)
     noisy = xd_log_densities(
         v_a, np.zeros((5, 2, 2)), conditioned.weights_, conditioned.means_, conditioned.covariances_
     )

@@ -25,11 +25,11 @@ def test_cuda_fit_matches_cpu(method, backend):
     )
     init = dict(means_init=x[:k], weights_init=np.ones(k) / k)
     settings = dict(n_components=k, method=method, epochs=3, dtype="float32", random_state=0, **init)
-    cpu = XDGMM(device="cpu", **settings).fit(x, S)
-    gpu = XDGMM(device="cuda", backend=backend, **settings).fit(x, S)
+    cpu = XDGMM(device="cpu", **settings).fit(x, Xcov=S)
+    gpu = XDGMM(device="cuda", backend=backend, **settings).fit(x, Xcov=S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=2e-3, atol=2e-3)
-    assert gpu.score(x, S) == pytest.approx(cpu.score(x, S), abs=1e-3)
+    assert gpu.score(x, Xcov=S) == pytest.approx(cpu.score(x, Xcov=S), abs=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -53,8 +53,8 @@ def test_cuda_draws_and_moves_match_cpu(method, options):
     settings = dict(
         n_components=k, method=method, epochs=4, dtype="float64", random_state=0, means_init=x[:k], **options
     )
-    cpu = XDGMM(device="cpu", **settings).fit(x, S)
-    gpu = XDGMM(device="cuda", **settings).fit(x, S)
+    cpu = XDGMM(device="cpu", **settings).fit(x, Xcov=S)
+    gpu = XDGMM(device="cuda", **settings).fit(x, Xcov=S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=1e-8, atol=1e-10)
 
@@ -91,4 +91,4 @@ def test_cuda_minibatch_epochs_never_wait_for_the_device_at_a_batch(method, monk
     x, S, _, _ = draw_xd_data(
         rng, 4000, np.ones(4) / 4, rng.normal(scale=4, size=(4, 3)), random_spd(rng, 4, 3), 0.2, 1.0
     )
-    XDGMM(4, method, batch_size=200, epochs=2, tol=None, device="cuda", random_state=0).fit(x, S)
+    XDGMM(4, method, batch_size=200, epochs=2, tol=None, device="cuda", random_state=0).fit(x, Xcov=S)

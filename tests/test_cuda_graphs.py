@@ -47,9 +47,9 @@ def _fit_both(monkeypatch, method, fit_kwargs=None, **settings):
     """(graphed, ordinary) fits of the same settings on the GPU's path."""
     x, S = _data()
     settings = dict(n_components=3, method=method, batch_size=200, epochs=3, tol=None, backend="unrolled", **settings)
-    graphed = XDGMM(random_state=0, **settings).fit(x, S, **(fit_kwargs or {}))
+    graphed = XDGMM(random_state=0, **settings).fit(x, Xcov=S, **(fit_kwargs or {}))
     monkeypatch.setattr(driver, "graphs_steps", lambda device: False)
-    ordinary = XDGMM(random_state=0, **settings).fit(x, S, **(fit_kwargs or {}))
+    ordinary = XDGMM(random_state=0, **settings).fit(x, Xcov=S, **(fit_kwargs or {}))
     return graphed, ordinary
 
 
@@ -88,10 +88,10 @@ def test_weighted_batches_take_the_graphed_step(gpu_path, graphed_steps, monkeyp
 def test_fits_the_graph_cannot_take_take_the_ordinary_step(gpu_path, graphed_steps):
     x, S = _data()
     base = dict(batch_size=200, epochs=2, tol=None, backend="unrolled", random_state=0)
-    XDGMM(3, "minibatch_em", truncation=True, **base).fit(x, S)
-    XDGMM(3, "minibatch_em", averaging="polyak", **base).fit(x, S)
-    XDGMM(3, "sgd", fix_weights=[True, False, False], **base).fit(x, S)
-    XDGMM(3, "minibatch_em", cuda_graphs=False, **base).fit(x, S)
+    XDGMM(3, "minibatch_em", truncation=True, **base).fit(x, Xcov=S)
+    XDGMM(3, "minibatch_em", averaging="polyak", **base).fit(x, Xcov=S)
+    XDGMM(3, "sgd", fix_weights=[True, False, False], **base).fit(x, Xcov=S)
+    XDGMM(3, "minibatch_em", cuda_graphs=False, **base).fit(x, Xcov=S)
     assert graphed_steps == []
 
 
@@ -99,7 +99,7 @@ def test_fits_the_graph_cannot_take_take_the_ordinary_step(gpu_path, graphed_ste
 def test_the_graphed_step_waits_for_the_device_at_no_batch(method, gpu_path, graphed_steps, monkeypatch):
     x, S = _data()
     waits_per_epoch = count_waits_per_epoch(monkeypatch)
-    XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(x, S)
+    XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(x, Xcov=S)
     assert len(graphed_steps) == 38 and waits_per_epoch == [[], []]
 
 
@@ -107,10 +107,10 @@ def test_a_tripped_check_runs_the_epoch_again_with_ordinary_steps(gpu_path, grap
     x, S, settings = rounding_prone_fit("minibatch_em", copies=4)
     settings.update(epochs=2, dtype="float32", backend="unrolled")
     with caplog.at_level("DEBUG", logger="scalable_xd.fit"):
-        graphed = XDGMM(**settings).fit(x, S)
+        graphed = XDGMM(**settings).fit(x, Xcov=S)
     assert "a deferred check tripped" in caplog.text and graphed_steps
     monkeypatch.setattr(driver, "defers_checks", lambda device: False)
-    immediate = XDGMM(**settings).fit(x, S)
+    immediate = XDGMM(**settings).fit(x, Xcov=S)
     np.testing.assert_allclose(graphed.covariances_, immediate.covariances_, rtol=1e-12)
     np.testing.assert_allclose(graphed.means_, immediate.means_, rtol=1e-12)
 
@@ -146,8 +146,8 @@ def test_cuda_captures_the_step_and_replays_it_to_the_uncaptured_fit(method, bac
     monkeypatch.setattr(cuda_graphs.GraphedStep, "step", watched)
     x, S = _data()
     settings = dict(batch_size=200, epochs=3, tol=None, device="cuda", backend=backend, dtype="float64")
-    captured = XDGMM(3, method, random_state=0, **settings).fit(x, S)
-    uncaptured = XDGMM(3, method, random_state=0, cuda_graphs=False, **settings).fit(x, S)
+    captured = XDGMM(3, method, random_state=0, **settings).fit(x, Xcov=S)
+    uncaptured = XDGMM(3, method, random_state=0, cuda_graphs=False, **settings).fit(x, Xcov=S)
     assert max(replays) == 27 - 2  # the first full batch warms up, the second is captured, all replayed
     _assert_same_fit(captured, uncaptured, rtol=1e-10)
 
@@ -157,6 +157,6 @@ def test_cuda_captures_the_step_and_replays_it_to_the_uncaptured_fit(method, bac
 def test_cuda_captures_again_after_an_epoch_ran_again():
     x, S, settings = rounding_prone_fit("minibatch_em", copies=8)
     settings.update(epochs=3, dtype="float32", backend="unrolled", device="cuda")
-    captured = XDGMM(**settings).fit(x, S)
-    uncaptured = XDGMM(**settings, cuda_graphs=False).fit(x, S)
+    captured = XDGMM(**settings).fit(x, Xcov=S)
+    uncaptured = XDGMM(**settings, cuda_graphs=False).fit(x, Xcov=S)
     _assert_same_fit(captured, uncaptured, rtol=1e-10)

@@ -40,7 +40,7 @@ def _matched(weights, means, covs):
 )
 def test_each_method_recovers_intrinsic_covariances(noisy_mixture, method, settings):
     x, S = noisy_mixture
-    model = XDGMM(3, method, dtype="float32", device="cpu", random_state=0, **settings).fit(x, S)
+    model = XDGMM(3, method, dtype="float32", device="cpu", random_state=0, **settings).fit(x, Xcov=S)
     weights, means, covs = _matched(model.weights_, model.means_, model.covariances_)
     # Tolerances: ~3x the sampling error of 20,000 points with noise variances up to 4.
     np.testing.assert_allclose(covs, TRUE_COVS, atol=0.2)
@@ -68,12 +68,12 @@ def test_missing_entries_the_paper_way():
     S[missing, :, 2] = 0.0
     S[missing, 2, 2] = 1e12
     for method in ("em", "minibatch_em", "sgd"):
-        model = XDGMM(2, method, dtype="float32", device="cpu", epochs=5, random_state=0).fit(x, S)
+        model = XDGMM(2, method, dtype="float32", device="cpu", epochs=5, random_state=0).fit(x, Xcov=S)
         for array in (model.weights_, model.means_, model.covariances_):
             assert np.isfinite(array).all(), method
         assert np.isfinite([h["train_loglik"] for h in model.history_]).all()
 
-    scored = model.score_samples(x[missing], S[missing])
+    scored = model.score_samples(x[missing], Xcov=S[missing])
     w, m, V = (a.astype(np.float64) for a in (model.weights_, model.means_, model.covariances_))
     observed = list(zip(x[missing], S[missing]))
     exact = logsumexp(

@@ -26,8 +26,8 @@ def test_a_change_of_units_changes_nothing_but_the_units(method):
     SGD in each component's units all follow the features. float64, so that what remains is rounding."""
     X, variances = bench_defaults.data("order_one", 2000)
     settings = dict(n_components=3, method=method, dtype="float64", random_state=0)
-    plain = XDGMM(**settings, epochs=5 if method != "em" else None).fit(X, variances)
-    scaled = XDGMM(**settings, epochs=5 if method != "em" else None).fit(X * UNITS, variances * UNITS**2)
+    plain = XDGMM(**settings, epochs=5 if method != "em" else None).fit(X, Xcov=variances)
+    scaled = XDGMM(**settings, epochs=5 if method != "em" else None).fit(X * UNITS, Xcov=variances * UNITS**2)
     np.testing.assert_allclose(scaled.weights_, plain.weights_, rtol=1e-6)
     np.testing.assert_allclose(scaled.means_ / UNITS, plain.means_, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(scaled.covariances_ / np.outer(UNITS, UNITS), plain.covariances_, rtol=1e-5, atol=1e-9)
@@ -36,12 +36,12 @@ def test_a_change_of_units_changes_nothing_but_the_units(method):
 def test_the_absolute_w_of_bovy_and_the_paper_stays_available():
     """w_scale="none": W = w I in the features' own units, so a narrow feature is floored at w / (q + 1)."""
     X, variances = bench_defaults.data("mixed_scales", 2000)
-    relative = XDGMM(3, "em", dtype="float64", random_state=0).fit(X, variances)
-    absolute = XDGMM(3, "em", w=1e-3, w_scale="none", dtype="float64", random_state=0).fit(X, variances)
+    relative = XDGMM(3, "em", dtype="float64", random_state=0).fit(X, Xcov=variances)
+    absolute = XDGMM(3, "em", w=1e-3, w_scale="none", dtype="float64", random_state=0).fit(X, Xcov=variances)
     q = absolute.weights_ * len(X)
     assert (absolute.covariances_[:, 0, 0] >= 1e-3 / (q + 1) * (1 - 1e-9)).all()  # feature 0 spreads over 1e-4
     assert relative.covariances_[:, 0, 0].max() < 1e-7  # its own scale: (0.6e-4)^2 ~ 4e-9 and the noise's
-    assert relative.score(X, variances) > absolute.score(X, variances) + 1  # nats per star (1.9 here)
+    assert relative.score(X, Xcov=variances) > absolute.score(X, Xcov=variances) + 1  # nats per star (1.9 here)
 
 
 @pytest.mark.parametrize("method", [m for m, row in METHODS.items() if row.per_batch])
@@ -53,7 +53,8 @@ def test_a_budget_counts_updates_as_the_batches_fall(method):
     assert row.budget(999, 500) == row.min_updates  # still one: 499 rows join the first batch
     assert row.budget(5_000, 500) == max(row.epochs, -(-row.min_updates // 10))
     assert row.budget(10_000_000, 500) == row.epochs
-    model = XDGMM(3, method, random_state=0).fit(*bench_defaults.data("order_one", 894))
+    x, S = bench_defaults.data("order_one", 894)
+    model = XDGMM(3, method, random_state=0).fit(x, Xcov=S)
     assert model.n_iter_ == row.min_updates
 
 
@@ -78,6 +79,6 @@ def test_the_numpy_score_is_the_library_s():
     X, variances = bench_defaults.data("noise_decades", 300)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model = XDGMM(3, "em", epochs=3, dtype="float64", random_state=0).fit(X, variances)
+        model = XDGMM(3, "em", epochs=3, dtype="float64", random_state=0).fit(X, Xcov=variances)
     mine = bench_defaults.mean_loglik(X, variances, model.weights_, model.means_, model.covariances_)
-    assert mine == pytest.approx(model.score(X, variances), rel=1e-10)
+    assert mine == pytest.approx(model.score(X, Xcov=variances), rel=1e-10)

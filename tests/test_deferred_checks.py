@@ -72,7 +72,7 @@ def test_a_minibatch_epoch_waits_for_the_device_at_no_batch(method, weighted, gp
     waits_per_epoch = count_waits_per_epoch(monkeypatch)
     weights = np.random.default_rng(41).uniform(0.5, 2.0, len(x)) if weighted else None
     XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(
-        x, S, sample_weight=weights
+        x, Xcov=S, sample_weight=weights
     )
     assert waits_per_epoch == [[], []]  # 20 batches an epoch, and nothing asked of the device in any
 
@@ -81,10 +81,10 @@ def test_a_tripped_check_runs_the_epoch_again_with_every_test_made(gpu_path, mon
     x, S, settings = rounding_prone_fit("minibatch_em", copies=4)
     settings.update(epochs=2, dtype="float32", backend="unrolled")
     with caplog.at_level("DEBUG", logger="scalable_xd.fit"):
-        deferred = XDGMM(**settings).fit(x, S)
+        deferred = XDGMM(**settings).fit(x, Xcov=S)
     assert "a deferred check tripped" in caplog.text
     monkeypatch.setattr(driver, "defers_checks", lambda device: False)
-    immediate = XDGMM(**settings).fit(x, S)
+    immediate = XDGMM(**settings).fit(x, Xcov=S)
     np.testing.assert_array_equal(deferred.covariances_, immediate.covariances_)
     np.testing.assert_array_equal(deferred.means_, immediate.means_)
     assert np.linalg.eigvalsh(deferred.covariances_).min() > 0
@@ -95,9 +95,9 @@ def test_a_zero_weight_batch_under_deferred_checks_makes_no_update(gpu_path, mon
     weights = np.ones(len(x))
     weights[::3] = 0.0  # batches of one star: a third of them weigh nothing
     settings = dict(batch_size=1, epochs=2, tol=None, backend="unrolled", random_state=0)
-    deferred = XDGMM(3, "minibatch_em", **settings).fit(x, S, sample_weight=weights)
+    deferred = XDGMM(3, "minibatch_em", **settings).fit(x, Xcov=S, sample_weight=weights)
     monkeypatch.setattr(driver, "defers_checks", lambda device: False)
-    immediate = XDGMM(3, "minibatch_em", **settings).fit(x, S, sample_weight=weights)
+    immediate = XDGMM(3, "minibatch_em", **settings).fit(x, Xcov=S, sample_weight=weights)
     assert np.isfinite(deferred.means_).all()
     np.testing.assert_array_equal(deferred.means_, immediate.means_)
     np.testing.assert_array_equal(deferred.covariances_, immediate.covariances_)
@@ -106,8 +106,8 @@ def test_a_zero_weight_batch_under_deferred_checks_makes_no_update(gpu_path, mon
 def test_without_trips_deferring_changes_nothing(gpu_path, monkeypatch):
     x, S = _data(seed=42)
     settings = dict(batch_size=200, epochs=2, tol=None, backend="unrolled", random_state=0)
-    deferred = XDGMM(3, "sgd", **settings).fit(x, S)
+    deferred = XDGMM(3, "sgd", **settings).fit(x, Xcov=S)
     monkeypatch.setattr(driver, "defers_checks", lambda device: False)
-    immediate = XDGMM(3, "sgd", **settings).fit(x, S)
+    immediate = XDGMM(3, "sgd", **settings).fit(x, Xcov=S)
     np.testing.assert_array_equal(deferred.covariances_, immediate.covariances_)
     assert [h["train_loglik"] for h in deferred.history_] == [h["train_loglik"] for h in immediate.history_]

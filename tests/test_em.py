@@ -39,7 +39,7 @@ def test_em_without_noise_follows_sklearn(noiseless_blobs):
     with pytest.warns(Warning):  # sklearn: did not converge within max_iter
         sk.fit(x)
     ours = XDGMM(k, "em", epochs=10, w=0.0, tol=None, acceleration="none", dtype="float64", device="cpu", **init).fit(
-        x, None
+        x, Xcov=None
     )
     np.testing.assert_allclose(ours.weights_, sk.weights_, atol=1e-6)
     np.testing.assert_allclose(ours.means_, sk.means_, atol=1e-6)
@@ -56,7 +56,9 @@ def test_em_step_matches_explicit_bovy_update():
     covs = random_spd(rng, k, d)
     x, S, _, _ = draw_xd_data(rng, 300, np.ones(k) / k, means, covs, 0.3, 1.5)
     init = dict(weights_init=np.ones(k) / k, means_init=means + 0.5, covariances_init=covs * 2)
-    ours = XDGMM(k, "em", epochs=1, w=0.05, w_scale="none", tol=None, dtype="float64", device="cpu", **init).fit(x, S)
+    ours = XDGMM(k, "em", epochs=1, w=0.05, w_scale="none", tol=None, dtype="float64", device="cpu", **init).fit(
+        x, Xcov=S
+    )
     weights, new_means, new_covs = xd_em_step(x, S, init["weights_init"], init["means_init"], covs * 2, w=0.05)
     np.testing.assert_allclose(ours.weights_, weights, rtol=1e-10)
     np.testing.assert_allclose(ours.means_, new_means, rtol=1e-10)
@@ -69,7 +71,7 @@ def test_em_never_decreases_the_loglikelihood():
     x, S, _, _ = draw_xd_data(
         rng, 2000, rng.dirichlet(np.ones(k)), rng.normal(scale=3, size=(k, d)), random_spd(rng, k, d), 0.2, 2.0
     )
-    model = XDGMM(6, "em", epochs=40, w=0.0, tol=None, dtype="float64", device="cpu", random_state=0).fit(x, S)
+    model = XDGMM(6, "em", epochs=40, w=0.0, tol=None, dtype="float64", device="cpu", random_state=0).fit(x, Xcov=S)
     lls = np.array([h["train_loglik"] for h in model.history_])
     assert len(lls) == 41
     assert np.all(np.diff(lls) >= -1e-12 * np.abs(lls[1:]))
@@ -81,7 +83,7 @@ def test_em_stops_at_tolerance():
     x, S, _, _ = draw_xd_data(
         rng, 500, np.ones(2) / 2, np.array([[0.0, 0.0], [6.0, 6.0]]), np.stack([np.eye(2)] * 2), 0.1, 0.3
     )
-    model = XDGMM(2, "em", epochs=200, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, S)
+    model = XDGMM(2, "em", epochs=200, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, Xcov=S)
     assert model.converged_ and model.n_iter_ < 200
     assert model.history_[-1]["train_loglik"] - model.history_[-2]["train_loglik"] < 1e-4
 
@@ -94,8 +96,8 @@ def test_minibatch_em_with_unit_step_on_full_batch_is_one_em_iteration():
     )
     init = dict(weights_init=np.ones(k) / k, means_init=x[:k], covariances_init=np.stack([np.eye(d)] * k))
     common = dict(epochs=1, w=0.0, dtype="float64", device="cpu", **init)
-    em = XDGMM(k, "em", tol=None, **common).fit(x, S)
-    online = XDGMM(k, "minibatch_em", step_size=1.0, batch_size=len(x), **common).fit(x, S)
+    em = XDGMM(k, "em", tol=None, **common).fit(x, Xcov=S)
+    online = XDGMM(k, "minibatch_em", step_size=1.0, batch_size=len(x), **common).fit(x, Xcov=S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(online, attr), getattr(em, attr), rtol=1e-10, atol=1e-12)
 
@@ -126,22 +128,22 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
         "log_densities",
         lambda *a, **k: (passes.update({"evaluation": passes["evaluation"] + 1}), real_dens(*a, **k))[1],
     )
-    model = XDGMM(epochs=4, **settings).fit(x, S)
+    model = XDGMM(epochs=4, **settings).fit(x, Xcov=S)
     assert passes == {"E-step": 4, "evaluation": 1}  # 400 stars: one chunk a pass
     curve = [h["train_loglik"] for h in model.history_]
     assert curve[0] == pytest.approx(
         xd_loglik(x, S, init["weights_init"], init["means_init"], init["covariances_init"]).mean(), rel=1e-11
     )
     for epochs in range(1, 5):
-        stopped = XDGMM(epochs=epochs, **settings).fit(x, S)
+        stopped = XDGMM(epochs=epochs, **settings).fit(x, Xcov=S)
         independent = xd_loglik(x, S, stopped.weights_, stopped.means_, stopped.covariances_).mean()
         assert curve[epochs] == pytest.approx(independent, rel=1e-11), epochs
 
     if acceleration == "none" and method == "em":  # convergence: found by the pass that scores the parameters
         passes.update({"E-step": 0, "evaluation": 0})
-        converged = XDGMM(**{**settings, "epochs": 200, "tol": 1e-4}).fit(x, S)
+        converged = XDGMM(**{**settings, "epochs": 200, "tol": 1e-4}).fit(x, Xcov=S)
         n = converged.n_iter_
         curve = [h["train_loglik"] for h in converged.history_]
         assert converged.converged_ and curve[n] - curve[n - 1] < 1e-4 <= curve[n - 1] - curve[n - 2]
         assert passes == {"E-step": n + 1, "evaluation": 0}
-        np.testing.assert_array_equal(XDGMM(**{**settings, "epochs": n}).fit(x, S).means_, converged.means_)
+        np.testing.assert_array_equal(XDGMM(**{**settings, "epochs": n}).fit(x, Xcov=S).means_, converged.means_)

@@ -29,26 +29,28 @@ def data():
 @pytest.fixture(scope="module")
 def fitted(data):
     x, S = data
-    return XDGMM(K, "em", epochs=30, dtype="float64", device="cpu", random_state=0).fit(x, S)
+    return XDGMM(K, "em", epochs=30, dtype="float64", device="cpu", random_state=0).fit(x, Xcov=S)
 
 
 def test_scores_and_responsibilities_match_scipy(fitted, data):
     x, S = data
     params = (fitted.weights_, fitted.means_, fitted.covariances_)
     log_dens = xd_log_densities(x[:50], S[:50], *params)
-    np.testing.assert_allclose(fitted.score_samples(x[:50], S[:50]), np.logaddexp.reduce(log_dens, axis=1), rtol=1e-10)
+    np.testing.assert_allclose(
+        fitted.score_samples(x[:50], Xcov=S[:50]), np.logaddexp.reduce(log_dens, axis=1), rtol=1e-10
+    )
     expected_resp = np.exp(log_dens - np.logaddexp.reduce(log_dens, axis=1, keepdims=True))
-    np.testing.assert_allclose(fitted.predict_proba(x[:50], S[:50]), expected_resp, atol=1e-10)
-    np.testing.assert_array_equal(fitted.predict(x[:50], S[:50]), expected_resp.argmax(1))
-    assert fitted.score(x, S) == pytest.approx(xd_loglik(x, S, *params).mean(), rel=1e-10)
+    np.testing.assert_allclose(fitted.predict_proba(x[:50], Xcov=S[:50]), expected_resp, atol=1e-10)
+    np.testing.assert_array_equal(fitted.predict(x[:50], Xcov=S[:50]), expected_resp.argmax(1))
+    assert fitted.score(x, Xcov=S) == pytest.approx(xd_loglik(x, S, *params).mean(), rel=1e-10)
 
 
 def test_bic_and_aic_count_parameters(fitted, data):
     x, S = data
     total = xd_loglik(x, S, fitted.weights_, fitted.means_, fitted.covariances_).sum()
     n_params = (K - 1) + K * D + K * D * (D + 1) // 2
-    assert fitted.bic(x, S) == pytest.approx(-2 * total + n_params * math.log(len(x)), rel=1e-10)
-    assert fitted.aic(x, S) == pytest.approx(-2 * total + 2 * n_params, rel=1e-10)
+    assert fitted.bic(x, Xcov=S) == pytest.approx(-2 * total + n_params * math.log(len(x)), rel=1e-10)
+    assert fitted.aic(x, Xcov=S) == pytest.approx(-2 * total + 2 * n_params, rel=1e-10)
 
 
 @pytest.mark.parametrize("projected", [False, True])
@@ -61,7 +63,7 @@ def test_posterior_of_true_values(fitted, data, projected):
     mean = np.einsum("nk,nkd->nd", r, b)
     centred = b - mean[:, None]
     cov = np.einsum("nk,nkde->nde", r, B + centred[..., None] * centred[..., None, :])
-    got_mean, got_cov = fitted.posterior(xs, Ss, R=R)
+    got_mean, got_cov = fitted.posterior(xs, Xcov=Ss, R=R)
     np.testing.assert_allclose(got_mean, mean, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(got_cov, cov, rtol=1e-8, atol=1e-10)
 
@@ -87,13 +89,13 @@ def test_save_and_load_round_trip(fitted, data, tmp_path):
         np.testing.assert_array_equal(getattr(loaded, attr), getattr(fitted, attr))
     assert loaded.history_ == fitted.history_
     assert loaded.get_params() == fitted.get_params()
-    assert loaded.score(x, S) == fitted.score(x, S)
+    assert loaded.score(x, Xcov=S) == fitted.score(x, Xcov=S)
 
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_same_random_state_gives_identical_fits(data, method):
     x, S = data
-    fits = [XDGMM(K, method, epochs=3, device="cpu", random_state=7).fit(x, S) for _ in range(2)]
+    fits = [XDGMM(K, method, epochs=3, device="cpu", random_state=7).fit(x, Xcov=S) for _ in range(2)]
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
 
@@ -102,8 +104,8 @@ def test_compiled_kernel_gives_the_same_fit_and_scores(data):
     """backend="compiled" changes speed, not results; projected data keeps the LAPACK path."""
     x, S = data
     settings = dict(n_components=K, method="minibatch_em", epochs=2, dtype="float64", device="cpu", random_state=3)
-    eager = XDGMM(**settings).fit(x, S)
-    compiled = XDGMM(backend="compiled", **settings).fit(x, S)
+    eager = XDGMM(**settings).fit(x, Xcov=S)
+    compiled = XDGMM(backend="compiled", **settings).fit(x, Xcov=S)
     assert (eager.backend_, compiled.backend_) == ("fused", "compiled")
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(compiled, attr), getattr(eager, attr), rtol=1e-9, atol=1e-12)
@@ -113,7 +115,7 @@ def test_compiled_kernel_gives_the_same_fit_and_scores(data):
     R = np.random.default_rng(41).normal(size=(100, 2, D))
     S_obs = np.einsum("nij,njk,nlk->nil", R, S[:100], R)
     np.testing.assert_allclose(
-        compiled.score_samples(x[:100, :2], S_obs, R=R), eager.score_samples(x[:100, :2], S_obs, R=R)
+        compiled.score_samples(x[:100, :2], Xcov=S_obs, R=R), eager.score_samples(x[:100, :2], Xcov=S_obs, R=R)
     )
 
 
@@ -129,7 +131,7 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
     with monkeypatch.context() as patch:
         patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
-            XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
+            XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +166,7 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
         **options,
     }
     every = 1 if method in ("em", "stochastic_em") else 3
-    uninterrupted = XDGMM(**settings).fit(x, S)
+    uninterrupted = XDGMM(**settings).fit(x, Xcov=S)
     checkpoint, save = tmp_path / "fit.ckpt", scalable_xd.fit.checkpoint.save
 
     def save_then_crash(path, **state):
@@ -175,10 +177,10 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
     with monkeypatch.context() as patch:
         patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
-            XDGMM(**settings).fit(x, S, checkpoint=checkpoint, checkpoint_every=every)
+            XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
     calls, real = [], scalable_xd.fit.loop.batch_statistics
     monkeypatch.setattr(scalable_xd.fit.loop, "batch_statistics", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint, checkpoint_every=every)
+    resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
     per_epoch = 2 if method in ("em", "stochastic_em") else len(x) // batch_size
     assert len(calls) == 2 * per_epoch - every  # the rest of epoch 2, then epoch 3
     for attr in ("weights_", "means_", "covariances_"):
@@ -186,9 +188,9 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
     assert [h["train_loglik"] for h in resumed.history_] == [h["train_loglik"] for h in uninterrupted.history_]
     split_merge = dict(n_components=2, method="minibatch_em", split_merge=True, device="cpu")
     with pytest.raises(ValueError, match="split_merge fits checkpoint at epochs' ends only"):
-        XDGMM(**split_merge).fit(x, S, checkpoint=tmp_path / "sm.ckpt", checkpoint_every=2)
+        XDGMM(**split_merge).fit(x, Xcov=S, checkpoint=tmp_path / "sm.ckpt", checkpoint_every=2)
     with pytest.raises(ValueError, match=r"checkpoint_every: checkpoints inside an epoch need a checkpoint path"):
-        XDGMM(**settings).fit(x, S, checkpoint_every=2)  # silently ignored, once
+        XDGMM(**settings).fit(x, Xcov=S, checkpoint_every=2)  # silently ignored, once
 
 
 @pytest.mark.parametrize(
@@ -213,7 +215,7 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
         **dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5),
         **options,
     }
-    uninterrupted = XDGMM(**settings).fit(x, S)
+    uninterrupted = XDGMM(**settings).fit(x, Xcov=S)
 
     checkpoint = tmp_path / "fit.ckpt"
     _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch=3)
@@ -225,7 +227,7 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
         "epoch_order",
         lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1],
     )
-    resumed = XDGMM(**settings).fit(x, S, checkpoint=checkpoint)
+    resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
     assert epochs_run == [4, 5, 6]  # only the epochs after the checkpoint ran again
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(resumed, attr), getattr(uninterrupted, attr), rtol=1e-12, atol=1e-14)
@@ -235,7 +237,7 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
         for a, b in zip(resumed.history_, uninterrupted.history_)
     )
     with pytest.raises(ValueError, match="different fit"):
-        XDGMM(**{**settings, "w": 0.5}).fit(x, S, checkpoint=checkpoint)
+        XDGMM(**{**settings, "w": 0.5}).fit(x, Xcov=S, checkpoint=checkpoint)
 
 
 def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_path, monkeypatch):
@@ -244,10 +246,10 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_pa
     _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
     seed = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
     monkeypatch.setattr(scalable_xd.fit.driver, "initial_mixture", None)  # resuming must not re-run the init
-    resumed = XDGMM(**settings).fit(x, S, checkpoint=tmp_path / "fit.ckpt")
+    resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
     assert [h["epoch"] for h in resumed.history_] == list(range(5))
     monkeypatch.undo()
-    fresh = XDGMM(**settings, random_state=seed).fit(x, S)
+    fresh = XDGMM(**settings, random_state=seed).fit(x, Xcov=S)
     np.testing.assert_allclose(resumed.means_, fresh.means_, rtol=1e-12)
 
 
@@ -257,10 +259,10 @@ def test_collapsing_component_raises_a_named_divergence():
     x = np.vstack([rng.normal(size=(300, 2)), np.full((5, 2), 30.0)])
     init = dict(means_init=np.array([[0.0, 0.0], [30.0, 30.0]]), weights_init=np.array([0.9, 0.1]))
     with pytest.raises(FitDivergedError, match=r"epoch \d+.*component 1.*larger covariance regularisation w") as err:
-        XDGMM(2, "em", w=0.0, dtype="float64", device="cpu", **init).fit(x, None)
+        XDGMM(2, "em", w=0.0, dtype="float64", device="cpu", **init).fit(x, Xcov=None)
     # only what would change something: batch EM has no step size, and this fit already runs in float64
     assert "float64" not in str(err.value) and "step" not in str(err.value) and "learning rate" not in str(err.value)
-    regularised = XDGMM(2, "em", w=1e-6, dtype="float64", device="cpu", **init).fit(x, None)
+    regularised = XDGMM(2, "em", w=1e-6, dtype="float64", device="cpu", **init).fit(x, Xcov=None)
     assert np.linalg.eigvalsh(regularised.covariances_[1]).min() > 0
 
 
@@ -301,7 +303,7 @@ def test_bad_rows_are_named(data, mutate, message):
     x, S = (a[:50].copy() for a in data)
     mutate(x, S)
     with pytest.raises(ValueError, match=message):
-        XDGMM(2, device="cpu").fit(x, S)
+        XDGMM(2, device="cpu").fit(x, Xcov=S)
 
 
 def test_a_bad_variance_is_named_by_row_and_column(data):
@@ -309,39 +311,41 @@ def test_a_bad_variance_is_named_by_row_and_column(data):
     variances = np.diagonal(S, axis1=1, axis2=2).copy()
     variances[9, 2] = np.nan
     with pytest.raises(ValueError, match="Xcov row 9, column 2 contains NaN or inf"):
-        XDGMM(2, device="cpu").fit(x, variances)
+        XDGMM(2, device="cpu").fit(x, Xcov=variances)
 
 
 def test_bad_shapes_and_parameters_are_named(data):
     x, S = data
     with pytest.raises(ValueError, match="Xcov describes 1500 points of dimension 2"):
-        XDGMM(2, device="cpu").fit(x, S[:, :2, :2])
+        XDGMM(2, device="cpu").fit(x, Xcov=S[:, :2, :2])
     with pytest.raises(ValueError, match="Xcov describes 10 points"):
-        XDGMM(2, device="cpu").fit(x, S[:10])
-    with pytest.raises(ValueError, match=r"X must have shape \(N, d\)"):
-        XDGMM(2, device="cpu").fit(x[:, 0], S)
+        XDGMM(2, device="cpu").fit(x, Xcov=S[:10])
+    with pytest.raises(ValueError, match="Expected 2D array, got 1D array instead"):  # scikit-learn's words
+        XDGMM(2, device="cpu").fit(x[:, 0], Xcov=S)
+    with pytest.raises(ValueError, match=r"X must have shape \(N, d\)"):  # a tensor: ours
+        XDGMM(2, device="cpu").fit(torch.as_tensor(x[:, 0]), Xcov=S)
     with pytest.raises(ValueError, match="n_components=20 is larger than the number of points"):
-        XDGMM(20, device="cpu").fit(x[:10], S[:10])
+        XDGMM(20, device="cpu").fit(x[:10], Xcov=S[:10])
     with pytest.raises(ValueError, match="unknown method 'adam'"):
-        XDGMM(2, "adam").fit(x, S)
+        XDGMM(2, "adam").fit(x, Xcov=S)
     with pytest.raises(ValueError, match="unknown device 'gpu0'"):
-        XDGMM(2, device="gpu0").fit(x, S)
+        XDGMM(2, device="gpu0").fit(x, Xcov=S)
     with pytest.raises(ValueError, match="unknown dtype 'float16': choose one of float32, float64"):
-        XDGMM(2, dtype="float16").fit(x, S)
+        XDGMM(2, dtype="float16").fit(x, Xcov=S)
     with pytest.raises(ValueError, match="w must be in"):
-        XDGMM(2, w=-1.0).fit(x, S)
+        XDGMM(2, w=-1.0).fit(x, Xcov=S)
     with pytest.raises(ValueError, match="step_size must be in"):
-        XDGMM(2, step_size=2.0).fit(x, S)
+        XDGMM(2, step_size=2.0).fit(x, Xcov=S)
     with pytest.raises(ValueError, match="n_components must be a positive integer"):
-        XDGMM(0).fit(x, S)
+        XDGMM(0).fit(x, Xcov=S)
     with pytest.raises(ValueError, match="unknown backend 'yes': choose one of auto, fused, triton"):
-        XDGMM(2, backend="yes").fit(x, S)
+        XDGMM(2, backend="yes").fit(x, Xcov=S)
     with pytest.raises(ValueError, match=r"means_init must have shape \(2, 3\)"):
-        XDGMM(2, device="cpu", means_init=np.zeros((3, 3))).fit(x, S)
+        XDGMM(2, device="cpu", means_init=np.zeros((3, 3))).fit(x, Xcov=S)
     with pytest.raises(ValueError, match="covariances_init component 1 is not symmetric positive definite"):
-        XDGMM(2, device="cpu", covariances_init=np.stack([np.eye(3), -np.eye(3)])).fit(x, S)
+        XDGMM(2, device="cpu", covariances_init=np.stack([np.eye(3), -np.eye(3)])).fit(x, Xcov=S)
     with pytest.raises(NotFittedError, match="not fitted"):
-        XDGMM(2).score(x, S)
+        XDGMM(2).score(x, Xcov=S)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -387,13 +391,13 @@ def test_a_fit_stopped_by_its_epoch_budget_says_so(data, method):
     x, S = data
     settings = dict(n_components=K, method=method, epochs=2, dtype="float64", device="cpu", random_state=0)
     with pytest.warns(ConvergenceWarning, match=f"{method} ended by its budget of 2 epochs .*more than tol = 1e-06"):
-        short = XDGMM(**settings).fit(x, S)
+        short = XDGMM(**settings).fit(x, Xcov=S)
     gain = short.history_[-1]["train_loglik"] - short.history_[-2]["train_loglik"]
     assert not short.converged_ and gain >= 1e-6
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        loose = XDGMM(**settings, tol=gain + 1.0).fit(x, S)
-        unjudged = XDGMM(**settings, tol=None).fit(x, S)
+        loose = XDGMM(**settings, tol=gain + 1.0).fit(x, Xcov=S)
+        unjudged = XDGMM(**settings, tol=None).fit(x, Xcov=S)
     assert loose.converged_ and not unjudged.converged_
 
 
@@ -401,7 +405,7 @@ def test_batch_em_that_converges_within_its_budget_does_not_warn(data):
     x, S = data
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        model = XDGMM(K, "em", epochs=500, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, S)
+        model = XDGMM(K, "em", epochs=500, tol=1e-4, dtype="float64", device="cpu", random_state=0).fit(x, Xcov=S)
     assert model.converged_ and model.n_iter_ < 500
 
 
@@ -413,13 +417,13 @@ def test_minibatch_epochs_score_a_fixed_sample_of_the_training_data(data, method
 
     x, S = data
     settings = dict(epochs=2, tol=None, dtype="float64", device="cpu", random_state=3)
-    model = XDGMM(K, method, train_score_rows=200, **settings).fit(x, S)
+    model = XDGMM(K, method, train_score_rows=200, **settings).fit(x, Xcov=S)
     rows = random_rows(len(x), 200, 3).numpy()
     params = (model.weights_, model.means_, model.covariances_)
     on_sample = xd_loglik(x[rows], S[rows], *params).mean()
     assert model.history_[-1]["train_loglik"] == pytest.approx(on_sample, rel=1e-9)
     assert abs(on_sample - xd_loglik(x, S, *params).mean()) > 1e-6  # the sample is not the whole set
-    full = XDGMM(K, method, train_score_rows=None, **settings).fit(x, S)
+    full = XDGMM(K, method, train_score_rows=None, **settings).fit(x, Xcov=S)
     params = (full.weights_, full.means_, full.covariances_)
     assert full.history_[-1]["train_loglik"] == pytest.approx(xd_loglik(x, S, *params).mean(), rel=1e-9)
     np.testing.assert_array_equal(full.means_, model.means_)  # what is scored does not change the fit

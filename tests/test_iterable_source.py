@@ -66,7 +66,7 @@ def test_a_dataloader_in_the_fits_order_gives_the_fit_of_the_arrays(method):
     x, S = _data()
     sampler = EpochOrder(len(x), BATCH, SEED)
     loader = DataLoader(TensorDataset(torch.tensor(x), torch.tensor(S)), batch_sampler=sampler)
-    from_arrays = XDGMM(**_settings(method)).fit(x, S)
+    from_arrays = XDGMM(**_settings(method)).fit(x, Xcov=S)
     from_loader = XDGMM(**_settings(method)).fit(loader)
     _assert_same_fit(from_arrays, from_loader)
     assert sampler.epochs_set == [1, 2, 3]  # told each epoch before it was read
@@ -76,11 +76,11 @@ def test_batch_em_over_an_unshuffled_dataloader_equals_the_arrays_k_means_includ
     """Batch EM sums every batch, whatever their sizes; k-means sees every point, in the arrays' order."""
     x, S = _data()
     settings = dict(n_components=3, method="em", epochs=6, tol=None, dtype="float64", device="cpu", random_state=1)
-    from_arrays = XDGMM(**settings).fit(x, S)
+    from_arrays = XDGMM(**settings).fit(x, Xcov=S)
     loader = DataLoader(TensorDataset(torch.tensor(x), torch.tensor(S)), batch_size=333)
     from_loader = XDGMM(**settings).fit(loader)
     _assert_same_fit(from_arrays, from_loader)
-    np.testing.assert_allclose(from_loader.score(loader), from_arrays.score(x, S), rtol=1e-12)
+    np.testing.assert_allclose(from_loader.score(loader), from_arrays.score(x, Xcov=S), rtol=1e-12)
 
 
 def test_weighted_batches_in_a_list_count_as_sample_weight_does():
@@ -89,7 +89,7 @@ def test_weighted_batches_in_a_list_count_as_sample_weight_does():
     weights = np.random.default_rng(5).uniform(0, 3, size=len(x))
     variances = np.diagonal(S, axis1=1, axis2=2)
     settings = dict(n_components=2, method="em", epochs=5, tol=None, dtype="float64", device="cpu", random_state=1)
-    from_arrays = XDGMM(**settings).fit(x, S, sample_weight=weights)
+    from_arrays = XDGMM(**settings).fit(x, Xcov=S, sample_weight=weights)
     batches = [(x[i : i + 500], variances[i : i + 500], weights[i : i + 500]) for i in range(0, len(x), 500)]
     from_list = XDGMM(**settings).fit(batches)
     _assert_same_fit(from_arrays, from_list)
@@ -167,7 +167,7 @@ def test_bad_batches_are_named_by_batch_and_row():
     with pytest.raises(TypeError, match="X is an iterator, which can be read once"):
         XDGMM(n_components=2).fit(iter(batches))
     with pytest.raises(ValueError, match=r"X is an iterable of batches, which carries its own noise .*: Xcov"):
-        XDGMM(n_components=2).fit(batches, S)
+        XDGMM(n_components=2).fit(batches, Xcov=S)
     batches[3][1][5] = np.eye(2)
     with pytest.raises(ValueError, match="partial_fit takes one batch of arrays per call, and X is a IterableSource"):
         XDGMM(n_components=2, method="minibatch_em").partial_fit(batches)
@@ -250,7 +250,7 @@ def test_a_users_own_source_fits_through_the_protocol(tmp_path):
     settings = _settings("minibatch_em")
     settings["means_init"] = settings["means_init"] * 2.0
     from_source = XDGMM(**settings).fit(source, checkpoint=tmp_path / "own.ckpt")
-    from_arrays = XDGMM(**settings).fit(x * 2.0, S * 4.0)
+    from_arrays = XDGMM(**settings).fit(x * 2.0, Xcov=S * 4.0)
     _assert_same_fit(from_arrays, from_source)
     with pytest.raises(ValueError, match=r"X is a Rescaled, which carries its own noise .*: R, sample_weight"):
         XDGMM(n_components=2).fit(source, R=np.zeros((len(x), 2, 2)), sample_weight=np.ones(len(x)))

@@ -44,8 +44,8 @@ def test_a_method_is_one_row_and_one_fitter(monkeypatch):
     k, d = 3, 2
     x, S, _, _ = draw_xd_data(rng, 600, np.ones(k) / k, rng.normal(scale=4, size=(k, d)), random_spd(rng, k, d), 0.2, 1)
     common = dict(n_components=k, epochs=30, dtype="float64", random_state=0, means_init=x[:k], device="cpu")
-    toy = XDGMM(method="toy_em", **common).fit(x, S)
-    em = XDGMM(method="em", acceleration="none", **common).fit(x, S)
+    toy = XDGMM(method="toy_em", **common).fit(x, Xcov=S)
+    em = XDGMM(method="em", acceleration="none", **common).fit(x, Xcov=S)
     assert toy.converged_ and toy.n_iter_ == em.n_iter_  # uses_tol: stopped by tol, as batch EM is
     np.testing.assert_array_equal(toy.means_, em.means_)
     assert method_name("toy_em") == "Toy EM" and colour("toy_em", ["em", "toy_em"]) == "#123456"

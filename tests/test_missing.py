@@ -79,7 +79,7 @@ def test_one_em_step_equals_the_update_written_out_with_projections(problem):
     centred = b - means[None]
     covs = (np.einsum("nk,nkd,nke->kde", r, centred, centred) + np.einsum("nk,nkde->kde", r, B)) / q[:, None, None]
     model = XDGMM(K, "em", epochs=1, w=0.0, tol=None, dtype="float64", device="cpu", missing="marginalise", **init).fit(
-        x_nan, S
+        x_nan, Xcov=S
     )
     np.testing.assert_allclose(model.weights_, q / q.sum(), rtol=1e-11)
     np.testing.assert_allclose(model.means_, means, rtol=1e-10, atol=1e-12)
@@ -107,34 +107,34 @@ def test_marginalising_is_the_limit_of_the_variance_convention(problem, method):
         random_state=4,
         **init,
     )
-    convention = XDGMM(**settings).fit(x_zero, S_big)
-    marginalised = XDGMM(**settings, missing="marginalise").fit(x_zero, S_big)  # variance 1e12 marks them
-    from_nan = XDGMM(**settings, missing="marginalise").fit(x_nan, S)  # and so does NaN
+    convention = XDGMM(**settings).fit(x_zero, Xcov=S_big)
+    marginalised = XDGMM(**settings, missing="marginalise").fit(x_zero, Xcov=S_big)  # variance 1e12 marks them
+    from_nan = XDGMM(**settings, missing="marginalise").fit(x_nan, Xcov=S)  # and so does NaN
     for name in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(marginalised, name), getattr(convention, name), rtol=1e-7, atol=1e-9)
         np.testing.assert_allclose(getattr(from_nan, name), getattr(marginalised, name), rtol=1e-12, atol=1e-13)
     per_star = ~observed
-    expected = convention.score_samples(x_zero, S_big) - MISSING_LOGLIK_CONSTANT * per_star.sum(1)
-    np.testing.assert_allclose(marginalised.score_samples(x_zero, S_big), expected, rtol=1e-9, atol=1e-9)
+    expected = convention.score_samples(x_zero, Xcov=S_big) - MISSING_LOGLIK_CONSTANT * per_star.sum(1)
+    np.testing.assert_allclose(marginalised.score_samples(x_zero, Xcov=S_big), expected, rtol=1e-9, atol=1e-9)
 
 
 def test_posteriors_of_stars_with_missing_entries_and_the_errors(problem):
     x_nan, S, observed, init = problem
     model = XDGMM(K, "em", epochs=5, tol=None, dtype="float64", device="cpu", missing="marginalise", **init)
-    model.fit(x_nan, S)
-    mean, cov = model.posterior(x_nan, S)
+    model.fit(x_nan, Xcov=S)
+    mean, cov = model.posterior(x_nan, Xcov=S)
     assert np.isfinite(mean).all() and np.isfinite(cov).all()
     prior_mean = (model.weights_[:, None] * model.means_).sum(0)
     np.testing.assert_allclose(mean[0], prior_mean, rtol=1e-10)  # nothing observed: the prior's mean
     full = observed.all(1)
     assert (np.diagonal(cov[full], axis1=1, axis2=2) < np.diagonal(cov[0])).all()  # data narrow the posterior
     with pytest.raises(ValueError, match=r"X row 0, column \d contains NaN or inf"):
-        XDGMM(K, "em", epochs=1, device="cpu", **init).fit(x_nan, S)
+        XDGMM(K, "em", epochs=1, device="cpu", **init).fit(x_nan, Xcov=S)
     with pytest.raises(ValueError, match="unknown missing 'drop'"):
-        XDGMM(K, "em", epochs=1, device="cpu", missing="drop").fit(x_nan, S)
+        XDGMM(K, "em", epochs=1, device="cpu", missing="drop").fit(x_nan, Xcov=S)
     S_nan = np.array(S, dtype=np.float64)
     S_nan[0, 0, 0] = np.nan  # marking a missing entry in the noise instead of in X
     with pytest.raises(
         ValueError, match=r"Xcov row 0, entry \(0, 0\) contains NaN or inf; .* marked by NaN in X .*not by NaN in Xcov"
     ):
-        XDGMM(K, "em", epochs=1, device="cpu", missing="marginalise", **init).fit(x_nan, S_nan)
+        XDGMM(K, "em", epochs=1, device="cpu", missing="marginalise", **init).fit(x_nan, Xcov=S_nan)

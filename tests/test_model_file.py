@@ -15,7 +15,7 @@ def saved(tmp_path_factory):
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal(-2, 1, (300, 2)), rng.normal(2, 1, (300, 2))])
     path = tmp_path_factory.mktemp("model") / "model.npz"
-    XDGMM(2, epochs=3, device="cpu", random_state=0).fit(x, np.full((600, 2), 0.1)).save(path)
+    XDGMM(2, epochs=3, device="cpu", random_state=0).fit(x, Xcov=np.full((600, 2), 0.1)).save(path)
     with np.load(path) as archive:
         return path, {key: archive[key] for key in archive.files}
 
@@ -120,7 +120,7 @@ def test_every_damaged_byte_range_is_refused_or_harmless(saved, tmp_path):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(300, 2))
     path = tmp_path / "online.npz"
-    XDGMM(2, "minibatch_em", random_state=0).partial_fit(x, np.full((300, 2), 0.1)).save(path)
+    XDGMM(2, "minibatch_em", random_state=0).partial_fit(x, Xcov=np.full((300, 2), 0.1)).save(path)
     intact, model = path.read_bytes(), XDGMM.load(path)
     for start in range(0, len(intact), 64):
         damaged = bytearray(intact)

@@ -35,12 +35,12 @@ def test_fit_is_the_same_with_compact_diagonal_or_dense_noise():
     compact, dense = _compact(rng, 1000)
     x, _, _, _ = draw_xd_data(rng, 1000, np.ones(2) / 2, rng.normal(scale=3, size=(2, 4)), random_spd(rng, 2, 4), 0, 0)
     settings = dict(n_components=2, method="minibatch_em", epochs=2, dtype="float64", device="cpu", random_state=0)
-    a = XDGMM(**settings).fit(x, compact)
-    b = XDGMM(**settings).fit(x, dense)
+    a = XDGMM(**settings).fit(x, Xcov=compact)
+    b = XDGMM(**settings).fit(x, Xcov=dense)
     np.testing.assert_allclose(a.covariances_, b.covariances_, rtol=1e-10)
     variances = rng.uniform(0.1, 1.0, size=(1000, 4))
-    c = XDGMM(**settings).fit(x, variances)
-    d = XDGMM(**settings).fit(x, np.einsum("nd,de->nde", variances, np.eye(4)))
+    c = XDGMM(**settings).fit(x, Xcov=variances)
+    d = XDGMM(**settings).fit(x, Xcov=np.einsum("nd,de->nde", variances, np.eye(4)))
     np.testing.assert_allclose(c.covariances_, d.covariances_, rtol=1e-10)
 
 

@@ -68,7 +68,8 @@ def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
     output, results = _run_two(tmp_path, settings)
     assert all(code == 0 for code, _ in results), results
     two = np.load(output)
-    one = XDGMM(**settings).fit(*problem())
+    x, S = problem()
+    one = XDGMM(**settings).fit(x, Xcov=S)
     for name in ("weights", "means", "covariances"):
         np.testing.assert_allclose(two[name], getattr(one, f"{name}_"), rtol=1e-9, atol=1e-12)
     curve_two = [h["train_loglik"] for h in json.loads(str(two["history"]))]
@@ -123,8 +124,9 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(tmp_path):
     checkpoint = tmp_path / "fit.ckpt"
     _, results = _run_two(tmp_path, settings, checkpoint, die_after=2 * 21 + 5)
     assert [code != 0 for code, _ in results] == [True, True] and checkpoint.exists()
-    resumed = XDGMM(**settings).fit(*problem(), checkpoint=checkpoint)
-    uninterrupted = XDGMM(**settings).fit(*problem())
+    x, S = problem()
+    resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
+    uninterrupted = XDGMM(**settings).fit(x, Xcov=S)
     assert [h["epoch"] for h in resumed.history_] == [0, 1, 2, 3, 4]
     np.testing.assert_allclose(resumed.means_, uninterrupted.means_, rtol=1e-9)
 

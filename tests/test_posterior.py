@@ -64,9 +64,9 @@ def test_far_tail_quantiles_are_met_to_1e_300():
 
 def test_quantiles_match_monte_carlo_draws_of_the_posterior():
     x, S, _, _, _, _ = _problem(seed=21, n=300)
-    model = XDGMM(3, epochs=3, dtype="float64", random_state=0).fit(x, S)
+    model = XDGMM(3, epochs=3, dtype="float64", random_state=0).fit(x, Xcov=S)
     x, S = x[:3], S[:3]
-    _, _, quantiles = model.posterior(x, S, q=PROBS)
+    _, _, quantiles = model.posterior(x, Xcov=S, q=PROBS)
     r, b, B = xd_pair_posteriors(x, S, model.weights_, model.means_, model.covariances_)
     rng = np.random.default_rng(22)
     for i in range(len(x)):
@@ -93,6 +93,6 @@ def test_posterior_intervals_are_calibrated_on_data_drawn_from_the_model():
 
 def test_quantile_probabilities_outside_zero_one_are_refused():
     x, S, _, weights, means, covs = _problem(n=5)
-    model = XDGMM(3, random_state=0, epochs=2).fit(x, S)
+    model = XDGMM(3, random_state=0, epochs=2).fit(x, Xcov=S)
     with pytest.raises(ValueError, match="q must be probabilities"):
-        model.posterior(x, S, q=(0.5, 1.0))
+        model.posterior(x, Xcov=S, q=(0.5, 1.0))

@@ -35,7 +35,7 @@ def _fitted_covariance(x, S, method, w, step=1e-2, online_regularisation="prior"
         random_state=0,
         means_init=np.zeros((1, 2)),
     )
-    return model.fit(x, S).covariances_[0]
+    return model.fit(x, Xcov=S).covariances_[0]
 
 
 @pytest.mark.parametrize("method, step", [("em", None), ("sgd", None), ("minibatch_em", 1e-2), ("minibatch_em", 1e-1)])
@@ -121,8 +121,8 @@ def test_fit_does_not_depend_on_n_mod_batch_size(two_gaussians_1d, method):
     # Online EM with steps lambda_t tracks batch EM after about sum(lambda_t) iterations (45 here); Adam
     # moves a mean by at most ~lr a step, and these start 2 units away.
     settings = dict(epochs=200, decay_epoch=100, batch_size=500, step_size=0.05, step_schedule="step", lr=0.05)
-    fits = [_sorted_fit(XDGMM(2, method, **settings, **init).fit(x[:n], S[:n])) for n in (3000, 3001)]
-    em = _sorted_fit(XDGMM(2, "em", epochs=500, tol=1e-9, **init).fit(x, S))
+    fits = [_sorted_fit(XDGMM(2, method, **settings, **init).fit(x[:n], Xcov=S[:n])) for n in (3000, 3001)]
+    em = _sorted_fit(XDGMM(2, "em", epochs=500, tol=1e-9, **init).fit(x, Xcov=S))
     for weights, variances in fits:
         np.testing.assert_allclose(weights, em[0], atol=0.03)
         np.testing.assert_allclose(variances, em[1], rtol=0.1)

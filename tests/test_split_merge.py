@@ -34,10 +34,10 @@ def _recovered(model, within: float = 0.1) -> bool:
 def test_em_stays_trapped_and_split_and_merge_escapes(three_clusters):
     x, S = three_clusters
     settings = dict(n_components=3, method="em", epochs=80, device="cpu", dtype="float64", **TRAP)
-    plain = XDGMM(**settings).fit(x, S)
-    moved = XDGMM(**settings, split_merge=True, split_merge_tries=2).fit(x, S)
+    plain = XDGMM(**settings).fit(x, Xcov=S)
+    moved = XDGMM(**settings, split_merge=True, split_merge_tries=2).fit(x, Xcov=S)
     assert not _recovered(plain) and _recovered(moved)
-    assert moved.score(x, S) > plain.score(x, S) + 0.5
+    assert moved.score(x, Xcov=S) > plain.score(x, Xcov=S) + 0.5
     assert moved.history_[-1]["moves_accepted"] >= 1
     # the reported model never loses log-likelihood: EM is monotone, a move is kept only if it gains
     curve = np.array([h["train_loglik"] for h in moved.history_])
@@ -49,9 +49,9 @@ def test_the_straddling_start_of_two_means_in_one_cluster_is_escaped():
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.normal(size=(1500, 2)) * 0.4, rng.normal(size=(1500, 2)) * 0.4 + [5.0, 0.0]])
     start = dict(means_init=np.array([[-0.2, 0.0], [0.2, 0.0], [0.0, 0.3]]), covariances_init=np.stack([np.eye(2)] * 3))
-    plain = XDGMM(3, "em", epochs=200, acceleration="none", device="cpu", dtype="float64", **start).fit(x, None)
-    moved = XDGMM(3, "em", epochs=200, device="cpu", dtype="float64", split_merge=True, **start).fit(x, None)
-    assert moved.score(x, None) >= plain.score(x, None) - 1e-9
+    plain = XDGMM(3, "em", epochs=200, acceleration="none", device="cpu", dtype="float64", **start).fit(x, Xcov=None)
+    moved = XDGMM(3, "em", epochs=200, device="cpu", dtype="float64", split_merge=True, **start).fit(x, Xcov=None)
+    assert moved.score(x, Xcov=None) >= plain.score(x, Xcov=None) - 1e-9
     assert np.linalg.norm(moved.means_ - [5.0, 0.0], axis=1).min() < 0.1
 
 
@@ -109,8 +109,8 @@ def test_the_stochastic_form_escapes_the_trap_for_every_minibatch_method(shuffle
         random_state=0,
         **TRAP,
     )
-    plain = XDGMM(**settings).fit(x, S)
-    moved = XDGMM(**settings, split_merge=True).fit(x, S)
+    plain = XDGMM(**settings).fit(x, Xcov=S)
+    moved = XDGMM(**settings, split_merge=True).fit(x, Xcov=S)
     within = 0.3 if method == "sgd" else 0.1  # Adam at a fixed learning rate jitters around the optimum
     assert not _recovered(plain, within) and _recovered(moved, within)
     # every judged move: kept exactly when the trial scored higher on the judging sample
@@ -135,7 +135,7 @@ def test_a_validation_set_judges_the_stochastic_moves(shuffled_clusters):
         random_state=0,
         **TRAP,
     )
-    model.fit(x[:10_000], S[:10_000], X_val=x[10_000:], Xcov_val=S[10_000:])
+    model.fit(x[:10_000], Xcov=S[:10_000], X_val=x[10_000:], Xcov_val=S[10_000:])
     judged = [
         after
         for before, after in zip(model.history_, model.history_[1:])
@@ -160,4 +160,5 @@ def test_a_validation_set_judges_the_stochastic_moves(shuffled_clusters):
 )
 def test_bad_split_merge_settings_are_named(three_clusters, settings, message):
     with pytest.raises(ValueError, match=message):
-        XDGMM(3, device="cpu", **settings).fit(*three_clusters)
+        x, S = three_clusters
+        XDGMM(3, device="cpu", **settings).fit(x, Xcov=S)

@@ -19,14 +19,16 @@ def data():
 def _fit(data, acceleration, **options):
     settings = dict(epochs=6000, tol=1e-10, dtype="float64", device="cpu", random_state=0, acceleration=acceleration)
     settings["w_scale"] = "none"  # Bovy et al.'s w I, which ``_objective`` writes out
-    return XDGMM(6, "em", **{**settings, **options}).fit(*data)
+    x, S = data
+    return XDGMM(6, "em", **{**settings, **options}).fit(x, Xcov=S)
 
 
 def _objective(model, data, w):
     """What Bovy et al.'s EM increases (fit/squarem.py): the mean log-likelihood plus the log prior of w."""
     V = model.covariances_
     prior = -0.5 * (np.linalg.slogdet(V)[1].sum() + w * np.trace(np.linalg.inv(V), axis1=1, axis2=2).sum())
-    return model.score(*data) + prior / len(data[0])
+    x, S = data
+    return model.score(x, Xcov=S) + prior / len(x)
 
 
 def _assert_same_fit(a, b, rtol):
@@ -42,7 +44,8 @@ def test_squarem_reaches_plain_ems_fixed_point_in_a_fraction_of_the_passes(data)
     assert len(fast.history_) < len(plain.history_) / 5  # every pass is an entry: extrapolations included
     assert fast.history_[-1]["extrapolations"] > 0
     _assert_same_fit(fast, plain, rtol=2e-3)
-    assert fast.score(*data) == pytest.approx(plain.score(*data), abs=1e-7)
+    x, S = data
+    assert fast.score(x, Xcov=S) == pytest.approx(plain.score(x, Xcov=S), abs=1e-7)
 
 
 def test_with_regularisation_squarem_climbs_what_em_climbs(data):
@@ -125,4 +128,4 @@ def test_collapsing_noiseless_points_raise_the_named_divergence_with_or_without_
     x = np.c_[t, 2 * t, -t]
     settings = dict(w=0.0, acceleration=acceleration, dtype="float64", random_state=0)
     with pytest.raises(FitDivergedError, match="component 0 has a covariance that is not positive definite"):
-        XDGMM(2, "em", covariances_init=np.stack([np.eye(3)] * 2), **settings).fit(x, np.full(x.shape, 1e-12))
+        XDGMM(2, "em", covariances_init=np.stack([np.eye(3)] * 2), **settings).fit(x, Xcov=np.full(x.shape, 1e-12))

@@ -65,14 +65,14 @@ def data():
 def test_stochastic_em_is_seeded_and_near_em(data, method):
     x, S = data
     settings = dict(n_components=3, method=method, epochs=60, batch_size=200, device="cpu", dtype="float64")
-    first = XDGMM(**settings, random_state=1).fit(x, S)
-    again = XDGMM(**settings, random_state=1).fit(x, S)
-    other = XDGMM(**settings, random_state=2).fit(x, S)
+    first = XDGMM(**settings, random_state=1).fit(x, Xcov=S)
+    again = XDGMM(**settings, random_state=1).fit(x, Xcov=S)
+    other = XDGMM(**settings, random_state=2).fit(x, Xcov=S)
     np.testing.assert_array_equal(first.means_, again.means_)
     assert not np.array_equal(first.means_, other.means_)
-    em = XDGMM(3, "em", epochs=100, device="cpu", dtype="float64", random_state=1).fit(x, S)
+    em = XDGMM(3, "em", epochs=100, device="cpu", dtype="float64", random_state=1).fit(x, Xcov=S)
     # the stochastic fits wander around EM's optimum by ~1/sqrt(N) per star: within 0.01 nats/star here
-    assert abs(first.score(x, S) - em.score(x, S)) < 0.01
+    assert abs(first.score(x, Xcov=S) - em.score(x, Xcov=S)) < 0.01
     # tol does not stop it (its log-likelihood wanders); converged_ says whether the last epoch gained < tol
     gain = first.history_[-1]["train_loglik"] - first.history_[-2]["train_loglik"]
     assert len(first.history_) == 61 and first.converged_ == (gain < 1e-6)
@@ -187,6 +187,6 @@ def test_truncation_and_averaging_are_recorded_in_the_history(data):
         averaging="polyak",
         device="cpu",
         random_state=0,
-    ).fit(x * 1.5, S)
+    ).fit(x * 1.5, Xcov=S)
     restarts = [h["truncation_restarts"] for h in model.history_]
     assert restarts[0] == 0 and restarts == sorted(restarts) and restarts[-1] > 0

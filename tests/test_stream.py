@@ -105,14 +105,14 @@ def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, met
 
     monkeypatch.setattr(scalable_xd.dataset, "epoch_order", the_streams_batches)
     noise = CompactCovariance(sigma, corr, PAIRS)
-    in_memory = XDGMM(**settings).fit(x, noise, X_val=x, Xcov_val=noise)
+    in_memory = XDGMM(**settings).fit(x, Xcov=noise, X_val=x, Xcov_val=noise)
     for name in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(streamed, name), getattr(in_memory, name), rtol=1e-10, atol=1e-12)
     for key in ("train_loglik", "val_loglik"):
         np.testing.assert_allclose(
             [h[key] for h in streamed.history_], [h[key] for h in in_memory.history_], rtol=1e-12
         )
-    assert streamed.score(source) == pytest.approx(in_memory.score(x, noise), rel=1e-12)
+    assert streamed.score(source) == pytest.approx(in_memory.score(x, Xcov=noise), rel=1e-12)
 
 
 @pytest.mark.parametrize("every, crash_at", [(0, (2, 0)), (5, (2, 5))])  # at an epoch's end; inside epoch 3
@@ -192,7 +192,7 @@ def test_bad_values_are_named_by_their_row_in_the_whole_data_set_and_their_file(
     with pytest.raises(
         ValueError, match=r"X is a ParquetSource, which carries its own noise \(and weights\): Xcov cannot be given"
     ):
-        XDGMM(n_components=2).fit(good, np.ones((400, 3)))
+        XDGMM(n_components=2).fit(good, Xcov=np.ones((400, 3)))
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no Parquet files"):
         _source(tmp_path / "empty")
@@ -235,7 +235,7 @@ def test_a_streamed_fit_marginalises_missing_entries_as_in_memory(tmp_path):
         missing="marginalise",
     )
     streamed = XDGMM(**settings).fit(_source(folder, missing="marginalise"))
-    in_memory = XDGMM(**settings).fit(x, CompactCovariance(sigma, corr, PAIRS))
+    in_memory = XDGMM(**settings).fit(x, Xcov=CompactCovariance(sigma, corr, PAIRS))
     np.testing.assert_allclose(streamed.means_, in_memory.means_, rtol=1e-10, atol=1e-12)
     assert streamed.history_[-1]["train_loglik"] == pytest.approx(in_memory.history_[-1]["train_loglik"], rel=1e-12)
     with pytest.raises(ValueError, match="opened with missing='variance', but the model's missing is 'marginalise'"):

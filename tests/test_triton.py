@@ -84,7 +84,7 @@ def test_a_small_fit_with_the_triton_kernel_equals_the_lapack_one(monkeypatch):
     for backend in ("triton", "linalg"):
         for module in (scalable_xd.fit.driver, scalable_xd.estimator):
             monkeypatch.setattr(module, "fit_backend", lambda compile, device, b=backend: b)
-        fits[backend] = XDGMM(**settings).fit(x, S)
+        fits[backend] = XDGMM(**settings).fit(x, Xcov=S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(fits["triton"], attr), getattr(fits["linalg"], attr), rtol=1e-10)
 

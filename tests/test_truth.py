@@ -35,7 +35,7 @@ def noisy_mixture():
 
 def test_true_loglik_matches_scipy(noisy_mixture):
     x, S, _, v_test = noisy_mixture
-    model = XDGMM(2, "em", epochs=3, device="cpu", dtype="float64", random_state=0).fit(x, S)
+    model = XDGMM(2, "em", epochs=3, device="cpu", dtype="float64", random_state=0).fit(x, Xcov=S)
     expected = xd_loglik(v_test[:300], np.zeros((300, 2, 2)), model.weights_, model.means_, model.covariances_)
     assert true_loglik(model, v_test[:300]) == pytest.approx(expected.mean(), rel=1e-10)
 
@@ -47,11 +47,11 @@ def test_eval_sets_follow_the_true_values_epoch_by_epoch(noisy_mixture, method):
     x, S, _, v_test = noisy_mixture
     v, zeros = v_test[:300], np.zeros((300, 2, 2))
     kw = dict(device="cpu", dtype="float64", random_state=0, tol=None, decay_epoch=1)  # the same steps for both
-    model = XDGMM(2, method, epochs=3, **kw).fit(x, S, eval_sets={"true": (v, zeros)})
+    model = XDGMM(2, method, epochs=3, **kw).fit(x, Xcov=S, eval_sets={"true": (v, zeros)})
     assert [set(entry) >= {"true_loglik"} for entry in model.history_] == [True] * 4
     expected = xd_loglik(v, zeros, model.weights_, model.means_, model.covariances_).mean()
     assert model.history_[-1]["true_loglik"] == pytest.approx(expected, rel=1e-10)
-    shorter = XDGMM(2, method, epochs=2, **kw).fit(x, S)
+    shorter = XDGMM(2, method, epochs=2, **kw).fit(x, Xcov=S)
     expected = xd_loglik(v, zeros, shorter.weights_, shorter.means_, shorter.covariances_).mean()
     assert model.history_[2]["true_loglik"] == pytest.approx(expected, rel=1e-10)
 
@@ -60,13 +60,13 @@ def test_eval_sets_are_checked_by_name(noisy_mixture):
     x, S, _, v_test = noisy_mixture
     model = XDGMM(2, "em", epochs=1, device="cpu", random_state=0)
     with pytest.raises(ValueError, match="'val' is not a usable name"):
-        model.fit(x, S, eval_sets={"val": (v_test, None)})
+        model.fit(x, Xcov=S, eval_sets={"val": (v_test, None)})
     with pytest.raises(ValueError, match=r"eval_sets\['truth'\] must have the same dimensions"):
-        model.fit(x, S, eval_sets={"truth": (v_test[:, :1], None)})
+        model.fit(x, Xcov=S, eval_sets={"truth": (v_test[:, :1], None)})
     bad = v_test.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match=r"eval_sets\['truth'\] row 7"):
-        model.fit(x, S, eval_sets={"truth": (bad, None)})
+        model.fit(x, Xcov=S, eval_sets={"truth": (bad, None)})
 
 
 def test_seconds_to_share_is_the_first_entry_at_each_mark():
@@ -96,7 +96,7 @@ def test_the_share_of_the_achievable_measures_from_the_noisy_reference_to_conver
     x, S, v, v_test = noisy_mixture
 
     test = _Split(v_test)
-    model = XDGMM(2, "em", epochs=2, device="cpu", dtype="float64", random_state=0).fit(x, S)
+    model = XDGMM(2, "em", epochs=2, device="cpu", dtype="float64", random_state=0).fit(x, Xcov=S)
     scores = {"oracle": -1.0, "noisy": -3.0, "achievable": -1.5}
     out = truth_metrics(model, test, {kind: {"test_true_loglik": value} for kind, value in scores.items()})
     mine = true_loglik(model, v_test)
@@ -113,7 +113,7 @@ def test_every_method_closes_most_of_the_gap(noisy_mixture, method):
     x, S, v, v_test = noisy_mixture
     oracle = GaussianMixture(2, covariance_type="full", random_state=0).fit(v).score(v_test)
     noisy = GaussianMixture(2, covariance_type="full", random_state=0).fit(x).score(v_test)
-    model = XDGMM(2, method, device="cpu", random_state=0).fit(x, S)
+    model = XDGMM(2, method, device="cpu", random_state=0).fit(x, Xcov=S)
     assert oracle - noisy > 0.2  # the noise matters here
     assert gap_closed(true_loglik(model, v_test), noisy, oracle) >= 0.8
 

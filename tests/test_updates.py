@@ -86,7 +86,7 @@ def test_float32_fit_far_from_the_origin_recovers_the_covariances(far_from_origi
         batch_size=200,
         means_init=means,
         random_state=0,
-    ).fit(x, S)
+    ).fit(x, Xcov=S)
     assert np.linalg.eigvalsh(model.covariances_).min() > 0.3
     np.testing.assert_allclose(
         np.diagonal(model.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35
@@ -111,12 +111,12 @@ def test_naive_update_diverges_where_even_float64_runs_out_of_digits():
         means_init=means,
         random_state=0,
     )
-    stable = XDGMM(covariance_update="stable", **settings).fit(x, S)
+    stable = XDGMM(covariance_update="stable", **settings).fit(x, Xcov=S)
     np.testing.assert_allclose(
         np.diagonal(stable.covariances_, axis1=1, axis2=2), np.diagonal(covs, axis1=1, axis2=2), rtol=0.35
     )
     with pytest.raises(FitDivergedError, match="epoch 1"):
-        XDGMM(covariance_update="naive", **settings).fit(x, S)
+        XDGMM(covariance_update="naive", **settings).fit(x, Xcov=S)
 
 
 @pytest.mark.parametrize("scale", [None, [0.5, 3.0, 20.0]])
@@ -160,8 +160,8 @@ def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(metho
     ``helpers.rounding_prone_fit``): the update clips that rounding instead of letting it become a
     negative variance."""
     x, S, settings = rounding_prone_fit(method)
-    f32 = XDGMM(dtype="float32", **settings).fit(x, S)
-    f64 = XDGMM(dtype="float64", **settings).fit(x, S)
+    f32 = XDGMM(dtype="float32", **settings).fit(x, Xcov=S)
+    f64 = XDGMM(dtype="float64", **settings).fit(x, Xcov=S)
     assert np.linalg.eigvalsh(f32.covariances_).min() > 0
     np.testing.assert_allclose(f32.covariances_, f64.covariances_, atol=1e-3 * np.abs(f64.covariances_).max())
 

@@ -146,7 +146,7 @@ def test_fits_are_scored_against_the_mocks_truth(smoke):
     fit = smoke / "fits" / "em" / f"K{FIGURE_K}_seed{SEEDS[0]}"
     metrics = json.loads((fit / "metrics.json").read_text())["true"]
     model = XDGMM.load(fit / "model.npz")
-    per_star = model.score_samples(true, np.zeros_like(true)).astype(np.float64)
+    per_star = model.score_samples(true, Xcov=np.zeros_like(true)).astype(np.float64)
     assert metrics["test_true_loglik"] == pytest.approx(per_star.mean(), rel=1e-5)
     refs = {
         kind: json.loads((smoke / "references" / kind / f"K{FIGURE_K}_seed{SEEDS[0]}.json").read_text())
@@ -180,7 +180,7 @@ def test_metrics_agree_with_the_saved_model(smoke):
     model = XDGMM.load(fit / "model.npz")
     for split in ("val", "test"):
         data = read_features(smoke / "data" / f"{split}.parquet")
-        per_star = model.score_samples(data.X, data.covariance()).astype(np.float64)
+        per_star = model.score_samples(data.X, Xcov=data.covariance()).astype(np.float64)
         observed = per_star + data.n_missing * 0.5 * math.log(2 * math.pi * 1e12)
         assert metrics[split]["loglik"] == pytest.approx(per_star.mean(), rel=1e-5)
         assert metrics[split]["loglik_observed"] == pytest.approx(observed.mean(), rel=1e-5)

@@ -1,7 +1,7 @@
 """scalable-xd: extreme deconvolution Gaussian mixtures fitted by batch EM, minibatch EM and SGD.
 
 from scalable_xd import XDGMM
-model = XDGMM(n_components=64, method="minibatch_em").fit(X, Xcov)
+model = XDGMM(n_components=64, method="minibatch_em").fit(X, Xcov=Xcov)
 """
 
 import os

@@ -11,8 +11,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator
+from scipy.sparse import issparse
+from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import NotFittedError
+from sklearn.utils._available_if import available_if
+from sklearn.utils.validation import check_array, validate_data
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .conditioning import condition, floats, measured_features, measurement_noise
@@ -28,12 +31,16 @@ from .fit.driver import (
     training_source,
 )
 from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
-from .fit.online import OnlineFit
+from .fit.methods import METHODS
+from .fit.online import OnlineFit, refusal
+from .iterable import is_batch_iterable
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
+from .noise import CompactCovariance
 from .posterior import posterior_summary
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, numpydoc_parameters, resolve_seed
+from .source import DataSource
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
@@ -43,7 +50,7 @@ FIXED_MASKS = ("fix_weights", "fix_means", "fix_covariances")
 POSTERIOR_DTYPE = torch.float64
 
 
-class XDGMM(BaseEstimator):
+class XDGMM(DensityMixin, BaseEstimator):
     """Extreme deconvolution: a Gaussian mixture for the true values behind noisy, projected data.
 
     Each observation is x_i = R_i v_i + noise with noise ~ N(0, S_i) known per point; the model is
@@ -159,8 +166,9 @@ class XDGMM(BaseEstimator):
     def fit(
         self,
         X,
-        Xcov=None,
+        y=None,
         *,
+        Xcov=None,
         R=None,
         sample_weight=None,
         X_val=None,
@@ -193,6 +201,7 @@ class XDGMM(BaseEstimator):
         ``fit.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
         """
         settings, kmeans = self._validated()
+        X, sample_weight = self._checked_input(X, y, R, sample_weight, "fit", reset=True)
         self._online = None  # a fit starts afresh, whatever partial_fit did before
         check_count("checkpoint_every", checkpoint_every, minimum=0)
         if checkpoint_every and checkpoint is None:
@@ -220,7 +229,17 @@ class XDGMM(BaseEstimator):
         self.n_features_in_ = train.obs_dim
         return self
 
-    def partial_fit(self, X, Xcov=None, *, R=None, sample_weight=None) -> XDGMM:
+    def _updates_per_batch(self) -> bool:
+        """Whether this estimator has ``partial_fit``: a minibatch method without split-and-merge (whose
+        trials span whole epochs); an AttributeError that says so otherwise, as scikit-learn's
+        ``available_if`` expects (an unknown method has it, for ``partial_fit`` to name the mistake)."""
+        reason = self.method in METHODS and refusal(self.method, self.split_merge is True)
+        if reason:
+            raise AttributeError(reason)
+        return True
+
+    @available_if(_updates_per_batch)
+    def partial_fit(self, X, y=None, *, Xcov=None, R=None, sample_weight=None) -> XDGMM:
         """One minibatch update from the batch given, for data that arrive a batch at a time (scikit-learn's
         online-learning convention). The first call starts from ``*_init`` or from k-means on its batch; the
         running state (online EM's statistics and step count, Adam's moments) carries over, so calls over a
@@ -236,7 +255,9 @@ class XDGMM(BaseEstimator):
         if online is not None:
             online.check_settings(settings_record(self.n_components, settings, kmeans))
         warm = getattr(self, "_mixture", None)  # fitted (or loaded) without a running state: go on from it
-        kmeans_needed = online is None and warm is None and self.means_init is None
+        first = online is None and warm is None
+        X, sample_weight = self._checked_input(X, y, R, sample_weight, "partial_fit", reset=first)
+        kmeans_needed = first and self.means_init is None
         batch = training_source(X, Xcov, R, sample_weight, settings, self.n_components if kmeans_needed else None)
         if not isinstance(batch, Dataset):
             raise ValueError(
@@ -291,39 +312,67 @@ class XDGMM(BaseEstimator):
             raise NotFittedError("this XDGMM is not fitted yet: call fit() or XDGMM.load() first")
         return self._mixture
 
-    def _data_for_model(self, X, Xcov, R, sample_weight=None) -> Dataset:
+    def _checked_input(self, X, y, R, sample_weight, method: str, reset: bool):
+        """(X, sample_weight) checked as scikit-learn checks every estimator's input, where X is array-like
+        (an array, a DataFrame, nested lists, a sparse matrix): 2-D, numeric, real, dense and not empty, of
+        the fitted number of features (``reset``: this call sets it, and ``feature_names_in_`` from a
+        DataFrame) where no R projects it; ``sample_weight`` an array. Our own checks (rows named, noise
+        checked) follow in ``Dataset``. Tensors, sources and iterables of batches keep their own checks.
+        A y with the shape of noise covariances is refused (see ``_refuse_noise_as_y``)."""
+        _refuse_noise_as_y(y, method)
+        if not _array_like(X):
+            if reset:
+                self.__dict__.pop("feature_names_in_", None)  # not from this fit's data
+            return X, sample_weight
+        # float16 kept for Dataset to warn of its precision; Dataset names a non-finite row
+        check = dict(dtype=(np.float64, np.float32, np.float16), ensure_all_finite=False)
+        # R maps the model onto data of any number of features: the count is checked only without it
+        if reset or (R is None and getattr(self, "n_features_in_", None) == self._fitted().dim):
+            X = validate_data(self, X, reset=reset, **check)
+        else:
+            X = check_array(X, input_name="X", estimator=self, **check)
+        if sample_weight is not None:  # Dataset checks its length and names a NaN, negative or all-zero row
+            sample_weight = check_array(
+                sample_weight, input_name="sample_weight", ensure_2d=False, dtype=np.float64, ensure_all_finite=False
+            )
+        return X, sample_weight
+
+    def _data_for_model(self, X, y, Xcov, R, method: str, sample_weight=None) -> Dataset:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
+        X, sample_weight = self._checked_input(X, y, R, sample_weight, method, reset=False)
         data = data_source(X, Xcov, R, sample_weight, "X", self.settings_.missing)
         if data.model_dim != mixture.dim:
             raise ValueError(f"the model has dimension {mixture.dim} but the data (after R) has {data.model_dim}")
         data.check_range(self._dtype)
         return data
 
-    def _scored_batches(self, X, Xcov, R):
+    def _scored_batches(self, X, y, Xcov, R, method: str):
         """Yield (start, log p(x) (B,), log alpha_j N_ij (B, K)) over the data in bounded-memory batches."""
-        data = self._data_for_model(X, Xcov, R)
+        data = self._data_for_model(X, y, Xcov, R, method)
         return scored_batches(data, self._mixture, self._device, self._dtype, self.backend_)
 
-    def score_samples(self, X, Xcov=None, R=None) -> np.ndarray:
+    def score_samples(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """log p(x_i) under the convolved model for each point, shape (N,)."""
-        return torch.cat([ll.cpu() for _, ll, _, _ in self._scored_batches(X, Xcov, R)]).numpy()
+        batches = self._scored_batches(X, y, Xcov, R, "score_samples")
+        return torch.cat([ll.cpu() for _, ll, _, _ in batches]).numpy()
 
-    def score(self, X, Xcov=None, R=None, sample_weight=None) -> float:
+    def score(self, X, y=None, *, Xcov=None, R=None, sample_weight=None) -> float:
         """Mean log-likelihood per point (weighted by ``sample_weight`` where given)."""
-        data = self._data_for_model(X, Xcov, R, sample_weight)
+        data = self._data_for_model(X, y, Xcov, R, "score", sample_weight)
         return total_loglik(data, self._mixture, self._device, self._dtype, self.backend_) / data.total_weight
 
-    def predict_proba(self, X, Xcov=None, R=None) -> np.ndarray:
+    def predict_proba(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """Responsibilities r_ij: the probability that point i came from component j, shape (N, K)."""
-        parts = [torch.exp(dens - ll[:, None]).cpu() for _, ll, dens, _ in self._scored_batches(X, Xcov, R)]
-        return torch.cat(parts).numpy()
+        batches = self._scored_batches(X, y, Xcov, R, "predict_proba")
+        return torch.cat([torch.exp(dens - ll[:, None]).cpu() for _, ll, dens, _ in batches]).numpy()
 
-    def predict(self, X, Xcov=None, R=None) -> np.ndarray:
+    def predict(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """The most probable component of each point, shape (N,)."""
-        return self.predict_proba(X, Xcov, R).argmax(axis=1)
+        _refuse_noise_as_y(y, "predict")
+        return self.predict_proba(X, Xcov=Xcov, R=R).argmax(axis=1)
 
-    def posterior(self, X, Xcov=None, R=None, q=None) -> tuple[np.ndarray, ...]:
+    def posterior(self, X, y=None, *, Xcov=None, R=None, q=None) -> tuple[np.ndarray, ...]:
         """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data);
         with ``q``, probabilities in (0, 1), also the quantiles (N, D, len(q)) of each feature's marginal
         posterior, from the same pass: that marginal is a mixture of Gaussians (not the Gaussian of the
@@ -336,7 +385,7 @@ class XDGMM(BaseEstimator):
             probs = np.atleast_1d(floats(q, "q"))
             if probs.ndim != 1 or not np.all((probs > 0) & (probs < 1)):
                 raise ValueError(f"q must be probabilities strictly between 0 and 1, got {q!r}")
-        data = self._data_for_model(X, Xcov, R)
+        data = self._data_for_model(X, y, Xcov, R, "posterior")
         means, covs, quants = [], [], []
         for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, POSTERIOR_DTYPE):
             mean, cov, quant = posterior_summary(x, S, self._mixture, Rb, observed, probs)
@@ -372,13 +421,23 @@ class XDGMM(BaseEstimator):
         samples, _ = mixture.sample(int(n_samples), generator)
         return samples.numpy()
 
-    def bic(self, X, Xcov=None, R=None) -> float:
+    def bic(self, X, y=None, *, Xcov=None, R=None) -> float:
         """Bayesian information criterion: -2 log L + n_parameters log N (lower is better)."""
-        return -2.0 * self.score(X, Xcov, R) * len(X) + self._fitted().n_parameters() * math.log(len(X))
+        _refuse_noise_as_y(y, "bic")
+        log_l = self.score(X, Xcov=Xcov, R=R) * len(X)
+        return -2.0 * log_l + self._fitted().n_parameters() * math.log(len(X))
 
-    def aic(self, X, Xcov=None, R=None) -> float:
+    def aic(self, X, y=None, *, Xcov=None, R=None) -> float:
         """Akaike information criterion: -2 log L + 2 n_parameters (lower is better)."""
-        return -2.0 * self.score(X, Xcov, R) * len(X) + 2 * self._fitted().n_parameters()
+        _refuse_noise_as_y(y, "aic")
+        return -2.0 * self.score(X, Xcov=Xcov, R=R) * len(X) + 2 * self._fitted().n_parameters()
+
+    def __sklearn_tags__(self):
+        """What scikit-learn's checks may assume: a density estimator (``DensityMixin``) of real 2-D data,
+        negative values as welcome as positive ones, and NaN allowed where it marks a missing entry."""
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = self.missing == "marginalise"
+        return tags
 
     # ------------------------------------------------------------------ persistence
 
@@ -436,6 +495,29 @@ class XDGMM(BaseEstimator):
             what = f"model {path}: its online_state"
             model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state, what)
         return model
+
+
+def _array_like(X) -> bool:
+    """Whether X is input scikit-learn's ``check_array`` reads, rather than a tensor, a data source or an
+    iterable of batches."""
+    if isinstance(X, (torch.Tensor, DataSource)):
+        return False
+    return issparse(X) or hasattr(X, "__array__") or (isinstance(X, (list, tuple)) and not is_batch_iterable(X))
+
+
+def _refuse_noise_as_y(y, method: str) -> None:
+    """``y`` is ignored, as by every unsupervised scikit-learn estimator; but astroML's and Holoien's
+    ``XDGMM`` take the noise second (``fit(X, Xerr)``), and noise silently ignored would make a wrong
+    model: a y of two or three dimensions (or a ``CompactCovariance``) is refused."""
+    if y is None:
+        return
+    shape = None if isinstance(y, CompactCovariance) else np.asarray(y).shape
+    if shape is None or len(shape) >= 2:
+        what = "a CompactCovariance" if shape is None else f"of shape {shape}"
+        raise ValueError(
+            f"{method}: the second argument is y, which XDGMM ignores (scikit-learn's convention), and it is "
+            f"{what}, noise covariances' shape: pass the noise by name, {method}(X, Xcov=...)"
+        )
 
 
 def _continued(before: list[dict], after: list[dict]) -> list[dict]:

@@ -25,18 +25,25 @@ from .loop import assignment_uniforms, resume_state
 from .methods import METHODS, make_fitter, method
 
 
+def refusal(method_name: str, split_merge: bool) -> str | None:
+    """Why ``partial_fit`` cannot run ``method_name`` (with ``split_merge``), or None where it can."""
+    if method(method_name).per_batch and not split_merge:
+        return None
+    minibatch = ", ".join(name for name, m in METHODS.items() if m.per_batch)
+    return (
+        f"partial_fit makes one minibatch update per call, which method {method_name!r}"
+        f"{' with split_merge' if split_merge else ''} does not: use one of {minibatch} "
+        "(split-and-merge trials span whole epochs), or fit"
+    )
+
+
 class OnlineFit:
     """A minibatch fitter and what it needs between ``partial_fit`` calls."""
 
     def __init__(self, first, settings: FitSettings, kmeans: KMeansSettings, random_state, start: Start):
-        row = method(settings.method)
-        if not row.per_batch or settings.split_merge:
-            minibatch = ", ".join(name for name, m in METHODS.items() if m.per_batch)
-            raise ValueError(
-                f"partial_fit makes one minibatch update per call, which method {settings.method!r}"
-                f"{' with split_merge' if settings.split_merge else ''} does not: use one of {minibatch} "
-                "(split-and-merge trials span whole epochs), or fit"
-            )
+        reason = refusal(settings.method, settings.split_merge)
+        if reason:
+            raise ValueError(reason)
         self.kmeans = kmeans
         self._configure(settings, len(first), resolve_seed(random_state))
         mixture = starting_mixture(first, settings, kmeans, self.seed, start, None, self.device, self.dtype)

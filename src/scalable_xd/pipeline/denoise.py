@@ -57,7 +57,7 @@ def denoise(model_path, data_path, output, batch_rows: int = BATCH_ROWS) -> None
 def _posterior_columns(model, features) -> dict:
     import pyarrow as pa
 
-    mean, cov, quantiles = model.posterior(features.X, features.covariance(), q=QUANTILES)
+    mean, cov, quantiles = model.posterior(features.X, Xcov=features.covariance(), q=QUANTILES)
     rows, cols = np.tril_indices(mean.shape[1])
     columns = {"source_id": features.source_id}
     for d, name in enumerate(features.spec.names):

@@ -222,7 +222,7 @@ def fit(
     tick, cpu_tick = time.perf_counter(), time.process_time()
     model.fit(
         X,
-        Xcov,
+        Xcov=Xcov,
         X_val=X_val,
         Xcov_val=Xcov_val,
         checkpoint=checkpoint,
@@ -235,7 +235,9 @@ def fit(
         model.save(output_model)
     test_summary = None
     if test is not None:
-        test_summary = loglik_summary(model.score(X_test, Xcov_test), test_facts["n"], test_facts["missing_entries"])
+        test_summary = loglik_summary(
+            model.score(X_test, Xcov=Xcov_test), test_facts["n"], test_facts["missing_entries"]
+        )
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
     device = model._device
     metrics = FitMetrics(
@@ -307,7 +309,7 @@ def reference(
     X, variances = reference_data(train_split, kind)
     model = XDGMM(
         n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
-    ).fit(X, variances)
+    ).fit(X, Xcov=variances)
     write_json(
         output_metrics,
         {

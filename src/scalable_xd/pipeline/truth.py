@@ -63,7 +63,7 @@ def reference_data(features, kind: str) -> tuple[np.ndarray, np.ndarray]:
 
 def true_loglik(model, true_values: np.ndarray) -> float:
     """Mean over stars of log p(v_i) under the deconvolved mixture, with no noise."""
-    return float(np.mean(model.score_samples(true_values, np.zeros_like(true_values))))
+    return float(np.mean(model.score_samples(true_values, Xcov=np.zeros_like(true_values))))
 
 
 def gap_closed(loglik: float, noisy: float, oracle: float) -> float:
