@@ -7,6 +7,8 @@
 #                                                              # step's overhead, per-update profiles
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #
+# STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the step, profile and paper steps (default: all).
+#
 # The GPU machine has torch, triton, numba, numpy, pandas, pyarrow and scikit-learn but no network: the
 # project is used from src/ when it is not installed, and nothing else is needed by these steps.
 set -uo pipefail
@@ -15,12 +17,8 @@ out="${GPU_SESSION_OUT:-/tmp/gpu_session}"
 mkdir -p "$out"
 python3 -c "import scalable_xd" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/nvidia_smi.csv"
-python3 -c "
-import importlib, json, torch
-v = lambda name: getattr(importlib.import_module(name), '__version__', None) if importlib.util.find_spec(name) else None
-print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': v('triton'), 'numba': v('numba'),
-                  'device': torch.cuda.get_device_name(0)}))" > "$out/versions.json"
+: > "$out/steps.tsv"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/nvidia_smi.csv"
 
 # step NAME LIMIT_S COMMAND...: run one step, its output in NAME.log, its exit status and seconds in steps.tsv.
 step() {
@@ -33,24 +31,45 @@ step() {
 
 for name in "$@"; do
   case "$name" in
-    tests) step tests 170 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py ;;
-    pass) step pass 170 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
-            --batch-sizes 500 50000 --repeats 10 --skip-epochs --label gpu ;;
-    step) for backend in triton unrolled; do
-            step "step_$backend" 60 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
+    tests) step tests 120 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py ;;
+    pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
+            --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels triton unrolled --label gpu ;;
+    step) for backend in ${STEP_BACKENDS:-triton unrolled}; do
+            step "step_$backend" 40 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
               --backend "$backend" --label "gpu_$backend"
           done ;;
-    profile) for k in 64 512; do
-               step "profile_K$k" 50 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
+    profile) for k in ${PROFILE_KS:-64 512}; do
+               step "profile_K$k" 30 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
                  --batch-size 500 --backend triton
              done ;;
-    paper) for method in minibatch_em sgd; do
-             step "paper_$method" 280 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
+    paper) for method in ${PAPER_METHODS:-minibatch_em sgd}; do
+             step "paper_$method" 170 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
                --kernel triton --label "gpu_$method"
            done ;;
     *) echo "unknown step $name: say tests, pass, step, profile or paper" >&2; exit 2 ;;
   esac
 done
+# The session's record beside the benchmarks' JSON: device, driver and versions, and every step's exit status
+# and seconds (appended to the record of an earlier call on the same device and versions).
+python3 - "$out" <<'EOF_RECORD'
+import csv, importlib.util, json, sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+out, record = Path(sys.argv[1]), Path("benchmarks/results/gpu_session_cuda.json")
+name, driver, memory, sm_clock = (f.strip() for f in (out / "nvidia_smi.csv").read_text().split(","))
+version = lambda m: getattr(importlib.import_module(m), "__version__", None) if importlib.util.find_spec(m) else None
+setup = {"device": name, "driver": driver, "memory": memory, "max_sm_clock": sm_clock, "torch": torch.__version__,
+         "cuda": torch.version.cuda, "triton": version("triton"), "numba": version("numba")}
+steps = [{"step": s, "exit_status": int(rc), "seconds": int(t)} for s, rc, t in csv.reader(open(out / "steps.tsv"), delimiter="\t")]
+when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+old = json.loads(record.read_text()) if record.exists() else {}
+earlier = old.get("steps", []) if {k: old.get(k) for k in setup} == setup else []
+call = max((s.get("call", 0) for s in earlier), default=0) + 1
+record.write_text(json.dumps({**setup, "steps": earlier + [{**s, "call": call, "when": when} for s in steps]}, indent=1) + "\n")
+EOF_RECORD
 cp benchmarks/results/*gpu*.json benchmarks/results/*cuda*.json "$out/" 2>/dev/null
-if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_session.tgz" -C "$out" .; fi
-column -t "$out/steps.tsv"
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_session.tgz" -C "$out" --exclude gpu_session.tgz .; fi
+cat "$out/steps.tsv"

@@ -3,6 +3,8 @@ interpreter runs each program as numpy, slowly). On a GPU the same kernels are c
 Failed factorisations and the float64 retry are tested with every backend in tests/test_kernel.py."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -93,3 +95,35 @@ def test_without_the_interpreter_the_cpu_is_refused_with_the_way_out(monkeypatch
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1.*use backend 'fused' on the CPU"):
         dispatch.choose_backend("triton", None, torch.device("cpu"))
+
+
+# Compiling for a Hopper GPU (sm_90) needs no GPU: Triton's compiler and the ptxas it ships run on the CPU.
+# The interpreter accepts code that the compiler refuses (a module global read inside a kernel, say), so the
+# kernels are also compiled here, in a child process that has not set TRITON_INTERPRET.
+_COMPILE_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from scalable_xd.kernel.triton_pass import kernels
+
+dim, element = int(sys.argv[1]), sys.argv[2]
+densities, sums = kernels(dim)
+p = "*" + element
+signatures = (
+    (densities, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, fail_ptr="*i8", n="i32", BLOCK="constexpr")),
+    (sums, dict(x_ptr=p, s_ptr=p, par_ptr=p, resp_ptr=p, part_ptr=p, n="i32", n_comp="i32", BLOCK="constexpr")),
+)
+for kernel, signature in signatures:
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": 128})
+    assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+"""
+
+
+@pytest.mark.parametrize("dim, element", [(7, "fp32"), (7, "fp64"), (1, "fp32")])
+def test_the_kernels_compile_for_a_hopper_gpu(dim, element, tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE_FOR_HOPPER, str(dim), element], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

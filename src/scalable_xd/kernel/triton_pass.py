@@ -40,16 +40,22 @@ BLOCK = 128  # stars per program: one per thread of a four-warp program at D = 7
 MAX_DIM = 8
 
 
+def n_par(dim: int) -> int:
+    """Parameters per component in the flat array the kernels read: V's lower triangle, the mean, log alpha.
+    Written into the source as a literal: a compiled Triton kernel reads no module globals."""
+    return dim * (dim + 1) // 2 + dim + 1
+
+
 def _factorise(dim: int) -> list[str]:
     """Statements that load star block ``offs`` and component ``k`` and factorise T = V_k + S_i."""
     n_tri = dim * (dim + 1) // 2
     lines = ["k = tl.program_id(0)", "offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)", "live = offs < n"]
     for i in range(dim):
-        mean = f"tl.load(par_ptr + k * NPAR + {n_tri + i})"
+        mean = f"tl.load(par_ptr + k * {n_par(dim)} + {n_tri + i})"
         lines.append(f"d{i} = tl.load(x_ptr + {i} * n + offs, mask=live, other=0.0) - {mean}")
 
     def v(i: int, j: int) -> str:
-        return f"tl.load(par_ptr + k * NPAR + {tri(i, j)})"
+        return f"tl.load(par_ptr + k * {n_par(dim)} + {tri(i, j)})"
 
     def s(i: int, j: int) -> str:  # padding stars see S = I, so that every lane stays finite
         return f"tl.load(s_ptr + {i * dim + j} * n + offs, mask=live, other={1.0 if i == j else 0.0})"
@@ -65,14 +71,14 @@ def _source(dim: int) -> str:
     densities = _factorise(dim) + [
         "maha = " + " + ".join(f"z{i} * z{i}" for i in range(dim)),
         "half_logdet = " + " + ".join(f"tl.log(l{j}_{j})" for j in range(dim)),
-        f"dens = tl.load(par_ptr + k * NPAR + {n_tri + dim}) - half_logdet - 0.5 * (maha + {dim * LOG_2PI!r})",
+        f"dens = tl.load(par_ptr + k * {n_par(dim)} + {n_tri + dim}) - half_logdet - 0.5 * (maha + {dim * LOG_2PI!r})",
         "tl.store(dens_ptr + k * n + offs, dens, mask=live)",
         f"tl.store(fail_ptr + k * n + offs, (~({ok})).to(tl.int8), mask=live)",
     ]
     sums = _factorise(dim) + ["r = tl.load(resp_ptr + k * n + offs, mask=live, other=0.0)"]
     sums += invert_factor(dim)
     sums += [f"u{i} = {u_entry(dim, i)}" for i in range(dim)]
-    row = "part_ptr + (tl.program_id(1) * n_comp + k) * NSUMS"
+    row = f"part_ptr + (tl.program_id(1) * n_comp + k) * {dim + 2 * n_tri}"
     out = 0
     for i in range(dim):
         sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * u{i}, 0.0), axis=0))")
@@ -94,8 +100,6 @@ def _source(dim: int) -> str:
                 "import triton",
                 "import triton.language as tl",
                 "",
-                f"NPAR = {n_tri + dim + 1}",
-                f"NSUMS = {dim + 2 * n_tri}",
                 "",
                 "",
                 "@triton.jit",
@@ -123,7 +127,7 @@ def kernels(dim: int):
 
 
 def _parameters(mixture: Mixture, dtype) -> torch.Tensor:
-    """Per component, V's lower triangle, the mean and log alpha, flat (K * NPAR,) in the pass's dtype."""
+    """Per component, V's lower triangle, the mean and log alpha, flat (K * n_par(D),) in the pass's dtype."""
     rows, cols = torch.tril_indices(mixture.dim, mixture.dim, device=mixture.means.device)
     par = torch.cat([mixture.covariances[:, rows, cols], mixture.means, mixture.log_weights[:, None]], dim=1)
     return par.to(dtype).contiguous().reshape(-1)
