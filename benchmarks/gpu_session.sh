@@ -18,6 +18,7 @@ mkdir -p "$out"
 python3 -c "import scalable_xd" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 : > "$out/steps.tsv"
+touch "$out/.started"  # the JSONs written since are packed
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader > "$out/nvidia_smi.csv"
 
 # step NAME LIMIT_S COMMAND...: run one step, its output in NAME.log, its exit status and seconds in steps.tsv.
@@ -70,6 +71,6 @@ earlier = old.get("steps", []) if {k: old.get(k) for k in setup} == setup else [
 call = max((s.get("call", 0) for s in earlier), default=0) + 1
 record.write_text(json.dumps({**setup, "steps": earlier + [{**s, "call": call, "when": when} for s in steps]}, indent=1) + "\n")
 EOF_RECORD
-cp benchmarks/results/*gpu*.json benchmarks/results/*cuda*.json "$out/" 2>/dev/null
-if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_session.tgz" -C "$out" --exclude gpu_session.tgz .; fi
+find benchmarks/results -name "*.json" -newer "$out/.started" -exec cp {} "$out/" \;
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_session.tgz" -C "$out" --exclude gpu_session.tgz --exclude .started .; fi
 cat "$out/steps.tsv"

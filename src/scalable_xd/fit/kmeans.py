@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import torch
 
+# Rows gathered and moved to the device at a time: a copy per batch of 500 would cost a transfer and a wait
+# on a GPU each, for a step whose arithmetic takes microseconds.
+_WINDOW_ROWS = 65_536
+
 
 def _squared_distances(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
     return torch.cdist(x, centres).square()
@@ -42,7 +46,8 @@ def minibatch_kmeans(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cluster the rows of X (N, D); returns centres (K, D) and the counts of the last epoch's assignments.
 
-    Work runs on ``device`` in X's dtype; batches are drawn from a permutation seeded by ``seed``.
+    Work runs on ``device`` in X's dtype; batches are drawn from a permutation seeded by ``seed`` and
+    moved to the device many at a time.
     """
     n = X.shape[0]
     if epochs < 1 or batch_size < 1:
@@ -57,21 +62,25 @@ def minibatch_kmeans(
     sample = X[torch.randperm(n, generator=generator)[:init_size]].to(device)
     centres = _kmeans_plus_plus(sample, n_clusters, generator)
     counts = torch.zeros(n_clusters, dtype=X.dtype, device=device)
+    window = batch_size * max(1, _WINDOW_ROWS // batch_size)  # whole batches
     for epoch in range(epochs):
         epoch_counts = torch.zeros(n_clusters, dtype=torch.long, device=device)
         order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch_size):
-            x = X[order[start : start + batch_size]].to(device)
-            assign = _squared_distances(x, centres).argmin(dim=1)
-            batch_counts = torch.bincount(assign, minlength=n_clusters)
-            sums = torch.zeros_like(centres).index_add_(0, assign, x)
-            new_counts = counts + batch_counts
-            moved = batch_counts > 0
-            centres = torch.where(
-                moved[:, None], (centres * counts[:, None] + sums) / new_counts.clamp_min(1)[:, None], centres
-            )
-            counts = new_counts
-            epoch_counts += batch_counts
+        for window_start in range(0, n, window):
+            rows = X[order[window_start : window_start + window]].to(device)
+            for start in range(0, len(rows), batch_size):
+                x = rows[start : start + batch_size]
+                assign = _squared_distances(x, centres).argmin(dim=1)
+                # index_add_, not bincount: on CUDA bincount waits for the device to size its output
+                batch_counts = torch.zeros_like(epoch_counts).index_add_(0, assign, torch.ones_like(assign))
+                sums = torch.zeros_like(centres).index_add_(0, assign, x)
+                new_counts = counts + batch_counts
+                moved = batch_counts > 0
+                centres = torch.where(
+                    moved[:, None], (centres * counts[:, None] + sums) / new_counts.clamp_min(1)[:, None], centres
+                )
+                counts = new_counts
+                epoch_counts += batch_counts
         empty = epoch_counts == 0
         if empty.any() and epoch < epochs - 1:
             picks = torch.randint(n, (int(empty.sum()),), generator=generator)
