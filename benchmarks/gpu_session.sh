@@ -51,7 +51,8 @@ for name in "$@"; do
   esac
 done
 # The session's record beside the benchmarks' JSON: device, driver and versions, and every step's exit status
-# and seconds (appended to the record of an earlier call on the same device and versions).
+# and seconds (appended to the record of an earlier call on the same device and versions, whose notes,
+# written by hand, say what each call found).
 python3 - "$out" <<'EOF_RECORD'
 import csv, importlib.util, json, sys
 from datetime import datetime, timezone
@@ -67,9 +68,11 @@ setup = {"device": name, "driver": driver, "memory": memory, "max_sm_clock": sm_
 steps = [{"step": s, "exit_status": int(rc), "seconds": int(t)} for s, rc, t in csv.reader(open(out / "steps.tsv"), delimiter="\t")]
 when = datetime.now(timezone.utc).isoformat(timespec="seconds")
 old = json.loads(record.read_text()) if record.exists() else {}
-earlier = old.get("steps", []) if {k: old.get(k) for k in setup} == setup else []
+same = {k: old.get(k) for k in setup} == setup  # else a new record: another device or other versions
+earlier, notes = (old.get("steps", []), old.get("notes", [])) if same else ([], [])
 call = max((s.get("call", 0) for s in earlier), default=0) + 1
-record.write_text(json.dumps({**setup, "steps": earlier + [{**s, "call": call, "when": when} for s in steps]}, indent=1) + "\n")
+steps = earlier + [{**s, "call": call, "when": when} for s in steps]
+record.write_text(json.dumps({**setup, "notes": notes, "steps": steps}, indent=1) + "\n")
 EOF_RECORD
 find benchmarks/results -name "*.json" -newer "$out/.started" -exec cp {} "$out/" \;
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_session.tgz" -C "$out" --exclude gpu_session.tgz --exclude .started .; fi
