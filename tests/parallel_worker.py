@@ -3,8 +3,10 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment). Usage:
 
     python tests/parallel_worker.py OUTPUT.npz JSON_SETTINGS [CHECKPOINT] [DIE_AFTER_BATCHES]
 
-RANK1_DATA="fewer rows" or "other values" in the environment gives rank 1 other data than rank 0;
-RANK1_SETTINGS (JSON) replaces settings on rank 1 only; RANK0_VAL=1 gives rank 0 alone validation data.
+RANK1_DATA="fewer rows", "other values" or "nan" in the environment gives rank 1 other data than rank 0
+(the last with NaN at row 5, column 1);
+RANK1_SETTINGS (JSON) replaces settings on rank 1 only; RANK1_CHECKPOINT gives rank 1 another checkpoint
+path; RANK0_VAL=1 gives rank 0 alone validation data.
 """
 
 import json
@@ -46,10 +48,15 @@ def main(output, settings, checkpoint=None, die_after=None):
         x, S = x[:-100], S[:-100]
     if dist.get_rank() == 1 and os.environ.get("RANK1_DATA") == "other values":
         x = x + 0.5
+    if dist.get_rank() == 1 and os.environ.get("RANK1_DATA") == "nan":
+        x = x.copy()
+        x[5, 1] = np.nan
     settings = json.loads(settings)
     if dist.get_rank() == 1:
         settings.update(json.loads(os.environ.get("RANK1_SETTINGS", "{}")))
     val = dict(X_val=x[:100], Xcov_val=S[:100]) if dist.get_rank() == 0 and os.environ.get("RANK0_VAL") else {}
+    if dist.get_rank() == 1 and os.environ.get("RANK1_CHECKPOINT"):
+        checkpoint = os.environ["RANK1_CHECKPOINT"]
     model = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint or None, **val)
     if dist.get_rank() == 0:
         np.savez(

@@ -88,6 +88,29 @@ def test_processes_given_different_data_fail_together_naming_it(tmp_path, given,
         assert "rows: rank 0 2100, rank 1 2000" in results[0][1]
 
 
+def test_bad_data_on_one_process_fails_every_process_naming_the_rank_and_row(tmp_path):
+    """NaN on rank 1 failed rank 1 alone; rank 0 then lost contact (gloo's "Connection closed by peer")."""
+    settings = {**BASE, "method": "minibatch_em"}
+    _, results = _run_two(tmp_path, settings, timeout=120, RANK1_DATA="nan")
+    for rank, (code, err) in enumerate(results):
+        assert code != 0, err
+        assert f"ValueError: rank {rank} of 2: checking the inputs failed on rank 1, so no process" in err, err
+        assert "(rank 1: ValueError: X row 5, column 1 contains NaN or inf;" in err
+        assert "lost contact" not in err
+
+
+def test_a_damaged_checkpoint_on_one_process_fails_every_process_naming_it(tmp_path):
+    """A file at rank 0's checkpoint path that is no checkpoint: rank 0 refused it and rank 1 lost contact."""
+    settings = {**BASE, "method": "minibatch_em"}
+    checkpoint = tmp_path / "fit.ckpt"
+    checkpoint.write_bytes(b"not a checkpoint")
+    _, results = _run_two(tmp_path, settings, checkpoint, timeout=120, RANK1_CHECKPOINT=str(tmp_path / "other"))
+    for rank, (code, err) in enumerate(results):
+        assert code != 0, err
+        assert f"rank {rank} of 2: opening the checkpoint failed on rank 0, so no process" in err, err
+        assert str(checkpoint) in err and "lost contact" not in err
+
+
 @pytest.mark.parametrize(
     "environ, differs",
     [
@@ -137,6 +160,7 @@ def test_a_killed_process_makes_the_other_fail_with_a_message(tmp_path):
     (code0, err0), (code1, _) = results
     assert code1 == 3 and code0 != 0
     assert "rank 0 of 2: lost contact with the other processes" in err0
+    assert "the group's timeout, 60 s" in err0  # the worker's own group: its timeout read from the group
     assert time.perf_counter() - tick < 100  # well inside the group's 60 s timeout plus start-up
 
 

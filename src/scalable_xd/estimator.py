@@ -33,6 +33,7 @@ from .fit.driver import (
 from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
 from .fit.methods import METHODS
 from .fit.online import OnlineFit, refusal
+from .fit.parallel import Group, fail_together
 from .iterable import is_batch_iterable
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
@@ -200,27 +201,30 @@ class XDGMM(DensityMixin, BaseEstimator):
         reduced, so all of them end with the same model; only rank 0 writes the checkpoint (see
         ``fit.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
         """
-        settings, kmeans = self._validated()
-        X, sample_weight = self._checked_input(X, y, R, sample_weight, "fit", reset=True)
-        self._online = None  # a fit starts afresh, whatever partial_fit did before
-        check_count("checkpoint_every", checkpoint_every, minimum=0)
-        if checkpoint_every and checkpoint is None:
-            raise ValueError("checkpoint_every: checkpoints inside an epoch need a checkpoint path (checkpoint=...)")
-        if checkpoint_every and settings.split_merge:
-            raise ValueError(
-                "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
-            )
-        train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, self.n_components, settings)
-        if checkpoint_every and not getattr(train, "replays_epochs", True):
-            raise ValueError(
-                "checkpoint_every: X is an iterable of batches without set_epoch(epoch), so a resumed fit could "
-                "not read the rest of the epoch it stopped in; checkpoint at epochs' ends (checkpoint_every=0), "
-                "or give the iterable (or its sampler) a set_epoch that fixes each epoch's order"
-            )
-        monitored = monitored_data(eval_sets, train, settings)
-        warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
-        init = (self.weights_init, self.means_init, self.covariances_init)
-        start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
+        with fail_together(Group.current(), "checking the inputs"):  # one rank's bad data fails all
+            settings, kmeans = self._validated()
+            X, sample_weight = self._checked_input(X, y, R, sample_weight, "fit", reset=True)
+            self._online = None  # a fit starts afresh, whatever partial_fit did before
+            check_count("checkpoint_every", checkpoint_every, minimum=0)
+            if checkpoint_every and checkpoint is None:
+                raise ValueError(
+                    "checkpoint_every: checkpoints inside an epoch need a checkpoint path (checkpoint=...)"
+                )
+            if checkpoint_every and settings.split_merge:
+                raise ValueError(
+                    "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
+                )
+            train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, self.n_components, settings)
+            if checkpoint_every and not getattr(train, "replays_epochs", True):
+                raise ValueError(
+                    "checkpoint_every: X is an iterable of batches without set_epoch(epoch), so a resumed fit could "
+                    "not read the rest of the epoch it stopped in; checkpoint at epochs' ends (checkpoint_every=0), "
+                    "or give the iterable (or its sampler) a set_epoch that fixes each epoch's order"
+                )
+            monitored = monitored_data(eval_sets, train, settings)
+            warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
+            init = (self.weights_init, self.means_init, self.covariances_init)
+            start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
         fitted = fit_mixture(
             train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored
         )

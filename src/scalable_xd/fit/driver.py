@@ -28,7 +28,7 @@ from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
 from .loop import EVAL_BATCH, LoopConfig, last_gain, run, total_loglik
 from .methods import make_fitter, method
-from .parallel import Group, check_same_fit, shared_seed
+from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .updates import FixedParameters, feature_scale
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
@@ -188,14 +188,15 @@ def fit_mixture(
 ) -> Fitted:
     """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and each ``monitored`` set after
     every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes."""
-    settings = settings.for_data(len(train))
-    device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-    store = None if checkpoint is None else Checkpoint(checkpoint, device)
+    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
+    with fail_together(group, "opening the checkpoint"):  # a damaged file on one rank fails every rank
+        settings = settings.for_data(len(train))
+        device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+        store = None if checkpoint is None else Checkpoint(checkpoint, device)
     if random_state is None and store is not None and store.seed is not None:
         seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
     else:
         seed = resolve_seed(random_state)
-    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
     if group.parallel and isinstance(train, IterableSource):
         raise ValueError(
             "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "

@@ -13,9 +13,10 @@ when the split-and-merge criteria ride along. A process that dies makes the othe
 (gloo reports the closed connection; otherwise the group's timeout bounds the wait: ``process_group``'s
 ``timeout``, 600 s by default and ``scalable-xd fit --group-timeout``; a group a user initialises has the
 one given to ``init_process_group``, 30 minutes by torch's default for gloo), which ``reduce_statistics``
-turns into a ``RuntimeError`` naming the rank and the timeout. Every input and setting the processes must
-share is compared in one exchange before any other (``check_same_fit``), so a difference fails them all
-at once with its name.
+turns into a ``RuntimeError`` naming the rank and the timeout. A process whose own inputs fail their
+checks tells the others before any other exchange (``fail_together``), and every input and setting the
+processes must share is then compared in one exchange (``check_same_fit``), so either fails them all at
+once with its name.
 """
 
 from __future__ import annotations
@@ -104,7 +105,6 @@ def shared_seed(group: Group, seed: int) -> int:
 
 
 GROUP_TIMEOUT = 600.0  # seconds a process waits for the others in one collective (``process_group``)
-_timeout: float | None = None  # the timeout of the group ``process_group`` made, for error messages
 
 
 @contextlib.contextmanager
@@ -120,17 +120,14 @@ def process_group(device: str, timeout: float = GROUP_TIMEOUT):
     if cuda:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
-    global _timeout
     joined = not dist.is_initialized()
     if joined:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
-        _timeout = timeout
     try:
         yield device
     finally:
         if joined:
             dist.destroy_process_group()
-            _timeout = None
 
 
 def _upper(a: torch.Tensor) -> torch.Tensor:
@@ -198,8 +195,53 @@ def _collective(group: Group):
     try:
         yield
     except (RuntimeError, dist.DistBackendError) as err:
-        waited = f"the group's timeout, {_timeout:g} s" if _timeout else "the group's timeout (init_process_group's)"
+        timeout = group_timeout()
+        waited = "the group's timeout" + ("" if timeout is None else f", {timeout:g} s")
         raise RuntimeError(
             f"rank {group.rank} of {group.size}: lost contact with the other processes of the fit (one of them "
             f"failed, was killed or waited longer than {waited}): {err}"
         ) from None
+
+
+def group_timeout() -> float | None:
+    """Seconds a collective of the default group waits, whoever made the group (``process_group`` or the
+    user's ``init_process_group``), as its backend holds them; None where this torch does not say."""
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        return pg._get_backend(pg._device_types[0]).options._timeout.total_seconds()
+    except (AttributeError, IndexError, RuntimeError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def fail_together(group: Group, stage: str):
+    """Run ``stage`` (what each process does alone before the fit's first exchange: checking its inputs,
+    opening its checkpoint) and then tell every process whether any failed, so that an error on one rank
+    (NaN in its data, say) is the same error on all of them, naming the rank, instead of a lost contact
+    on the others. A process fails with ValueError where the failing rank's error was one, else
+    RuntimeError. One exchange of a few bytes; nothing at all outside a data-parallel fit."""
+    if not group.parallel:
+        yield
+        return
+    failure = None
+    try:
+        yield
+    except Exception as err:  # any: shared with the other processes, then raised again
+        failure = (type(err).__name__, isinstance(err, ValueError), str(err))
+        raised = err
+    else:
+        raised = None
+    everyone = [None] * group.size
+    with _collective(group):
+        dist.all_gather_object(everyone, failure)
+    failed = [(rank, each) for rank, each in enumerate(everyone) if each is not None]
+    if not failed:
+        return
+    ranks = [rank for rank, _ in failed]
+    where = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    reasons = "; ".join(f"rank {rank}: {kind}: {message}" for rank, (kind, _, message) in failed)
+    error = ValueError if failed[0][1][1] else RuntimeError
+    raise error(
+        f"rank {group.rank} of {group.size}: {stage} failed on {where}, so no process of this data-parallel "
+        f"fit starts it ({reasons})"
+    ) from raised
