@@ -111,6 +111,19 @@ def test_a_damaged_checkpoint_on_one_process_fails_every_process_naming_it(tmp_p
         assert str(checkpoint) in err and "lost contact" not in err
 
 
+def test_a_finished_checkpoint_on_one_process_only_fails_every_process_naming_it(tmp_path):
+    """Rank 0 used to resume its finished fit and exit 0 while rank 1 started afresh and failed."""
+    settings = {**BASE, "method": "minibatch_em"}
+    checkpoint = tmp_path / "fit.ckpt"
+    x, S = problem()
+    XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
+    _, results = _run_two(tmp_path, settings, checkpoint, timeout=120, RANK1_CHECKPOINT=str(tmp_path / "other"))
+    for rank, (code, err) in enumerate(results):
+        assert code != 0, err
+        assert f"rank {rank} of 2: the processes of this data-parallel fit were given different checkpoint (" in err
+        assert "rank 0 'epoch 4', rank 1 None" in err, err
+
+
 @pytest.mark.parametrize(
     "environ, differs",
     [
