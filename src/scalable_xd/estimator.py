@@ -35,6 +35,7 @@ from .fit.methods import METHODS
 from .fit.online import OnlineFit, refusal
 from .fit.parallel import Group, fail_together
 from .iterable import is_batch_iterable
+from .jackknife import ParameterErrors, jackknife_errors
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
@@ -435,6 +436,39 @@ class XDGMM(DensityMixin, BaseEstimator):
         """Akaike information criterion: -2 log L + 2 n_parameters (lower is better)."""
         _refuse_noise_as_y(y, "aic")
         return -2.0 * self.score(X, Xcov=Xcov, R=R) * len(X) + 2 * self._fitted().n_parameters()
+
+    def parameter_errors(
+        self,
+        X,
+        y=None,
+        *,
+        Xcov=None,
+        R=None,
+        sample_weight=None,
+        n_folds: int = 10,
+        max_iter: int = 200,
+        tol: float = 1e-8,
+        random_state=None,
+    ) -> ParameterErrors:
+        """Standard errors of ``weights_``, ``means_`` and ``covariances_`` by the delete-a-group jackknife
+        over the data the model was fitted to (arrays: X, Xcov, R and sample_weight as given to ``fit``).
+        The rows are split into ``n_folds`` groups at random (``random_state``); each replicate leaves one
+        group out and refits by batch EM in float64 from this fit's parameters, until an iteration gains less
+        than ``tol`` nats a point or after ``max_iter`` iterations. Returns a ``jackknife.ParameterErrors``
+        holding the errors, the folds and the matched replicates. Costs ``n_folds`` short refits."""
+        _refuse_noise_as_y(y, "parameter_errors")
+        self._fitted()
+        return jackknife_errors(
+            self,
+            X,
+            Xcov,
+            R,
+            sample_weight,
+            n_folds=n_folds,
+            max_iter=max_iter,
+            tol=tol,
+            random_state=random_state,
+        )
 
     def __sklearn_tags__(self):
         """What scikit-learn's checks may assume: a density estimator (``DensityMixin``) of real 2-D data,
