@@ -1,9 +1,11 @@
 """The command line turns every bad input into one clear error line and exit status 1, never a traceback."""
 
+import json
 import logging
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 
 from scalable_xd.pipeline.cli import main
 
@@ -283,3 +285,30 @@ def test_a_streamed_batch_em_fit_reports_what_the_in_memory_fit_reports(files):
         assert got["loglik"] == pytest.approx(want["loglik"], rel=1e-12)
     assert streamed.true["test_true_loglik"] == pytest.approx(memory.true["test_true_loglik"], rel=1e-12)
     assert streamed.covariance_mode == memory.covariance_mode == "corrected"
+
+
+def test_errors_writes_the_models_jackknife_as_json_and_a_table(files, tmp_path):
+    model = tmp_path / "model.npz"
+    fit = {"--output-model": model, "--output-metrics": tmp_path / "metrics.json", "--epochs": "30"}
+    assert main(["-q"] + _fit_args(files, **fit)) == 0
+    json_path, md_path = tmp_path / "errors.json", tmp_path / "errors.md"
+    argv = ["errors", "--model", model, "--train", files / "data" / "train.parquet", "--n-folds", "4", "--seed", "2"]
+    argv += ["--max-iter", "5"]  # the budget, not convergence, ends these refits: a check of the plumbing
+    assert main(["-q"] + [str(a) for a in argv] + ["--output-json", str(json_path), "--output-md", str(md_path)]) == 0
+    result = json.loads(json_path.read_text())
+    from scalable_xd import XDGMM
+    from scalable_xd.pipeline.features_file import read_features
+
+    train = read_features(files / "data" / "train.parquet")
+    with pytest.warns(ConvergenceWarning):
+        errors = XDGMM.load(model).parameter_errors(
+            train.X, Xcov=train.covariance(), n_folds=4, max_iter=5, random_state=2
+        )
+    heaviest = int(np.argmax(errors.centre.weights_))
+    first = result["components"][0]
+    assert first["component"] == heaviest and len(result["components"]) == 3
+    np.testing.assert_allclose(first["mean_se"], errors.means[heaviest], rtol=1e-12)
+    np.testing.assert_allclose(first["weight_se"], errors.weights[heaviest], rtol=1e-12)
+    table = md_path.read_text().splitlines()
+    assert table[2].startswith("| component | weight | mean ") and len(table) == 4 + 3
+    assert f"| {heaviest} | {first['weight']:.4g} ± {first['weight_se']:.2g} |" in table[4]

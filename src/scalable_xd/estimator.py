@@ -452,10 +452,11 @@ class XDGMM(DensityMixin, BaseEstimator):
     ) -> ParameterErrors:
         """Standard errors of ``weights_``, ``means_`` and ``covariances_`` by the delete-a-group jackknife
         over the data the model was fitted to (arrays: X, Xcov, R and sample_weight as given to ``fit``).
-        The rows are split into ``n_folds`` groups at random (``random_state``); each replicate leaves one
-        group out and refits by batch EM in float64 from this fit's parameters, until an iteration gains less
-        than ``tol`` nats a point or after ``max_iter`` iterations. Returns a ``jackknife.ParameterErrors``
-        holding the errors, the folds and the matched replicates. Costs ``n_folds`` short refits."""
+        The fit is first converged on all the data (the errors' ``centre``); the rows are then split into
+        ``n_folds`` groups at random (``random_state``), and each replicate leaves one group out and refits
+        from the centre. Every refit is batch EM in float64, until an iteration gains less than ``tol`` nats
+        a point or after ``max_iter`` iterations. Returns a ``jackknife.ParameterErrors`` holding the errors,
+        the centre, the folds and the matched replicates. Costs ``n_folds + 1`` refits from a warm start."""
         _refuse_noise_as_y(y, "parameter_errors")
         self._fitted()
         return jackknife_errors(

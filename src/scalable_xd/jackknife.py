@@ -4,17 +4,19 @@ The data are split into G groups at random; each replicate refits the mixture wi
 the spread of the G replicates gives each parameter's standard error,
 se = sqrt((G - 1) / G * sum_g (theta_g - mean theta)^2) (Quenouille 1956, Tukey 1958; Efron & Stein 1981),
 as Bovy's IDL add-on ``exd_jackerr.pro`` does for XD. The jackknife rather than the bootstrap because its
-replicates are deterministic given the seed and each differs from the full data by 1/G of the points, so
-each refit starts from the full fit (a warm start), lands a short distance away and converges in a few
-batch-EM iterations instead of a fit from k-means; leaving a group out is done by giving its points weight
-zero, so every noise form, projection and weighting the fit takes works unchanged.
+replicates are fixed by the seed and each differs from the full data by 1/G of the points: its fit lies a
+short distance from the full data's, so each refit starts there (a warm start) and converges in a few
+batch-EM iterations instead of a fit from k-means. Leaving a group out is giving its points weight zero,
+so every noise form, projection and weighting the fit takes works unchanged.
 
-Replicates run batch EM to convergence (``tol``) in float64, since the parameters they compare differ by
-about se / sqrt(G) and must not drown in a float32 pass's rounding or a minibatch fit's step noise; their
-components are matched to the full fit's (the assignment of least Mahalanobis distance between means,
-scipy's ``linear_sum_assignment``), which a warm start almost always leaves in place. The errors are those
-of the maximum-likelihood parameters on these data: they say how much the fit would move on another
-sample of the same population, not how far a fit that has not converged is from the optimum.
+The errors belong to the maximum-likelihood parameters, so the fit is first converged on all the data
+(the ``centre``, from the model's parameters), and the replicates start from the centre. All of these run
+batch EM to ``tol`` in float64, since the replicates differ by about se / sqrt(G), which must not drown
+in a float32 pass's rounding or a minibatch fit's step noise. Replicate components are matched to the
+centre's (the assignment of least Mahalanobis distance between means, scipy's ``linear_sum_assignment``),
+which a warm start almost always leaves in place. A mixture whose components are poorly determined by
+the data (many components for few points) converges slowly and its errors are large: both are what the
+data say, and ``converged`` tells which replicates reached ``tol``.
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ from .settings import check_count, resolve_seed
 
 @dataclass(frozen=True)
 class ParameterErrors:
-    """Jackknife standard errors of ``weights_`` (K,), ``means_`` (K, D) and ``covariances_`` (K, D, D), with
-    what they came from: ``fold`` (N,), the group each point was left out with; the matched replicates
+    """Jackknife standard errors of the weights (K,), means (K, D) and covariances (K, D, D) of ``centre``,
+    the fit converged on all the data (an ``XDGMM``), with what they came from: ``fold`` (N,), the group
+    each point was left out with; the matched replicates
     ``replicate_weights`` (G, K), ``replicate_means`` (G, K, D), ``replicate_covariances`` (G, K, D, D); and
     ``converged`` (G,), whether each replicate converged by ``tol`` within its iterations."""
 
     weights: np.ndarray
     means: np.ndarray
     covariances: np.ndarray
+    centre: object
     fold: np.ndarray
     replicate_weights: np.ndarray
     replicate_means: np.ndarray
@@ -80,15 +84,17 @@ def jackknife_errors(
         "means_init": model.means_,
         "covariances_init": model.covariances_,
     }
+    centre = type(model)(**settings).fit(X, Xcov=Xcov, R=R, sample_weight=weights)
+    settings.update(weights_init=centre.weights_, means_init=centre.means_, covariances_init=centre.covariances_)
     replicates = []
     for group in range(n_folds):
         refit = type(model)(**settings).fit(X, Xcov=Xcov, R=R, sample_weight=weights * (fold != group))
-        order = _matching(model.means_, model.covariances_, refit.means_)
+        order = _matching(centre.means_, centre.covariances_, refit.means_)
         replicates.append(
             (refit.weights_[order], refit.means_[order], refit.covariances_[order], bool(refit.converged_))
         )
     w, m, c, converged = (np.array(values) for values in zip(*replicates))
-    return ParameterErrors(_spread(w), _spread(m), _spread(c), fold, w, m, c, converged)
+    return ParameterErrors(_spread(w), _spread(m), _spread(c), centre, fold, w, m, c, converged)
 
 
 def _n_rows(X) -> int:

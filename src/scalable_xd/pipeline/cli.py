@@ -8,6 +8,7 @@
     scalable-xd reference --train ... --test ... --init init.npz --n-components K --kind oracle|noisy ...
     scalable-xd fit       --train ... [--val ...] [--test ...] --init init.npz --n-components K --method M ...
     scalable-xd denoise / calibrate / plot-denoised   (each star's posterior true values, see ``denoise``)
+    scalable-xd errors    --model model.npz --train train.parquet --output-json J --output-md M
     scalable-xd table / claims / plot-timing / plot-curves / plot-sky / plot-corner   (see ``report``)
 
 The options of ``fit``, ``reference`` and ``kmeans`` come from ``settings`` (their help, defaults and
@@ -244,6 +245,15 @@ def _calibrate(args) -> None:
     result = calibration(args.denoised)
     write_json(args.output_json, result)
     write_text(args.output_md, calibration_markdown(result))
+
+
+def _errors(args) -> None:
+    from ..io import write_json, write_text
+    from .parameter_errors import parameter_errors, parameter_errors_markdown
+
+    result = parameter_errors(args.model, args.train, args.n_folds, args.seed, args.max_iter, args.tol)
+    write_json(args.output_json, result)
+    write_text(args.output_md, parameter_errors_markdown(result))
 
 
 def _plot_denoised(args) -> None:
@@ -483,6 +493,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-rows", type=POSITIVE, default=65_536, help="stars read and written at a time (default: 65,536)"
     )
     p.set_defaults(run=_denoise)
+
+    p = sub.add_parser("errors", help="a model's parameter errors by the jackknife over its training data")
+    p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
+    p.add_argument("--train", required=True, help="the features file it was fitted to (train.parquet)")
+    p.add_argument("--n-folds", type=_count(2), default=10, help="groups left out in turn (default: 10)")
+    p.add_argument("--max-iter", type=POSITIVE, default=200, help="batch-EM iterations a refit (default: 200)")
+    p.add_argument(
+        "--tol", type=float, default=1e-8, help="a refit converges once an iteration gains less (default: 1e-08)"
+    )
+    _seed(p, "the seed that splits the groups")
+    p.add_argument("--output-json", required=True, help="every component with its errors (.json)")
+    p.add_argument("--output-md", required=True, help="the heaviest components' table (.md)")
+    p.set_defaults(run=_errors)
 
     p = sub.add_parser("calibrate", help="the denoised values' calibration against the truth (mock data)")
     p.add_argument("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
