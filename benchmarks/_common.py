@@ -13,7 +13,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 # Where ``write_result`` writes: results/, or with ``--quick`` the folder $BENCH_QUICK_RESULTS or a new
 # temporary one, so that a quick run never replaces a measured JSON.
-destination = RESULTS
+destination = Path(os.environ.get("BENCH_RESULTS") or RESULTS)  # elsewhere for a session's side runs
 
 
 def machine() -> dict:

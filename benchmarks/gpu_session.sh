@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh tests pass step profile     # CUDA tests, the pass at K = 64..512, the
 #                                                              # step's overhead, per-update profiles
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
+#   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
 #
 # STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the step, profile and paper steps (default: all).
 #
@@ -47,7 +48,15 @@ for name in "$@"; do
              step "paper_$method" 170 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
                --kernel triton --label "gpu_$method"
            done ;;
-    *) echo "unknown step $name: say tests, pass, step, profile or paper" >&2; exit 2 ;;
+    concurrent) # several fits at once on one GPU, the grid's route to its target: a short SGD fit of the
+                # paper-scale data alone (which prepares the data where the paper step has not), then four at
+                # once; their JSONs (each fit's own seconds) go to concurrent_1/ and concurrent_4/
+                for n in 1 4; do
+                  step "concurrent_$n" 200 bash -c "for i in \$(seq $n); do BENCH_RESULTS=$out/concurrent_$n \
+                    python3 benchmarks/bench_paper_fit.py --device cuda --method sgd --epochs 5 --kernel triton \
+                    --label concurrent_\$i & done; wait"
+                done ;;
+    *) echo "unknown step $name: say tests, pass, step, profile, paper or concurrent" >&2; exit 2 ;;
   esac
 done
 # The session's record beside the benchmarks' JSON: device, driver and versions, and every step's exit status
