@@ -266,10 +266,12 @@ def test_a_parquet_source_is_a_data_source(tmp_path):
 
 def test_a_data_parallel_fit_refuses_an_iterable(monkeypatch):
     """Processes cannot split an iterable's batches the same way: refused before any work."""
-    from scalable_xd.fit import driver
+    from scalable_xd.fit import driver, parallel
     from scalable_xd.fit.parallel import Group
 
     x, S = _data(400)
     monkeypatch.setattr(driver.Group, "current", classmethod(lambda cls: Group(0, 2)))
+    # two processes given the same input: every exchange before the refusal hears this one's answer twice
+    monkeypatch.setattr(parallel.dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), [mine] * 2))
     with pytest.raises(ValueError, match="X is an iterable of batches, which fits in one process"):
         XDGMM(n_components=2, device="cpu").fit([(x, S)])

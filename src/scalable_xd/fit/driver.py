@@ -189,7 +189,12 @@ def fit_mixture(
     """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and each ``monitored`` set after
     every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes."""
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
-    with fail_together(group, "opening the checkpoint"):  # a damaged file on one rank fails every rank
+    with fail_together(group, "checking the data and the checkpoint"):  # one rank's failure fails every rank
+        if group.parallel and isinstance(train, IterableSource):
+            raise ValueError(
+                "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
+                "ParquetSource, which every process splits the same way"
+            )
         settings = settings.for_data(len(train))
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
@@ -197,11 +202,6 @@ def fit_mixture(
         seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
     else:
         seed = resolve_seed(random_state)
-    if group.parallel and isinstance(train, IterableSource):
-        raise ValueError(
-            "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
-            "ParquetSource, which every process splits the same way"
-        )
     # how the fit is logged and which kernel computes it do not change its result: resume across them
     record = {
         **settings_record(start.n_components, settings, kmeans),
