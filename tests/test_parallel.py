@@ -266,3 +266,19 @@ def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(files, tmp_path
     results = [(node.wait(timeout=300), node.stderr.read()) for node in nodes]
     assert all(code == 0 for code, _ in results), [err[-2000:] for _, err in results]
     _same_model(tmp_path / "one", tmp_path / "two")
+
+
+def test_a_process_that_failed_alone_says_why_even_when_the_others_are_gone(monkeypatch):
+    """Its own error, not a lost contact, where the exchange that would share it finds no one."""
+    from scalable_xd.fit import parallel
+
+    def gone(out, mine):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(parallel.dist, "all_gather_object", gone)
+    with pytest.raises(ValueError, match="X row 5, column 1 contains NaN"):
+        with parallel.fail_together(parallel.Group(1, 2), "checking the inputs"):
+            raise ValueError("X row 5, column 1 contains NaN or inf")
+    with pytest.raises(RuntimeError, match="rank 1 of 2: lost contact with the other processes"):
+        with parallel.fail_together(parallel.Group(1, 2), "checking the inputs"):
+            pass

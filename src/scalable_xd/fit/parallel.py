@@ -232,8 +232,13 @@ def fail_together(group: Group, stage: str):
     else:
         raised = None
     everyone = [None] * group.size
-    with _collective(group):
-        dist.all_gather_object(everyone, failure)
+    try:
+        with _collective(group):
+            dist.all_gather_object(everyone, failure)
+    except RuntimeError:
+        if raised is not None:  # the others are gone: this process's own error says more than a lost contact
+            raise raised from None
+        raise
     failed = [(rank, each) for rank, each in enumerate(everyone) if each is not None]
     if not failed:
         return
