@@ -25,15 +25,11 @@ fit goes on with uncaptured steps.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
 from .. import deferred_checks
 from ..kernel.dispatch import batch_statistics
-
-if TYPE_CHECKING:
-    from .loop import LoopConfig
 
 log = logging.getLogger("scalable_xd.fit")
 
@@ -41,28 +37,17 @@ log = logging.getLogger("scalable_xd.fit")
 class GraphedStep:
     """One fit's minibatch steps on static buffers, captured and replayed as a CUDA graph on CUDA."""
 
-    def __init__(self, fitter, cfg: LoopConfig):
+    def __init__(self, fitter, device: torch.device, backend: str):
         self.fitter = fitter
-        self.cfg = cfg
-        self.checks = deferred_checks.DeferredChecks(cfg.device)  # the flag the captured step writes to
-        self.capturing = cfg.device.type == "cuda"
+        self.device, self.backend = device, backend
+        self.checks = deferred_checks.DeferredChecks(device)  # the flag the captured step writes to
+        self.capturing = device.type == "cuda"
         self.layout = None  # (batch size, weighted, drawn): what the static buffers hold
         self.inputs: dict[str, torch.Tensor | None] = {}
         self.live: list[torch.Tensor] = []  # the fitter's tensors the step reads and writes, static
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warm = False
         self.replays = 0
-
-    @classmethod
-    def for_fit(cls, fitter, cfg: LoopConfig) -> GraphedStep | None:
-        """The graphed step where the fit can take it: asked for, checks deferred (not re-run at every
-        batch, nor interleaved with mid-epoch checkpoints), one process, and a fitter whose step is
-        graphable (minibatch EM with the stable update and no truncation, SGD without fixed weights; not
-        under averaging or split-and-merge)."""
-        graphable = getattr(fitter, "graphable", False) and fitter.shadow is None and not fitter.wants_criteria
-        if cfg.graph_steps and cfg.defer_checks and not cfg.checkpoint_every and not cfg.group.parallel and graphable:
-            return cls(fitter, cfg)
-        return None
 
     def step(self, batch, uniforms) -> bool:
         """Take the batch's step; False where the ordinary step must take it instead: checks not deferred
@@ -121,7 +106,7 @@ class GraphedStep:
             inputs["x"],
             inputs["S"],
             self.fitter.mixture,
-            backend=self.cfg.backend,
+            backend=self.backend,
             point_weights=inputs["weights"],
             uniforms=inputs["uniforms"],
         )
@@ -131,8 +116,8 @@ class GraphedStep:
     def _warm_up(self) -> None:
         """The first step, eagerly on a side stream, as CUDA graphs ask: kernels compile, the allocator's
         pools settle."""
-        current = torch.cuda.current_stream(self.cfg.device)
-        side = torch.cuda.Stream(self.cfg.device)
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             self._body()

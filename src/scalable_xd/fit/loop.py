@@ -173,7 +173,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         if not one_pass:
             _log(cfg, history[0])
     epoch = start + 1
-    graphed = GraphedStep.for_fit(fitter, cfg)
+    graphed = _graphed_step(fitter, cfg)
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
         tick = time.perf_counter()
@@ -225,6 +225,17 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
         _log(cfg, history[-1])
     return history, converged
+
+
+def _graphed_step(fitter: Fitter, cfg: LoopConfig) -> GraphedStep | None:
+    """The graphed step where the fit can take it: asked for, checks deferred (not re-run at every batch,
+    nor interleaved with mid-epoch checkpoints), one process, and a fitter whose step is graphable
+    (minibatch EM with the stable update and no truncation, SGD without fixed weights; not under
+    averaging or split-and-merge)."""
+    graphable = getattr(fitter, "graphable", False) and fitter.shadow is None and not fitter.wants_criteria
+    if cfg.graph_steps and cfg.defer_checks and not cfg.checkpoint_every and not cfg.group.parallel and graphable:
+        return GraphedStep(fitter, cfg.device, cfg.backend)
+    return None
 
 
 def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
@@ -320,7 +331,7 @@ def _train_epoch(
             uniforms = assignment_uniforms(cfg.seed, epoch, number, batch.size, cfg.device, cfg.dtype)
             uniforms = uniforms[cfg.group.share(slice(0, batch.size), batch.size)]
         if graphed is not None and graphed.step(batch, uniforms):
-            continue  # graphs run only without mid-epoch checkpoints (``GraphedStep.for_fit``)
+            continue  # graphs run only without mid-epoch checkpoints (``_graphed_step``)
         try:
             stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria)
             shadow = None  # a split-and-merge trial: its own pass over the same batch
