@@ -11,7 +11,13 @@
 # STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the step, profile and paper steps (default: all).
 #
 # The GPU machine has torch, triton, numba, numpy, pandas, pyarrow and scikit-learn but no network: the
-# project is used from src/ when it is not installed, and nothing else is needed by these steps.
+# project is used from src/ when it is not installed. The paper and concurrent steps make the DR2-like
+# mock, which needs astropy: carry its wheels (astropy, pyerfa, astropy-iers-data) and put them on
+# PYTHONPATH first. What the first H100 session (2026-11-26) took, in seconds: tests 80, pass 68 (the
+# triton and unrolled kernels), step 22 (triton), profile 10 (K = 512), paper 100 (minibatch EM, 40 of them
+# making the mock) and 51 (SGD); a machine's start about 30. In a 15-minute device budget that is two
+# calls: "tests pass step profile" with STEP_BACKENDS=triton PROFILE_KS=512, then "paper concurrent" with
+# PAPER_METHODS=minibatch_em, run back to back (a machine left idle 30 s is given back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_SESSION_OUT:-/tmp/gpu_session}"
