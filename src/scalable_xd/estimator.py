@@ -457,8 +457,13 @@ class XDGMM(DensityMixin, BaseEstimator):
         from the centre. Every refit is batch EM in float64, until an iteration gains less than ``tol`` nats
         a point or after ``max_iter`` iterations. Returns a ``jackknife.ParameterErrors`` holding the errors,
         the centre, the folds and the matched replicates. Costs ``n_folds + 1`` refits from a warm start."""
-        _refuse_noise_as_y(y, "parameter_errors")
         self._fitted()
+        X, sample_weight = self._checked_input(X, y, R, sample_weight, "parameter_errors", reset=False)
+        if isinstance(X, DataSource) or is_batch_iterable(X):
+            raise TypeError(
+                "parameter_errors needs X, Xcov, R and sample_weight as arrays (a jackknife re-weights the rows), "
+                f"not {type(X).__name__}"
+            )
         return jackknife_errors(
             self,
             X,

@@ -55,12 +55,13 @@ class ParameterErrors:
 def jackknife_errors(
     model, X, Xcov, R, sample_weight, *, n_folds: int, max_iter: int, tol: float, random_state
 ) -> ParameterErrors:
-    """The jackknife of ``model`` (a fitted ``XDGMM``) over the data it was fitted to, given as arrays."""
+    """The jackknife of ``model`` (a fitted ``XDGMM``) over the data it was fitted to, given as arrays (or
+    tensors): ``XDGMM.parameter_errors`` has checked them."""
     check_count("n_folds", n_folds, minimum=2)
     check_count("max_iter", max_iter)
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
         raise ValueError(f"tol must be a positive number, got {tol!r}")
-    n = _n_rows(X)
+    n = len(X)
     if n_folds > n:
         raise ValueError(f"n_folds={n_folds} is more than the {n} rows of X: each group needs a row")
     rng = np.random.default_rng(resolve_seed(random_state))
@@ -95,16 +96,6 @@ def jackknife_errors(
         )
     w, m, c, converged = (np.array(values) for values in zip(*replicates))
     return ParameterErrors(_spread(w), _spread(m), _spread(c), centre, fold, w, m, c, converged)
-
-
-def _n_rows(X) -> int:
-    """The rows of X, which must be an array (a source or an iterable of batches cannot be re-weighted)."""
-    if not hasattr(X, "shape") and not isinstance(X, (list, tuple)):
-        raise TypeError(
-            "parameter_errors needs X, Xcov, R and sample_weight as arrays (a jackknife re-weights the rows), "
-            f"not {type(X).__name__}"
-        )
-    return len(X)
 
 
 def _matching(means: np.ndarray, covariances: np.ndarray, replicate_means: np.ndarray) -> np.ndarray:

@@ -101,7 +101,6 @@ def _source(dim: int) -> str:
                 "import triton.language as tl",
                 "",
                 "",
-                "",
                 "@triton.jit",
                 "def densities(x_ptr, s_ptr, par_ptr, dens_ptr, fail_ptr, n, BLOCK: tl.constexpr):",
                 *indent(densities),
