@@ -16,14 +16,16 @@ _WAITS |= {"__index__"}
 
 
 class _HostWaits(TorchFunctionMode):
-    """Records every torch call that would wait for the device if the tensors were on a GPU."""
+    """Records every torch call that would wait for the device if the tensors were on a GPU (``calls``),
+    and the name of every torch call made (``names``)."""
 
     def __init__(self):
         super().__init__()
-        self.calls = []
+        self.calls, self.names = [], []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
+        self.names.append(name)
         masked = name in ("__getitem__", "__setitem__") and any(
             torch.is_tensor(a) and a.dtype == torch.bool for a in _flatten(args[1:2])
         )
