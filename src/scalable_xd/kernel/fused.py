@@ -3,9 +3,10 @@
 Threads split the points, each with its own sums. For each point, three loops run over the components,
 in tiles of TILE: the first factorises T_ij = V_j + S_i, solves z = L^-1 d and keeps z^T z, the pivots,
 u = T^-1 d and the lower triangle of T^-1 in a per-point scratch of a few kB; the second turns them
-into log alpha_j N_ij and the point's log-likelihood; the third adds r_ij times u, u u^T and T^-1 to the
-thread's sums, in float64. Every 7 x 7 entry is a scalar local and every array is read with unit stride
-across the components of a tile, so that LLVM vectorises the first and third loops across components;
+into log alpha_j N_ij, the point's log-likelihood and its responsibilities (with ``vector_math``'s exp
+and log, not the C library's); the third adds r_ij times u, u u^T and T^-1 to the thread's sums, in
+float64. Every 7 x 7 entry is a scalar local and every array is read with unit stride across the
+components of a tile, so that LLVM vectorises all three loops across components;
 nothing of size (K, B) is written but the log-densities, where the torch kernels stream ~40 such
 intermediates through memory. On two cores at D = 7, K = 64 this is ~2x torch.compile's code.
 
@@ -29,6 +30,7 @@ from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
 from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
+from .vector_math import helpers_source
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
@@ -38,9 +40,8 @@ SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependenc
 PARALLEL_PAIRS = 30_000
 # Dimensions up to which the algebra is unrolled entry by entry; above, it runs in loops over D (see above)
 UNROLLED_MAX_DIM = 12
-# exp(x) for x below this is < 1e-304 (and 0 below -745) and is taken as 0: glibc's exp raises the
-# underflow exception there on a slow path, and at K = 512 on the mock most pairs land there (the pass
-# ran 1.4x faster on real batches without it)
+# exp(x) for x below this is < 1e-304 and is taken as 0 (responsibilities exactly 0): vector_math's exp
+# builds 2^n as a normal float, which it no longer is below -708
 EXP_CUTOFF = -700.0
 
 
@@ -208,16 +209,29 @@ def _loop_work(dim: int) -> list[str]:
 
 
 def _density_loop(dim: int, real: str) -> list[str]:
-    """Statements for component c of a tile: log alpha_k N_pk into ``dens[k]``, and the first failed
-    factorisation into ``failed[p]``."""
+    """Statements for component c of a tile: log alpha_k N_pk into ``dens[k]``, and a count of the failed
+    factorisations into ``n_failed``."""
     at = layout(dim)
     det = " * ".join(f"np.float64({_scr(at['det'] + n)})" for n in range((dim + 1) // 2))
     return [
         "k = t * TILE + c",
-        f"dens[k] = {_par(at['log_weights'])} - {real}(0.5) * ({real}(math.log({det})) + {_scr(at['maha'])}"
-        f" + {real}({dim * LOG_2PI!r}))",
-        f"if failed[p] < 0 and k < n_comp and not ({_scr(at['lo'])} > 0 and {_scr(at['hi'])} < math.inf):",
-        "    failed[p] = k",
+        f"dens[k] = {_par(at['log_weights'])} - {real}(0.5) * ({real}(log_lane({det}, bits, bits_f, k))"
+        f" + {_scr(at['maha'])} + {real}({dim * LOG_2PI!r}))",
+        f"n_failed += 0 if k >= n_comp or ({_scr(at['lo'])} > 0 and {_scr(at['hi'])} < math.inf) else 1",
+    ]
+
+
+def _first_failure(dim: int) -> list[str]:
+    """Statements setting ``failed[p]`` to the first component whose factorisation failed, if any did."""
+    at = layout(dim)
+    scratch = lambda row: f"scr[k // TILE * {at['n_scratch'] * TILE} + {row * TILE} + k % TILE]"  # noqa: E731
+    return [
+        "failed[p] = -1",
+        "if n_failed:",
+        "    for k in range(n_comp):",
+        f"        if not ({scratch(at['lo'])} > 0 and {scratch(at['hi'])} < math.inf):",
+        "            failed[p] = k",
+        "            break",
     ]
 
 
@@ -264,23 +278,27 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         point = [f"x{i} = x[p, {i}]" for i in range(dim)]
         point += [f"s{i}_{j} = S[p, {i}, {j}]" for i in range(dim) for j in range(i + 1)]
         point += tiles(_component_loop(dim, with_stats, real), ["par", "scr"])
-    point += ["failed[p] = -1", *tiles(_density_loop(dim, real), ["par", "scr"])]
+    point += ["n_failed = 0", *tiles(_density_loop(dim, real), ["par", "scr"]), *_first_failure(dim)]
+    # the point's log-likelihood, log sum_k exp(dens_k - top) + top; exp(dens_k - top) / the sum are its
+    # responsibilities (the padding's dens is -inf: 0)
     point += [
         "top = -math.inf",
         "for k in range(n_comp):",
         "    top = max(top, dens[k])",
         "total = 0.0",
-        "for k in range(n_comp):",
-        "    if dens[k] - top > EXP_CUTOFF:",
-        "        total += math.exp(dens[k] - top)",
+        "for k in range(n_tiles * TILE):",
+        "    share = exp_lane(dens[k] - top, bits, bits_f, k)",
+        *(["    resp[k] = share"] if with_stats else []),
+        "    total += share",
         "loglik = top + math.log(total)",
         "out_loglik[p] = loglik",
         "out_dens[p] = dens[:n_comp]",
     ]
     if with_stats:
         point += [
+            "scale = 1.0 / total if total > 0.0 else 0.0",
             "for k in range(n_tiles * TILE):",
-            "    resp[k] = math.exp(dens[k] - loglik) if dens[k] - loglik > EXP_CUTOFF else 0.0",
+            "    resp[k] *= scale",
             "if uniforms.shape[0]:  # a sampled one-hot assignment, drawn as statistics.assign draws it",
             "    target, cdf, chosen = uniforms[p] * resp[:n_comp].sum(), 0.0, 0",
             "    for k in range(n_comp):",
@@ -298,6 +316,8 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "    for blk in prange(n_blocks):",
         f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, x.dtype)",
         "        dens = np.empty(n_tiles * TILE, x.dtype)",
+        "        bits = np.empty(n_tiles * TILE, np.int64)  # one lane each for exp_lane and log_lane",
+        "        bits_f = bits.view(np.float64)",
         *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
         *(_loop_work(dim) if looped else []),
         "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
@@ -316,8 +336,9 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         "from numba import njit, prange",
         "",
         f"TILE = {TILE}",
-        f"EXP_CUTOFF = {EXP_CUTOFF!r}",
         "",
+        "",
+        helpers_source(EXP_CUTOFF),
         "",
         f"@njit(parallel={parallel}, fastmath={{"
         + ", ".join(map(repr, sorted(FASTMATH)))
