@@ -34,9 +34,9 @@ LOOPED = pytest.param("looped", id="fused_looped")
 @pytest.fixture
 def looped_fused(monkeypatch):
     monkeypatch.setattr(fused, "UNROLLED_MAX_DIM", 0)
-    fused.compiled_kernel.cache_clear()
+    fused.compiled_module.cache_clear()
     yield
-    fused.compiled_kernel.cache_clear()
+    fused.compiled_module.cache_clear()
 
 
 def _kernel(backend: str, request) -> str:

@@ -11,7 +11,7 @@ nothing of size (K, B) is written but the log-densities, where the torch kernels
 intermediates through memory. On two cores at D = 7, K = 64 this is ~2x torch.compile's code.
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
-compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_kernel``). The
+compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
 unrolled source grows as D^3, and numba's compile time with it: 5 s at D = 2, 9 s at 7, 22 s at 12, 83 s
 at 20. Above ``UNROLLED_MAX_DIM`` the algebra runs in loops over D instead (the tile's components still
 innermost, so still vectorised), which compiles in 6-7 s at any D and runs 1.5-7x slower than unrolled
@@ -21,6 +21,7 @@ dispatcher falls back to the torch kernel with a message (``dispatch.choose_back
 
 from __future__ import annotations
 
+import types
 from functools import cache
 
 import numpy as np
@@ -325,9 +326,61 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     return "\n".join(head + indent(point, 3)) + "\n"
 
 
+def _pack_source(dim: int) -> list[str]:
+    """``pack(weights, means, covariances, par)``: the mixture written into ``par`` as the kernel reads it,
+    per tile of TILE components the rows of ``layout``, flat. Components that pad K to whole tiles have
+    V = I, m = 0 and log alpha = -inf, so responsibility 0. (Compiled, as the kernel: it runs once a batch,
+    where numpy's dozen calls cost ~50 us, a tenth of a step at K = 64. Loops over D, so that its source
+    does not grow with D.)"""
+    at = layout(dim)
+    row = lambda name, offset="": f"par[t * {at['n_params'] * TILE} + ({at[name]}{offset}) * TILE + c]"  # noqa: E731
+    return [
+        "@njit(error_model='numpy', cache=True)",
+        "def pack(weights, means, covariances, par):",
+        f"    for t in range(par.shape[0] // {at['n_params'] * TILE}):",
+        "        for c in range(TILE):",
+        "            k = t * TILE + c",
+        "            real = k < means.shape[0]",
+        f"            for i in range({dim}):",
+        "                for j in range(i + 1):",
+        f"                    {row('V', ' + i * (i + 1) // 2 + j')} = "
+        "covariances[k, i, j] if real else (1.0 if i == j else 0.0)",
+        f"                {row('means', ' + i')} = means[k, i] if real else 0.0",
+        f"            {row('log_weights')} = math.log(weights[k]) if real else -math.inf",
+    ]
+
+
+def _unpack_source(dim: int, dtype: str) -> list[str]:
+    """``unpack(acc, n_blocks, n_comp)``: (q (K,), U (K, D), UU (K, D, D), P (K, D, D)) in ``dtype``, as the
+    other backends return them, from the blocks' tiled float64 sums, summed over the blocks in order."""
+    at = layout(dim)
+    return [
+        "@njit(error_model='numpy', cache=True)",
+        "def unpack(acc, n_blocks, n_comp):",
+        f"    D, n_tiles = {dim}, acc.shape[0] // (n_blocks * {at['n_sums'] * TILE})",
+        f"    q, U = np.empty(n_comp, np.{dtype}), np.empty((n_comp, D), np.{dtype})",
+        f"    UU, P = np.empty((n_comp, D, D), np.{dtype}), np.empty((n_comp, D, D), np.{dtype})",
+        f"    sums = np.empty({at['n_sums']})",
+        "    for k in range(n_comp):",
+        "        sums[:] = 0.0",
+        "        for b in range(n_blocks):",
+        f"            block = (b * n_tiles + k // TILE) * {at['n_sums'] * TILE} + k % TILE",
+        f"            for row in range({at['n_sums']}):",
+        "                sums[row] += acc[block + row * TILE]",
+        f"        q[k] = sums[{at['q']}]",
+        "        for i in range(D):",
+        f"            U[k, i] = sums[{at['U']} + i]",
+        "            for j in range(i + 1):",
+        f"                UU[k, i, j] = UU[k, j, i] = sums[{at['UU']} + i * (i + 1) // 2 + j]",
+        f"                P[k, i, j] = P[k, j, i] = sums[{at['P']} + i * (i + 1) // 2 + j]",
+        "    return q, U, UU, P",
+    ]
+
+
 def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> str:
-    """A module defining the kernel, compiled with numba's on-disk cache (``parallel``: its blocks spread
-    over numba's threads; otherwise run one after another on the calling thread)."""
+    """A module defining the kernel, ``pack`` and (with the statistics) ``unpack``, compiled with numba's
+    on-disk cache (``parallel``: the kernel's blocks spread over numba's threads; otherwise run one after
+    another on the calling thread)."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
         "import math",
@@ -340,6 +393,10 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         "",
         helpers_source(EXP_CUTOFF),
         "",
+        *_pack_source(dim),
+        "",
+        "",
+        *(_unpack_source(dim, dtype) + ["", ""] if with_stats else []),
         f"@njit(parallel={parallel}, fastmath={{"
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
@@ -348,9 +405,9 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
 
 
 @cache
-def compiled_kernel(dim: int, with_stats: bool, dtype: str, parallel: bool = True):
-    """The numba-compiled kernel for dimension ``dim`` and float dtype ``dtype`` ("float32" or "float64"),
-    multi-threaded or serial (``_module_source``).
+def compiled_module(dim: int, with_stats: bool, dtype: str, parallel: bool = True):
+    """The numba-compiled module (``kernel``, ``pack``, ``unpack``) for dimension ``dim`` and float dtype
+    ``dtype`` ("float32" or "float64"), its kernel multi-threaded or serial (``_module_source``).
 
     Its source is written once into the kernel cache folder under a name holding its digest, so that numba's
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
@@ -358,46 +415,11 @@ def compiled_kernel(dim: int, with_stats: bool, dtype: str, parallel: bool = Tru
     source = _module_source(dim, with_stats, dtype, parallel)
     stem = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}{'' if parallel else '_serial'}"
     try:
-        return import_generated(stem, source).kernel
+        return import_generated(stem, source)
     except OSError:
-        namespace = {}
-        exec(compile(source.replace("cache=True", "cache=False"), stem, "exec"), namespace)
-        return namespace["kernel"]
-
-
-@cache
-def _lower_triangle(dim: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.tril_indices(dim)
-
-
-def pack_parameters(mixture: Mixture, dtype: np.dtype) -> np.ndarray:
-    """The mixture as the kernel reads it: per tile of TILE components, the rows of ``layout``, flat.
-    Components that pad K to whole tiles have V = I, m = 0 and log alpha = -inf, so responsibility 0.
-    (numpy throughout: this runs once a batch, and a dozen torch calls on tiny tensors cost ~0.1 ms.)"""
-    k, dim = mixture.n_components, mixture.dim
-    n_tiles, at = -(-k // TILE), layout(dim)
-    rows, cols = _lower_triangle(dim)
-    par = np.zeros((at["n_params"], n_tiles * TILE))
-    par[at["V"] : at["means"]] = (rows == cols)[:, None]
-    par[at["V"] : at["means"], :k] = mixture.covariances.detach().cpu().double().numpy()[:, rows, cols].T
-    par[at["means"] : at["log_weights"], :k] = mixture.means.detach().cpu().double().numpy().T
-    par[at["log_weights"]] = -np.inf
-    par[at["log_weights"], :k] = mixture.log_weights.detach().cpu().double().numpy()
-    return np.ascontiguousarray(par.astype(dtype).reshape(-1, n_tiles, TILE).transpose(1, 0, 2)).reshape(-1)
-
-
-def _unpack_sums(acc: np.ndarray, n_blocks: int, dim: int, k: int, dtype) -> tuple[np.ndarray, ...]:
-    """(q (K,), U (K, D), UU (K, D, D), P (K, D, D)) from the threads' tiled float64 sums, in ``dtype`` as
-    the other backends return them."""
-    at, n_tri = layout(dim), dim * (dim + 1) // 2
-    sums = acc.reshape(n_blocks, -1, at["n_sums"], TILE).sum(0).transpose(1, 0, 2).reshape(at["n_sums"], -1)
-    sums = sums[:, :k].astype(dtype)
-    rows, cols = _lower_triangle(dim)
-    full = np.empty((2, k, dim, dim), dtype)  # UU and P
-    lower = sums[at["UU"] : at["UU"] + 2 * n_tri].reshape(2, n_tri, k).transpose(0, 2, 1)
-    full[:, :, rows, cols] = lower
-    full[:, :, cols, rows] = lower
-    return sums[at["q"]].copy(), np.ascontiguousarray(sums[at["U"] : at["U"] + dim].T), full[0], full[1]
+        module = types.ModuleType(stem)
+        exec(compile(source.replace("cache=True", "cache=False"), stem, "exec"), module.__dict__)
+        return module
 
 
 def fused_chunk(
@@ -430,10 +452,13 @@ def fused_chunk(
     loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.zeros(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)
-    compiled_kernel(dim, with_stats, str(x_np.dtype), parallel)(
+    module = compiled_module(dim, with_stats, str(x_np.dtype), parallel)
+    par = np.empty(n_tiles * at["n_params"] * TILE, x_np.dtype)
+    module.pack(*(t.detach().numpy() for t in mixture.tensors()), par)
+    module.kernel(
         x_np,
         S_np,
-        pack_parameters(mixture, x_np.dtype),
+        par,
         as_array(point_weights),
         as_array(uniforms),
         loglik,
@@ -448,7 +473,7 @@ def fused_chunk(
     loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens)
     if not with_stats:
         return loglik, log_dens, None
-    q, U, UU, P = (torch.from_numpy(a) for a in _unpack_sums(acc, n_blocks, dim, k, x_np.dtype))
+    q, U, UU, P = (torch.from_numpy(a) for a in module.unpack(acc, n_blocks, k))
     criteria = None
     if with_criteria:
         criteria = Criteria(*criteria_sums(log_dens, loglik, mixture.log_weights.to(x.dtype), point_weights, dim=1))
