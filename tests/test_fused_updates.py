@@ -61,6 +61,23 @@ def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows)
     assert torch.equal(new_state.covariances[4], state.covariances[4])
 
 
+def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(monkeypatch):
+    """From ``PARALLEL_COMPONENTS`` components the update runs in numba's threads, a share of the components
+    each: every component's arithmetic is unchanged, so the result is the serial loop's, bit for bit."""
+    k = fused_updates.PARALLEL_COMPONENTS + 3
+    state, x, S = _problem(31, k=k, d=3, n=2000)
+    fixed = _fixed(k, means=[0], covariances=[5, 6], values=state.weights)
+    stats = batch_statistics(x, S, regularised(state, 0.3, fixed, 5000.0))
+    results = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda n=threads: n)
+        results[threads] = fused_updates.online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
+    assert fused_updates._online_em_loop_parallel.signatures  # the threaded loop ran
+    for serial, shared in zip(*results.values()):
+        for name in ("weights", "means", "covariances"):
+            assert torch.equal(getattr(serial, name), getattr(shared, name)), name
+
+
 def test_online_em_step_clips_rounding_as_the_torch_update_does():
     """Covariance updates built to land exactly on an indefinite matrix: one whose negative eigenvalue is
     rounding-sized (clipped), one whose is not (left for the divergence check), and a healthy one."""

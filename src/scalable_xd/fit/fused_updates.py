@@ -12,6 +12,7 @@ rounding left indefinite (``updates.clip_rounding``) runs on the components this
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import numba
 import numpy as np
@@ -23,6 +24,9 @@ from .adam import Adam
 from .updates import clip_rounding, e_step_covariances, ridge_vector, share_weights
 
 _jit = numba.njit(cache=True, error_model="numpy")
+# Components from which online EM's update is shared among threads: ~1 us a component, against ~10-20 us
+# to start a parallel region
+PARALLEL_COMPONENTS = 128
 
 
 @_jit
@@ -31,18 +35,44 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
     covariances (``updates.e_step_covariances``; ``w`` (D,) the diagonal of W, zeros for none;
     ``data_size`` 0 for the paper's W added) and which components' new covariance failed a Cholesky
     factorisation."""
+    args = (weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny)
+    out = _online_em_outputs(means)
+    _online_em_components(0, means.shape[0], args, out)
+    return out
+
+
+@numba.njit(cache=True, error_model="numpy", parallel=True)
+def _online_em_loop_parallel(
+    weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny, parts
+):
+    """``_online_em_loop`` with the components shared among numba's threads in ``parts`` parts (each
+    component's arithmetic is the same: so are the results)."""
+    args = (weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny)
+    out = _online_em_outputs(means)
+    K = means.shape[0]
+    for part in numba.prange(parts):
+        _online_em_components(part * K // parts, (part + 1) * K // parts, args, out)
+    return out
+
+
+@_jit
+def _online_em_outputs(means):
     K, D = means.shape
-    new_weights = np.empty(K)
-    new_means = np.empty((K, D))
-    new_cov = np.empty((K, D, D))
-    e_step_cov = np.empty((K, D, D))
-    suspect = np.zeros(K, np.bool_)
+    return np.empty(K), np.empty((K, D)), np.empty((K, D, D)), np.empty((K, D, D)), np.zeros(K, np.bool_)
+
+
+@_jit
+def _online_em_components(first, last, args, out):
+    """The update of components ``first`` to ``last`` - 1 (``_online_em_loop``'s arguments and outputs)."""
+    weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny = args
+    new_weights, new_means, new_cov, e_step_cov, suspect = out
+    D = means.shape[1]
     V = np.empty((D, D))
     inner = np.empty((D, D))
     t = np.empty((D, D))
     a = np.empty((D, D))
     g = np.empty(D)
-    for k in range(K):
+    for k in range(first, last):
         free = 0.0 if fixed_cov[k] else 1.0
         count = weights[k] * data_size
         for i in range(D):
@@ -97,7 +127,6 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
                 finite = finite and np.isfinite(value)
         if update_cov and finite and not _factorises(new_cov[k], t):
             suspect[k] = True
-    return new_weights, new_means, new_cov, e_step_cov, suspect
 
 
 @_jit
@@ -246,7 +275,10 @@ def online_em_step(
     """``updates.online_em_update`` and ``updates.regularised`` in one compiled call: (the new running
     state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``."""
     w = ridge_vector(w, state.means)
-    weights, means, cov, e_step_cov, suspect = _online_em_loop(
+    threads = torch.get_num_threads()
+    parallel = state.n_components >= PARALLEL_COMPONENTS and threads > 1
+    loop = partial(_online_em_loop_parallel, parts=4 * threads) if parallel else _online_em_loop
+    weights, means, cov, e_step_cov, suspect = loop(
         state.weights.numpy(),
         state.means.numpy(),
         state.covariances.numpy(),

@@ -170,7 +170,8 @@ def _passes(
     uniforms=None,
     with_criteria: bool = False,
 ):
-    """Yield (log p (B,), log alpha N (B, K), Statistics or None) per chunk.
+    """Yield (log p (B,), log alpha N (B, K) (None from the fused kernel's statistics pass without the
+    criteria), Statistics or None) per chunk.
 
     A float32 chunk in which some V_j + S_i cannot be factorised is computed again in float64 (from the
     mixture as given, before its cast) and returned in float32: a component whose covariance has a
@@ -203,7 +204,11 @@ def _passes(
                 part.start,
                 wide,
             )
-            out = (loglik.to(x.dtype), log_dens.to(x.dtype), None if stats is None else stats.to(x.dtype))
+            out = (
+                loglik.to(x.dtype),
+                None if log_dens is None else log_dens.to(x.dtype),
+                None if stats is None else stats.to(x.dtype),
+            )
         yield out
 
 

@@ -293,7 +293,8 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "    total += share",
         "loglik = top + math.log(total)",
         "out_loglik[p] = loglik",
-        "out_dens[p] = dens[:n_comp]",
+        "if out_dens.shape[0]:  # asked for",
+        "    out_dens[p] = dens[:n_comp]",
     ]
     if with_stats:
         point += [
@@ -315,6 +316,11 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "def kernel(x, S, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
         f"    n, n_comp, n_tiles = x.shape[0], out_dens.shape[1], par.shape[0] // {at['n_params'] * TILE}",
         "    for blk in prange(n_blocks):",
+        *(
+            [f"        acc[blk * n_tiles * {at['n_sums'] * TILE}:(blk + 1) * n_tiles * {at['n_sums'] * TILE}] = 0.0"]
+            if with_stats
+            else []
+        ),
         f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, x.dtype)",
         "        dens = np.empty(n_tiles * TILE, x.dtype)",
         "        bits = np.empty(n_tiles * TILE, np.int64)  # one lane each for exp_lane and log_lane",
@@ -350,29 +356,31 @@ def _pack_source(dim: int) -> list[str]:
     ]
 
 
-def _unpack_source(dim: int, dtype: str) -> list[str]:
+def _unpack_source(dim: int, dtype: str, parallel: bool) -> list[str]:
     """``unpack(acc, n_blocks, n_comp)``: (q (K,), U (K, D), UU (K, D, D), P (K, D, D)) in ``dtype``, as the
-    other backends return them, from the blocks' tiled float64 sums, summed over the blocks in order."""
+    other backends return them, from the blocks' tiled float64 sums, summed over the blocks in order (each
+    sum by one thread: the same sums on any number of threads)."""
     at = layout(dim)
     return [
-        "@njit(error_model='numpy', cache=True)",
+        f"@njit(parallel={parallel}, error_model='numpy', cache=True)",
         "def unpack(acc, n_blocks, n_comp):",
         f"    D, n_tiles = {dim}, acc.shape[0] // (n_blocks * {at['n_sums'] * TILE})",
+        f"    sums = np.empty(n_tiles * {at['n_sums'] * TILE})",
+        "    for e in prange(sums.shape[0]):",
+        "        total = 0.0",
+        "        for b in range(n_blocks):",
+        "            total += acc[b * sums.shape[0] + e]",
+        "        sums[e] = total",
         f"    q, U = np.empty(n_comp, np.{dtype}), np.empty((n_comp, D), np.{dtype})",
         f"    UU, P = np.empty((n_comp, D, D), np.{dtype}), np.empty((n_comp, D, D), np.{dtype})",
-        f"    sums = np.empty({at['n_sums']})",
         "    for k in range(n_comp):",
-        "        sums[:] = 0.0",
-        "        for b in range(n_blocks):",
-        f"            block = (b * n_tiles + k // TILE) * {at['n_sums'] * TILE} + k % TILE",
-        f"            for row in range({at['n_sums']}):",
-        "                sums[row] += acc[block + row * TILE]",
-        f"        q[k] = sums[{at['q']}]",
+        f"        tile = sums[k // TILE * {at['n_sums'] * TILE} + k % TILE :]",
+        f"        q[k] = tile[{at['q'] * TILE}]",
         "        for i in range(D):",
-        f"            U[k, i] = sums[{at['U']} + i]",
+        f"            U[k, i] = tile[({at['U']} + i) * TILE]",
         "            for j in range(i + 1):",
-        f"                UU[k, i, j] = UU[k, j, i] = sums[{at['UU']} + i * (i + 1) // 2 + j]",
-        f"                P[k, i, j] = P[k, j, i] = sums[{at['P']} + i * (i + 1) // 2 + j]",
+        f"                UU[k, i, j] = UU[k, j, i] = tile[({at['UU']} + i * (i + 1) // 2 + j) * TILE]",
+        f"                P[k, i, j] = P[k, j, i] = tile[({at['P']} + i * (i + 1) // 2 + j) * TILE]",
         "    return q, U, UU, P",
     ]
 
@@ -396,7 +404,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         *_pack_source(dim),
         "",
         "",
-        *(_unpack_source(dim, dtype) + ["", ""] if with_stats else []),
+        *(_unpack_source(dim, dtype, parallel) + ["", ""] if with_stats else []),
         f"@njit(parallel={parallel}, fastmath={{"
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
@@ -432,7 +440,8 @@ def fused_chunk(
     uniforms=None,
     with_criteria: bool = False,
 ):
-    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I."""
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I; the
+    statistics pass returns no log alpha_j N_ij (None) unless the criteria need them."""
     import numba
 
     n, dim = x.shape
@@ -449,9 +458,10 @@ def fused_chunk(
     empty = np.empty(0, x_np.dtype)
     as_array = lambda v: empty if v is None else v.detach().to(x.dtype).contiguous().numpy()  # noqa: E731
     n_blocks = max(1, min(n, 4 * numba.config.NUMBA_NUM_THREADS))  # not the threads now: the same sums either way
-    loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n, k), x_np.dtype)
+    # the per-pair densities are returned by the scoring pass, and where the criteria need them
+    loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n if with_criteria or not with_stats else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
-    acc = np.zeros(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)
+    acc = np.empty(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)  # each block zeroes its own
     module = compiled_module(dim, with_stats, str(x_np.dtype), parallel)
     par = np.empty(n_tiles * at["n_params"] * TILE, x_np.dtype)
     module.pack(*(t.detach().numpy() for t in mixture.tensors()), par)
@@ -470,7 +480,7 @@ def fused_chunk(
     bad = np.flatnonzero(failed >= 0)
     if len(bad):
         raise NotPositiveDefiniteError(row_offset + int(bad[0]), int(failed[bad[0]]))
-    loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens)
+    loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens) if len(log_dens) else None
     if not with_stats:
         return loglik, log_dens, None
     q, U, UU, P = (torch.from_numpy(a) for a in module.unpack(acc, n_blocks, k))
