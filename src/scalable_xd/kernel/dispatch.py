@@ -5,7 +5,7 @@ per-point log-likelihoods and per-pair log alpha_j N_ij. Both run over the batch
 number of (point, component) pairs, so memory stays bounded whatever the batch size, and pick a backend:
 
 * ``"fused"`` (``fused``): one numba-compiled loop per (point, component) pair, vectorised across
-  components; the CPU's fast path (~50 M pairs/s in float32 on two cores at D = 7, K = 64), compiled in a
+  components; the CPU's fast path (~75 M pairs/s in float32 on two cores at D = 7, K = 64), compiled in a
   few seconds on first use and cached on disk. "auto" takes it on the CPU whenever R = I and numba is
   installed, and says once that it fell back to ``"unrolled"`` where numba is missing.
 * ``"triton"`` (``triton_pass``): two hand-written Triton kernels over tiles of (component, star)
