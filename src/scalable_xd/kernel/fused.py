@@ -7,8 +7,9 @@ into log alpha_j N_ij, the point's log-likelihood and its responsibilities (with
 and log, not the C library's); the third adds r_ij times u, u u^T and T^-1 to the thread's sums, in
 float64. Every 7 x 7 entry is a scalar local and every array is read with unit stride across the
 components of a tile, so that LLVM vectorises all three loops across components;
-nothing of size (K, B) is written but the log-densities, where the torch kernels stream ~40 such
-intermediates through memory. On two cores at D = 7, K = 64 this is ~2x torch.compile's code.
+nothing of size (K, B) is written but the log-densities, and those only where asked for, where the torch
+kernels stream ~40 such intermediates through memory. On two cores at D = 7, K = 64 this is 3-4x
+torch.compile's code (``benchmarks/bench_fit.py``).
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
 compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
