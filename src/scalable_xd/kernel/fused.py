@@ -357,21 +357,20 @@ def _pack_source(dim: int) -> list[str]:
     ]
 
 
-def _unpack_source(dim: int, dtype: str, parallel: bool) -> list[str]:
+def _unpack_source(dim: int, dtype: str) -> list[str]:
     """``unpack(acc, n_blocks, n_comp)``: (q (K,), U (K, D), UU (K, D, D), P (K, D, D)) in ``dtype``, as the
-    other backends return them, from the blocks' tiled float64 sums, summed over the blocks in order (each
-    sum by one thread: the same sums on any number of threads)."""
+    other backends return them, from the blocks' tiled float64 sums, summed over the blocks in order, in
+    memory order, on one thread (memory-bound: a second parallel region a step gained nothing at K = 512,
+    and waits for a descheduled thread on a shared machine)."""
     at = layout(dim)
     return [
-        f"@njit(parallel={parallel}, error_model='numpy', cache=True)",
+        "@njit(error_model='numpy', cache=True)",
         "def unpack(acc, n_blocks, n_comp):",
         f"    D, n_tiles = {dim}, acc.shape[0] // (n_blocks * {at['n_sums'] * TILE})",
-        f"    sums = np.empty(n_tiles * {at['n_sums'] * TILE})",
-        "    for e in prange(sums.shape[0]):",
-        "        total = 0.0",
-        "        for b in range(n_blocks):",
-        "            total += acc[b * sums.shape[0] + e]",
-        "        sums[e] = total",
+        f"    sums = np.zeros(n_tiles * {at['n_sums'] * TILE})",
+        "    for b in range(n_blocks):",
+        "        for e in range(sums.shape[0]):",
+        "            sums[e] += acc[b * sums.shape[0] + e]",
         f"    q, U = np.empty(n_comp, np.{dtype}), np.empty((n_comp, D), np.{dtype})",
         f"    UU, P = np.empty((n_comp, D, D), np.{dtype}), np.empty((n_comp, D, D), np.{dtype})",
         "    for k in range(n_comp):",
@@ -405,7 +404,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         *_pack_source(dim),
         "",
         "",
-        *(_unpack_source(dim, dtype, parallel) + ["", ""] if with_stats else []),
+        *(_unpack_source(dim, dtype) + ["", ""] if with_stats else []),
         f"@njit(parallel={parallel}, fastmath={{"
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
