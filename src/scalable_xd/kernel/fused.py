@@ -458,8 +458,8 @@ def fused_chunk(
     empty = np.empty(0, x_np.dtype)
     as_array = lambda v: empty if v is None else v.detach().to(x.dtype).contiguous().numpy()  # noqa: E731
     n_blocks = max(1, min(n, 4 * numba.config.NUMBA_NUM_THREADS))  # not the threads now: the same sums either way
-    # the per-pair densities are returned by the scoring pass, and where the criteria need them
-    loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n if with_criteria or not with_stats else 0, k), x_np.dtype)
+    per_pair = with_criteria or not with_stats  # the densities: the scoring pass's result, the criteria's input
+    loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.empty(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)  # each block zeroes its own
     module = compiled_module(dim, with_stats, str(x_np.dtype), parallel)
@@ -480,7 +480,7 @@ def fused_chunk(
     bad = np.flatnonzero(failed >= 0)
     if len(bad):
         raise NotPositiveDefiniteError(row_offset + int(bad[0]), int(failed[bad[0]]))
-    loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens) if len(log_dens) else None
+    loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens) if per_pair else None
     if not with_stats:
         return loglik, log_dens, None
     q, U, UU, P = (torch.from_numpy(a) for a in module.unpack(acc, n_blocks, k))
