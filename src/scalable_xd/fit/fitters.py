@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from .. import deferred_checks
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from .adam import Adam
@@ -32,6 +33,7 @@ from .updates import (
     online_em_update_naive,
     regularised,
     ridge_vector,
+    share_weights,
 )
 
 
@@ -99,6 +101,16 @@ def fused_updates(device: torch.device) -> ModuleType | None:
     from . import fused_updates
 
     return fused_updates
+
+
+def graph_updates(device: torch.device) -> ModuleType | None:
+    """Online EM's update as one Triton kernel (``triton_updates``) for the step a GPU replays: on CUDA
+    where triton is installed; None elsewhere, where the torch update runs."""
+    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        return None
+    from . import triton_updates
+
+    return triton_updates
 
 
 def mixture_state(mixture: Mixture) -> dict:
@@ -253,6 +265,8 @@ class MinibatchEM:
         self.data_size = data_size
         self.update = online_em_update if covariance_update == "stable" else online_em_update_naive
         self._fused = fused_updates(mixture.means.device) if covariance_update == "stable" else None
+        self._graph_update = graph_updates(mixture.means.device)
+        self._constants: torch.Tensor | None = None  # (data_size or 0, float64's tiny) on the device
         self._no_fixed = FixedParameters.none(mixture.n_components, mixture.means.device)
         self.n_updates = 0
         self.restarts = 0
@@ -264,6 +278,7 @@ class MinibatchEM:
         prior follows it."""
         self.data_size = data_size
         self._e_step = None
+        self._constants = None
 
     def step_size(self, epoch: int) -> float:
         if self.schedule == "cappe_moulines":
@@ -329,10 +344,23 @@ class MinibatchEM:
             self._step = torch.zeros((), dtype=torch.float64, device=self.state.means.device)
         self._step.fill_(self.step_size(self._epoch))
         self.n_updates += 1
+        if self._graph_update is not None and self._constants is None:
+            paper = self.data_size is None or self.w is None  # V = Vr + W (or Vr): no prior
+            constants = [0.0 if paper else float(self.data_size), torch.finfo(torch.float64).tiny]
+            self._constants = torch.tensor(constants, dtype=torch.float64, device=self.state.means.device)
 
     def step_in_place(self, stats: Statistics) -> None:
         """``observe``'s update (less truncation) written into ``live_tensors``, asking the host nothing."""
         fixed = self.fixed or self._no_fixed
+        if self._graph_update is not None:
+            e_step = self.mixture
+            suspect = self._graph_update.online_em_step_in_place(
+                self.state, e_step, stats, self._step, self.w, fixed, self._constants
+            )
+            deferred_checks.active().note(suspect)  # a covariance rounding left indefinite: the epoch runs again
+            if fixed.any():  # as ``regularised``: the weights shared, the fixed ones restored
+                e_step.weights.copy_(share_weights(self.state.weights, fixed.weight_values, fixed.weights))
+            return
         state = online_em_update(self.state, stats.double(), self._step, self.w, fixed, self.data_size)
         e_step = regularised(state, self.w, self.fixed, self.data_size)
         for live, new in zip(self.live_tensors(), [*state.tensors(), *e_step.tensors()]):

@@ -1,0 +1,114 @@
+"""Online EM's update as one Triton kernel (fit/triton_updates.py), run through Triton's interpreter here
+(tests/conftest.py sets TRITON_INTERPRET=1), against the torch update that defines it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import random_spd
+
+from scalable_xd.fit import triton_updates
+from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised
+from scalable_xd.kernel.dispatch import batch_statistics
+from scalable_xd.mixture import Mixture
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
+
+
+def _case(seed: int, k: int, d: int, scale: float):
+    """A running state of ``k`` components at feature scale ``scale`` and a float32 batch's statistics from
+    the E-step mixture of that state."""
+    rng = np.random.default_rng(seed)
+    weights = rng.dirichlet(np.ones(k))
+    state = Mixture(
+        torch.from_numpy(weights),
+        torch.from_numpy(rng.normal(scale=2 * scale, size=(k, d))),
+        torch.from_numpy(random_spd(rng, k, d, scale=scale**2)),
+    )
+    x = torch.from_numpy(rng.normal(scale=2 * scale, size=(300, d))).float()
+    S = torch.diag_embed(torch.from_numpy(rng.uniform(0.01, 0.3, size=(300, d)) * scale**2)).float()
+    return state, x, S
+
+
+def _kernel_update(state, stats, step, w, fixed, data_size):
+    """(new state, E-step mixture, suspect flags) from the kernel, written into copies of ``state``."""
+    new, e_step = (Mixture(*(t.clone() for t in state.tensors())) for _ in range(2))
+    paper = data_size is None or w is None
+    constants = torch.tensor([0.0 if paper else data_size, torch.finfo(torch.float64).tiny], dtype=torch.float64)
+    step = torch.tensor(step, dtype=torch.float64)
+    suspect = triton_updates.online_em_step_in_place(new, e_step, stats, step, w, fixed, constants)
+    if fixed.any():
+        e_step = regularised(new, w, fixed, data_size)  # the fitter shares the weights so (fitters.MinibatchEM)
+    return new, e_step, suspect
+
+
+@pytest.mark.parametrize("d", [1, 3, 7])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e4])
+@pytest.mark.parametrize("data_size, w", [(None, None), (None, 0.05), (5000.0, 0.05), (5000.0, None)])
+def test_the_kernel_gives_the_torch_update(d, scale, data_size, w):
+    k = 37  # not a multiple of the kernel's block: the last program is partly masked
+    state, x, S = _case(d * 10 + 1, k, d, scale)
+    w = None if w is None else torch.full((d,), w * scale**2, dtype=torch.float64)
+    rng = np.random.default_rng(3)
+    none = FixedParameters.none(k)
+    fixed = FixedParameters(
+        none.weights, torch.from_numpy(rng.random(k) < 0.3), torch.from_numpy(rng.random(k) < 0.3), none.weight_values
+    )
+    e_step = regularised(state, w, fixed, data_size)
+    stats = batch_statistics(x, S, e_step.to(dtype=torch.float32), backend="fused")
+    expected = online_em_update(state, stats.double(), 0.3, w, fixed, data_size)
+    new, new_e_step, suspect = _kernel_update(state, stats, 0.3, w, fixed, data_size)
+    # The same operations in the same order but for the products' sums (torch's matmul may block them):
+    # agreement to a few float64 roundings of each entry's scale.
+    for ours, theirs in zip(
+        [*new.tensors(), *new_e_step.tensors()],
+        [*expected.tensors(), *regularised(expected, w, fixed, data_size).tensors()],
+    ):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-12, atol=1e-12 * float(theirs.abs().max()))
+    assert not suspect.any()
+    assert not torch.equal(new.covariances, state.covariances)  # the update moved something
+
+
+def test_the_kernel_flags_a_covariance_that_lost_its_factor():
+    k, d = 5, 3
+    state, x, S = _case(7, k, d, 1.0)
+    stats = batch_statistics(x, S, state.to(dtype=torch.float32), backend="fused")
+    # component 2's posterior scatter far below the current covariance: Vr + V (UU - P) V / q is indefinite
+    P = stats.P.clone()
+    P[2] += 1e3 * torch.eye(d)
+    stats = type(stats)(stats.n_points, stats.q, stats.U, stats.UU, P, stats.loglik, stats.criteria)
+    new, _, suspect = _kernel_update(state, stats, 1.0, None, FixedParameters.none(k), None)
+    _, info = torch.linalg.cholesky_ex(new.covariances)
+    assert suspect.tolist() == (info > 0).to(torch.int8).tolist() == [0, 0, 1, 0, 0]
+
+
+_COMPILE_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from scalable_xd.fit.triton_updates import kernel
+
+update = kernel(int(sys.argv[1]))
+names = update.arg_names
+signature = {name: "*fp64" for name in names}
+signature.update(q_ptr="*fp32", U_ptr="*fp32", UU_ptr="*fp32", P_ptr="*fp32", fixed_means_ptr="*i1",
+                 fixed_cov_ptr="*i1", suspect_ptr="*i8", n_comp="i32", BLOCK="constexpr")
+source = triton.compiler.ASTSource(fn=update, signature=signature, constexprs={"BLOCK": 32})
+assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+"""
+
+
+@pytest.mark.parametrize("d", [7])
+def test_the_kernel_compiles_for_a_hopper_gpu(d, tmp_path):
+    """The interpreter accepts code Triton's compiler refuses: compile for sm_90 too (no GPU needed)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER, str(d)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
