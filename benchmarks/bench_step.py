@@ -14,8 +14,9 @@ back to back (one device synchronisation per run, so a GPU's queue stays full as
 
 ``overhead_s`` = ``step_s`` - ``pass_s`` and ``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a
 faster kernel cannot remove. ``updates`` says which updates ran: "fused" (the compiled CPU updates,
-``fit/fused_updates.py``, the CPU's default) or "torch" (``fit/updates.py``, the GPU's); on the CPU both
-are measured.
+``fit/fused_updates.py``, the CPU's default), "triton" (on CUDA, online EM's update as one Triton kernel in
+the graphed step, ``fit/triton_updates.py``: it changes only ``graphed_loop_step_s`` of minibatch EM) or
+"torch" (``fit/updates.py``); each device measures its own and "torch", in the same run.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def best_per_step(run_steps, steps: int, rounds: int, device) -> float:
     return best / steps
 
 
-def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps: int, rounds: int) -> dict:
+def measure(
+    method: str, k: int, batch: int, dtype, device, backend: str, steps: int, rounds: int, updates: str
+) -> dict:
     x, S, mixture = synthetic(batch * steps, k, dtype)
     x, S = x.to(device), S.to(device)
     start = mixture.to(device, torch.float64)
@@ -71,12 +74,12 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
         for i in range(n):
             batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend)
 
-    def updates(n):
+    def passes_and_updates(n):
         for i in range(n):
             fitter.observe(batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend))
 
     pass_s = best_per_step(passes, steps, rounds, device)
-    step_s = best_per_step(updates, steps, rounds, device)
+    step_s = best_per_step(passes_and_updates, steps, rounds, device)
 
     def loop_step(cuda_graphs: bool) -> float:
         with forced_kernel(backend):
@@ -108,7 +111,7 @@ def measure(method: str, k: int, batch: int, dtype, device, backend: str, steps:
         "batch": batch,
         "dtype": str(dtype).removeprefix("torch."),
         "backend": backend,
-        "updates": "torch" if fitters.fused_updates(device) is None else "fused",
+        "updates": updates,
         "pass_s": pass_s,
         "step_s": step_s,
         "overhead_s": step_s - pass_s,
@@ -131,16 +134,18 @@ def main(argv=None) -> None:
     args = parse_args(parser, argv, n_components=[4], steps=5, rounds=1)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     rows = []
-    compiled_updates = fitters.fused_updates
-    for updates in ("fused", "torch") if compiled_updates(device) is not None else ("torch",):
+    compiled = {"fused": fitters.fused_updates, "triton": fitters.graph_updates}
+    for updates in [name for name, available in compiled.items() if available(device) is not None] + ["torch"]:
         if updates == "torch":
-            fitters.fused_updates = lambda device: None
+            fitters.fused_updates = fitters.graph_updates = lambda device: None
         for k in args.n_components:
             for method in METHODS:
-                row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds)
+                if updates == "triton" and method != "minibatch_em":
+                    continue  # SGD's graphed step has no kernel of its own yet
+                row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds, updates)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    fitters.fused_updates = compiled_updates
+    fitters.fused_updates, fitters.graph_updates = compiled["fused"], compiled["triton"]
     info = {"benchmark": "bench_step", **machine(), "device": device_name(device)}
     write_result(f"bench_step_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": rows})
 

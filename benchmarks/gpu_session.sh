@@ -39,27 +39,30 @@ step() {
 
 for name in "$@"; do
   case "$name" in
-    tests) step tests 120 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py ;;
+    tests) step tests 120 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py
+           step tests_triton_updates 60 python3 -m pytest -q tests/test_triton_updates.py ;;
     pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels triton unrolled --label gpu ;;
     step) for backend in ${STEP_BACKENDS:-triton unrolled}; do
             step "step_$backend" 40 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
               --backend "$backend" --label "gpu_$backend"
           done ;;
-    profile) for k in ${PROFILE_KS:-64 512}; do
-               step "profile_K$k" 30 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
-                 --batch-size 500 --backend triton
+    profile) for k in ${PROFILE_KS:-64 512}; do  # the uncaptured step, then the body a graph replays
+               for kind in ordinary graphed; do
+                 step "profile_K${k}_$kind" 30 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
+                   --batch-size 500 --backend triton --step "$kind"
+               done
              done ;;
     paper) for method in ${PAPER_METHODS:-minibatch_em sgd}; do
              step "paper_$method" 170 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
                --kernel triton --label "gpu_$method"
            done ;;
-    concurrent) # several fits at once on one GPU, the grid's route to its target: a short SGD fit of the
+    concurrent) # several fits at once on one GPU, the grid's route to its target: a short minibatch-EM fit of the
                 # paper-scale data alone (which prepares the data where the paper step has not), then four at
                 # once; their JSONs (each fit's own seconds) go to concurrent_1/ and concurrent_4/
                 for n in 1 4; do
                   step "concurrent_$n" 200 bash -c "for i in \$(seq $n); do BENCH_RESULTS=$out/concurrent_$n \
-                    python3 benchmarks/bench_paper_fit.py --device cuda --method sgd --epochs 5 --kernel triton \
+                    python3 benchmarks/bench_paper_fit.py --device cuda --method minibatch_em --epochs 5 --kernel triton \
                     --label concurrent_\$i & done; wait"
                 done ;;
     *) echo "unknown step $name: say tests, pass, step, profile, paper or concurrent" >&2; exit 2 ;;

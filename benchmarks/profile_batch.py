@@ -4,6 +4,10 @@ and float64 update), as JSON in benchmarks/results/.
     python benchmarks/profile_batch.py --device cuda --n-components 512 --batch-size 500
     python benchmarks/profile_batch.py                     # CPU, K = 64 (a quick check that it runs)
 
+``--step graphed`` profiles the step a GPU fit replays as a CUDA graph (``fit/cuda_graphs.py``: static
+buffers, checks deferred, online EM's update as one Triton kernel on CUDA), run eagerly so that the profiler
+sees each of its kernels; ``--step ordinary`` (the default) the uncaptured step, ``fitter.observe``.
+
 Reported per update: wall seconds, the number of device kernels launched (CUDA) or operators run, the
 host-device synchronisations (``cudaStreamSynchronize``/``cudaDeviceSynchronize``/``aten::item``/
 ``aten::is_nonzero``, each a stall of the CPU), and the 15 most expensive operators by self time.
@@ -12,6 +16,7 @@ host-device synchronisations (``cudaStreamSynchronize``/``cudaDeviceSynchronize`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -23,7 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import device_name, machine, parse_args, write_result  # noqa: E402
 from bench_fit import synthetic  # noqa: E402
 
+from scalable_xd import deferred_checks  # noqa: E402
 from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
+from scalable_xd.batching import Batch  # noqa: E402
+from scalable_xd.fit.cuda_graphs import GraphedStep  # noqa: E402
 from scalable_xd.fit.fitters import MinibatchEM  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 
@@ -44,6 +52,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--backend", default="auto", choices=["auto", "triton", "unrolled", "compiled", "linalg"])
+    parser.add_argument("--step", default="ordinary", choices=["ordinary", "graphed"])
     args = parse_args(parser, argv, n_components=4, updates=2)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     x, S, mixture = synthetic(args.batch_size * (args.updates + 1), args.n_components, dtype)
@@ -63,6 +72,16 @@ def main(argv=None) -> None:
         rows = slice(i * args.batch_size, (i + 1) * args.batch_size)
         fitter.observe(batch_statistics(x[rows], S[rows], fitter.mixture, backend=args.backend))
 
+    stack = contextlib.ExitStack()
+    if args.step == "graphed":
+        graphed = GraphedStep(fitter, device, args.backend)
+        graphed.capturing = False  # the body a graph replays, run eagerly: the profiler sees every kernel
+        stack.enter_context(deferred_checks.deferring(device, graphed.checks))
+
+        def update(i: int) -> None:  # noqa: F811
+            rows = slice(i * args.batch_size, (i + 1) * args.batch_size)
+            assert graphed.step(Batch(args.batch_size, x[rows], S[rows], None, None), None)
+
     update(0)  # warm-up (and the compile of a compiled backend)
     synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -72,6 +91,7 @@ def main(argv=None) -> None:
             update(i)
         synchronize(device)
     seconds = (time.perf_counter() - tick) / args.updates
+    stack.close()
     events = prof.key_averages()
     kernels = sum(e.count for e in events if e.device_type.name == "CUDA") if device.type == "cuda" else None
     operators = sum(e.count for e in events if e.key.startswith("aten::"))
@@ -84,6 +104,7 @@ def main(argv=None) -> None:
         "batch": args.batch_size,
         "dtype": args.dtype,
         "backend": args.backend,
+        "step": args.step,
         "seconds_per_update": seconds,
         "kernels_per_update": None if kernels is None else kernels / args.updates,
         "operators_per_update": operators / args.updates,
@@ -99,7 +120,8 @@ def main(argv=None) -> None:
         ],
     }
     print({k: v for k, v in result.items() if k not in ("machine", "top_operators")})
-    write_result(f"profile_batch_{device.type}_K{args.n_components}_b{args.batch_size}", result)
+    suffix = "_graphed" if args.step == "graphed" else ""
+    write_result(f"profile_batch_{device.type}_K{args.n_components}_b{args.batch_size}{suffix}", result)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ gives the fit of the ordinary step, waits for the device at no batch, and hands 
 where it must (an epoch's last, smaller batch; an epoch run again after a deferred check tripped). On CUDA
 it is captured and replayed (skipped without a GPU)."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -41,6 +43,8 @@ def triton_update(monkeypatch):
     """Online EM's update as the GPU's graphed step takes it, one Triton kernel (here through Triton's
     interpreter, which tests/conftest.py sets up)."""
     pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the GPU's kernel on the CPU: needs TRITON_INTERPRET=1 (set where there is no GPU)")
     from scalable_xd.fit import triton_updates
 
     monkeypatch.setattr(fitters, "graph_updates", lambda device: triton_updates)

@@ -1,5 +1,6 @@
-"""Online EM's update as one Triton kernel (fit/triton_updates.py), run through Triton's interpreter here
-(tests/conftest.py sets TRITON_INTERPRET=1), against the torch update that defines it."""
+"""Online EM's update as one Triton kernel (fit/triton_updates.py) against the torch update that defines it:
+compiled on a GPU where there is one, else through Triton's interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1 there)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
 
 
@@ -38,15 +40,25 @@ def _case(seed: int, k: int, d: int, scale: float):
 
 
 def _kernel_update(state, stats, step, w, fixed, data_size):
-    """(new state, E-step mixture, suspect flags) from the kernel, written into copies of ``state``."""
-    new, e_step = (Mixture(*(t.clone() for t in state.tensors())) for _ in range(2))
+    """(new state, E-step mixture, suspect flags) from the kernel on ``DEVICE``, written into copies of
+    ``state``, returned on the CPU."""
+    new, e_step = (Mixture(*(t.to(DEVICE, copy=True) for t in state.tensors())) for _ in range(2))
     paper = data_size is None or w is None
     constants = torch.tensor([0.0 if paper else data_size, torch.finfo(torch.float64).tiny], dtype=torch.float64)
-    step = torch.tensor(step, dtype=torch.float64)
-    suspect = triton_updates.online_em_step_in_place(new, e_step, stats, step, w, fixed, constants)
+    on_device = [t.to(DEVICE) for t in (stats.q, stats.U, stats.UU, stats.P)]
+    suspect = triton_updates.online_em_step_in_place(
+        new,
+        e_step,
+        type(stats)(stats.n_points, *on_device, stats.loglik, stats.criteria),
+        torch.tensor(step, dtype=torch.float64, device=DEVICE),
+        None if w is None else w.to(DEVICE),
+        type(fixed)(*(t.to(DEVICE) for t in (fixed.weights, fixed.means, fixed.covariances, fixed.weight_values))),
+        constants.to(DEVICE),
+    )
+    new, e_step = new.to("cpu"), e_step.to("cpu")
     if fixed.any():
         e_step = regularised(new, w, fixed, data_size)  # the fitter shares the weights so (fitters.MinibatchEM)
-    return new, e_step, suspect
+    return new, e_step, suspect.cpu()
 
 
 @pytest.mark.parametrize("d", [1, 3, 7])
@@ -65,8 +77,8 @@ def test_the_kernel_gives_the_torch_update(d, scale, data_size, w):
     stats = batch_statistics(x, S, e_step.to(dtype=torch.float32), backend="fused")
     expected = online_em_update(state, stats.double(), 0.3, w, fixed, data_size)
     new, new_e_step, suspect = _kernel_update(state, stats, 0.3, w, fixed, data_size)
-    # The same operations in the same order but for the products' sums (torch's matmul may block them):
-    # agreement to a few float64 roundings of each entry's scale.
+    # The same operations in the same order but for the products' sums (torch's matmul may block them) and,
+    # compiled, fused multiply-adds: agreement to a few float64 roundings of each entry's scale.
     for ours, theirs in zip(
         [*new.tensors(), *new_e_step.tensors()],
         [*expected.tensors(), *regularised(expected, w, fixed, data_size).tensors()],
