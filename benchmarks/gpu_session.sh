@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
 #
-# STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the step, profile and paper steps (default: all).
+# PASS_KS, PASS_KERNELS, STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the pass, step, profile and
+# paper steps (default: all).
 #
 # The GPU machine has torch, triton, numba, numpy, pandas, pyarrow and scikit-learn but no network: the
 # project is used from src/ when it is not installed. The paper and concurrent steps make the DR2-like
@@ -41,8 +42,8 @@ for name in "$@"; do
   case "$name" in
     tests) step tests 120 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py
            step tests_triton_updates 60 python3 -m pytest -q tests/test_triton_updates.py ;;
-    pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components 64 128 256 512 \
-            --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels triton unrolled --label gpu ;;
+    pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components ${PASS_KS:-64 128 256 512} \
+            --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels ${PASS_KERNELS:-triton unrolled} --label gpu ;;
     step) for backend in ${STEP_BACKENDS:-triton unrolled}; do
             step "step_$backend" 40 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
               --backend "$backend" --label "gpu_$backend"

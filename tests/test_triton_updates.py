@@ -105,19 +105,20 @@ _COMPILE_FOR_HOPPER = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
-from scalable_xd.fit.triton_updates import kernel
+from scalable_xd.fit.triton_updates import BLOCK, _online_em
 
-update = kernel(int(sys.argv[1]))
-names = update.arg_names
-signature = {name: "*fp64" for name in names}
+dim = int(sys.argv[1])
+signature = {name: "*fp64" for name in _online_em.arg_names}
 signature.update(q_ptr="*fp32", U_ptr="*fp32", UU_ptr="*fp32", P_ptr="*fp32", fixed_means_ptr="*i1",
-                 fixed_cov_ptr="*i1", suspect_ptr="*i8", n_comp="i32", BLOCK="constexpr")
-source = triton.compiler.ASTSource(fn=update, signature=signature, constexprs={"BLOCK": 32})
+                 fixed_cov_ptr="*i1", suspect_ptr="*i8", n_comp="i32", D="constexpr", DP="constexpr",
+                 BLOCK="constexpr")
+constexprs = {"D": dim, "DP": triton.next_power_of_2(dim), "BLOCK": BLOCK}
+source = triton.compiler.ASTSource(fn=_online_em, signature=signature, constexprs=constexprs)
 assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 """
 
 
-@pytest.mark.parametrize("d", [7])
+@pytest.mark.parametrize("d", [1, 7])
 def test_the_kernel_compiles_for_a_hopper_gpu(d, tmp_path):
     """The interpreter accepts code Triton's compiler refuses: compile for sm_90 too (no GPU needed)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}

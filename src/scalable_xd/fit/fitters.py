@@ -346,8 +346,9 @@ class MinibatchEM:
         self.n_updates += 1
         if self._graph_update is not None and self._constants is None:
             paper = self.data_size is None or self.w is None  # V = Vr + W (or Vr): no prior
-            constants = [0.0 if paper else float(self.data_size), torch.finfo(torch.float64).tiny]
-            self._constants = torch.tensor(constants, dtype=torch.float64, device=self.state.means.device)
+            tiny = torch.finfo(torch.float64).tiny
+            self._constants = torch.full((2,), tiny, dtype=torch.float64, device=self.state.means.device)
+            self._constants[0].fill_(0.0 if paper else float(self.data_size))  # filled, not copied: no wait
 
     def step_in_place(self, stats: Statistics) -> None:
         """``observe``'s update (less truncation) written into ``live_tensors``, asking the host nothing."""

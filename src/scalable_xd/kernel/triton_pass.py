@@ -36,7 +36,12 @@ from .statistics import (
 )
 from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
 
-BLOCK = 128  # stars per program: one per thread of a four-warp program at D = 7
+BLOCK = 128  # stars per program
+# One warp a program: the sums kernel's 63 block reductions then stay within a warp (shuffles, no shared
+# memory or barriers). On an H100 at K = 512, batch 50,000, float32, one warp took the sums kernel from 3.7
+# to 0.82 ms and the densities kernel from 0.61 to 0.51 ms against four (2, 8 and blocks of 64 and 256
+# stars were slower: benchmarks/results/gpu_session_cuda.json's notes, call 5).
+NUM_WARPS = 1
 MAX_DIM = 8
 
 
@@ -153,7 +158,7 @@ def triton_chunk(
     dens = torch.empty((k, n), dtype=x.dtype, device=x.device)
     failed = torch.empty((k, n), dtype=torch.int8, device=x.device)
     grid = (k, triton.cdiv(n, BLOCK))
-    densities[grid](xt, st, par, dens, failed, n, BLOCK=BLOCK)
+    densities[grid](xt, st, par, dens, failed, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
     raise_for_failed_pairs(failed.T.bool(), row_offset)
     loglik = torch.logsumexp(dens, dim=0)
     if not with_stats:
@@ -161,7 +166,7 @@ def triton_chunk(
     resp = assign(torch.exp(dens - loglik), point_weights, uniforms, dim=0).to(x.dtype).contiguous()
     n_tri = dim * (dim + 1) // 2
     partial = torch.empty((grid[1], k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
-    sums[grid](xt, st, par, resp, partial, n, k, BLOCK=BLOCK)
+    sums[grid](xt, st, par, resp, partial, n, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
     total = partial.sum(0, dtype=torch.float64).to(x.dtype)
     UU, P = (symmetric_from_triangle(lower, dim) for lower in (total[:, dim : dim + n_tri], total[:, dim + n_tri :]))
     criteria = None
