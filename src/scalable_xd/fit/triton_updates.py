@@ -4,9 +4,11 @@ Written as torch calls, online EM's float64 update (``updates.online_em_update``
 about a hundred small kernels (products, sums, scatters and copies of K 7 x 7 matrices); replayed from a
 CUDA graph each still costs the GPU a few microseconds, and together they were two thirds of a step at the
 paper's batch of 500 (``profile_batch_cuda_K512_b500.json``: 107 kernels a step). Here the whole update
-is one kernel, following ``fused_updates`` (the CPU's) operation for operation, so the results agree with the torch update to rounding: it reads the running state and the
-batch's sums and writes, in place, the new running state and the mixture the next E-step uses, and flags
-the components whose new covariance rounding left without a Cholesky factor (for ``deferred_checks``).
+is one kernel, following ``fused_updates`` (the CPU's) operation for operation, so the results agree with
+the torch update to rounding. It reads the running state and the batch's sums; it writes, in place, the
+new running state and the mixture the next E-step uses, and flags the components whose new covariance
+rounding left without a Cholesky factor (for ``deferred_checks``). Measured on an H100 (2026-11-26), a
+graphed minibatch-EM step went from 330 to 206 us at K = 512 and from 272 to 161 us at K = 64.
 
 A program takes a few components as (component, D, D) blocks, D padded to a power of two: the products
 are broadcast sums, the Cholesky test a right-looking elimination, so that the kernel compiles in seconds
