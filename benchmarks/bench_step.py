@@ -31,7 +31,7 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
-from scalable_xd.dataset import Dataset
+from scalable_xd.data.dataset import Dataset
 from scalable_xd.fit import fitters
 from scalable_xd.fit.driver import regularisation
 from scalable_xd.fit.methods import make_fitter

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from scalable_xd import XDGMM
-from scalable_xd.batching import epoch_order
+from scalable_xd.data.batching import epoch_order
 from scalable_xd.fit.fitters import SGD, MinibatchEM
 
 RNG = np.random.default_rng(0)
@@ -156,7 +156,7 @@ def test_unclear_inputs_are_named_by_the_argument_they_came_in():
     import tempfile
     from pathlib import Path
 
-    from scalable_xd.stream import ParquetSource
+    from scalable_xd.data.stream import ParquetSource
 
     V = np.full(X.shape, 0.1)
     with pytest.raises(ValueError, match=r"X batch 0: it is a tuple of 4 items, where a batch is a tuple \(X, Xcov\)"):

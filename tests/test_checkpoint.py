@@ -173,7 +173,7 @@ def test_a_state_with_a_valid_checksum_but_an_invalid_model_is_refused(finished)
 
 
 def test_the_digest_is_independent_of_the_array_container():
-    from scalable_xd.dataset import Dataset
+    from scalable_xd.data.dataset import Dataset
 
     x, S = _data(0)
     as_numpy = checkpoint.data_digest(Dataset(x, S))

@@ -9,7 +9,7 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_log_densities, xd_loglik, xd_pair_posteriors
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
-import scalable_xd.dataset
+import scalable_xd.data.dataset
 import scalable_xd.estimator
 import scalable_xd.fit.driver
 import scalable_xd.fit.loop
@@ -221,9 +221,9 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
     _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch=3)
 
     epochs_run = []
-    order = scalable_xd.dataset.epoch_order
+    order = scalable_xd.data.dataset.epoch_order
     monkeypatch.setattr(
-        scalable_xd.dataset,
+        scalable_xd.data.dataset,
         "epoch_order",
         lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1],
     )
@@ -413,7 +413,7 @@ def test_batch_em_that_converges_within_its_budget_does_not_warn(data):
 def test_minibatch_epochs_score_a_fixed_sample_of_the_training_data(data, method):
     """``train_score_rows``: every entry's ``train_loglik`` is the mean log-likelihood (scipy's) of the same
     seeded sample of the training rows, not of all of them; None scores every row."""
-    from scalable_xd.batching import random_rows
+    from scalable_xd.data.batching import random_rows
 
     x, S = data
     settings = dict(epochs=2, tol=None, dtype="float64", device="cpu", random_state=3)

@@ -8,10 +8,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import scalable_xd.fit.checkpoint
 from scalable_xd import XDGMM
-from scalable_xd.batching import epoch_order
-from scalable_xd.dataset import Dataset
-from scalable_xd.source import DataSource
-from scalable_xd.stream import ParquetSource
+from scalable_xd.data.batching import epoch_order
+from scalable_xd.data.dataset import Dataset
+from scalable_xd.data.source import DataSource
+from scalable_xd.data.stream import ParquetSource
 
 BATCH = 200
 SEED = 3

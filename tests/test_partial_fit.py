@@ -9,7 +9,7 @@ import torch
 from helpers import draw_xd_data, random_spd
 
 from scalable_xd import XDGMM
-from scalable_xd.fit.driver import data_source
+from scalable_xd.data.inputs import data_source
 from scalable_xd.fit.parallel import ONE_PROCESS
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from scalable_xd import XDGMM
-from scalable_xd.batching import batch_bounds
+from scalable_xd.data.batching import batch_bounds
 
 
 @pytest.fixture(scope="module")

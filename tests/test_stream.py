@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import scalable_xd.dataset
+import scalable_xd.data.dataset
 import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 from scalable_xd import XDGMM, CompactCovariance
-from scalable_xd.batching import batch_bounds
+from scalable_xd.data.batching import batch_bounds
+from scalable_xd.data.stream import ParquetSource
 from scalable_xd.fit.checkpoint import CheckpointError
-from scalable_xd.stream import ParquetSource
 
 PAIRS = [(0, 1), (1, 2)]
 SHARDS = 8
@@ -103,7 +103,7 @@ def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, met
     def the_streams_batches(n, batch_size, epoch, seed, shuffle):
         return [torch.as_tensor(rows) for rows in source.epoch_rows(batch_size, epoch, seed, shuffle)]
 
-    monkeypatch.setattr(scalable_xd.dataset, "epoch_order", the_streams_batches)
+    monkeypatch.setattr(scalable_xd.data.dataset, "epoch_order", the_streams_batches)
     noise = CompactCovariance(sigma, corr, PAIRS)
     in_memory = XDGMM(**settings).fit(x, Xcov=noise, X_val=x, Xcov_val=noise)
     for name in ("weights_", "means_", "covariances_"):

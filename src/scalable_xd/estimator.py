@@ -19,30 +19,22 @@ from sklearn.utils.validation import check_array, validate_data
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
 from .conditioning import condition, floats, measured_features, measurement_noise
-from .dataset import Dataset
-from .fit.driver import (
-    Start,
-    data_source,
-    fit_mixture,
-    fixed_masks,
-    monitored_data,
-    settings_record,
-    training_data,
-    training_source,
-)
-from .fit.loop import EVAL_BATCH, scored_batches, total_loglik
+from .data.dataset import Dataset
+from .data.inputs import data_source, monitored_data, training_data, training_source
+from .data.iterable import is_batch_iterable
+from .data.noise import CompactCovariance
+from .data.source import DataSource
+from .fit.driver import Start, fit_mixture, fixed_masks, settings_record
 from .fit.methods import METHODS
 from .fit.online import OnlineFit, refusal
 from .fit.parallel import Group, fail_together
-from .iterable import is_batch_iterable
+from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
 from .jackknife import ParameterErrors, jackknife_errors
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
-from .noise import CompactCovariance
 from .posterior import posterior_summary
 from .settings import FitSettings, KMeansSettings, check_count, check_seed, numpydoc_parameters, resolve_seed
-from .source import DataSource
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..dataset import Dataset
+from ..data.dataset import Dataset
 from ..errors import brief
 from ..io import atomic_path
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .._torch import one_thread
-from ..batching import random_rows
-from ..dataset import Dataset
+from ..data.batching import random_rows
+from ..data.dataset import Dataset
 from ..mixture import Mixture
 from ..settings import KMeansSettings
 from .kmeans import minibatch_kmeans, weights_from_counts

@@ -27,44 +27,19 @@ from tqdm.auto import tqdm
 
 from .. import deferred_checks
 from .._torch import one_thread, synchronize
-from ..batching import Batch, generator
+from ..data.batching import Batch, generator
 from ..errors import FitDivergedError, NotPositiveDefiniteError
-from ..kernel.dispatch import batch_statistics, log_densities
+from ..kernel.dispatch import batch_statistics
 from ..kernel.fused import PARALLEL_PAIRS
-from ..kernel.statistics import Statistics, summed_loglik
+from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from .checkpoint import Checkpoint, CheckpointError, check_state, tensor_shapes
 from .cuda_graphs import GraphedStep
 from .fitters import Fitter
 from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
+from .scoring import total_loglik
 
 log = logging.getLogger("scalable_xd.fit")
-
-# Points per evaluation batch; the kernel chunks it further to bound memory.
-EVAL_BATCH = 8192
-
-
-def scored_batches(
-    data, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH, rows: slice | None = None
-):
-    """Yield (first row, log p(x) (B,), log alpha_j N_ij (B, K), weights (B,) or None) over a data set (or
-    its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set."""
-    for start, x, S, R, weights, observed in data.scan(rows or slice(0, len(data)), batch_size, device, dtype):
-        try:
-            loglik, log_dens = log_densities(x, S, mixture, R, backend=backend, observed=observed)
-        except NotPositiveDefiniteError as err:
-            raise NotPositiveDefiniteError(start + err.row, err.component) from None
-        yield start, loglik, log_dens, weights
-
-
-def total_loglik(data, mixture: Mixture, device, dtype, backend: str, group: Group = ONE_PROCESS) -> float:
-    """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
-    accumulated in float64; in a process group each process scores its share of the rows."""
-    total = 0.0
-    rows = group.share(slice(0, len(data)), len(data))
-    for _, ll, _, weights in scored_batches(data, mixture, device, dtype, backend, rows=rows):
-        total += float(summed_loglik(ll, weights))
-    return reduce_sum(total, group, device)
 
 
 def assignment_uniforms(seed: int, epoch: int, batch: int, size: int, device, dtype) -> torch.Tensor:

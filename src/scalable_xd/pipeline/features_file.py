@@ -114,7 +114,7 @@ class Features:
 
     def covariance(self):
         """The noise as a ``noise.CompactCovariance``, which builds the D x D matrices batch by batch."""
-        from ..noise import CompactCovariance  # torch: not imported where only the spec is needed
+        from ..data.noise import CompactCovariance  # torch: not imported where only the spec is needed
 
         return CompactCovariance(self.sigma, self.corr, self.spec.pairs)
 
@@ -276,7 +276,7 @@ def _features_of(table, spec: FeatureSpec, meta: dict) -> Features:
 def _dataset(path):
     import pyarrow.dataset as ds
 
-    from ..stream import parquet_files
+    from ..data.stream import parquet_files
 
     return _readable(path, lambda: ds.dataset(parquet_files(path), format="parquet"))
 
@@ -297,7 +297,7 @@ def features_source(
 ):
     """Features files (one split's Parquet file, a folder of them or a HATS catalogue of features) as a
     ``stream.ParquetSource``: a fit reads them a window of ``window_rows`` rows at a time."""
-    from ..stream import DEFAULT_WINDOW, ParquetSource
+    from ..data.stream import DEFAULT_WINDOW, ParquetSource
 
     spec = FeatureSpec.from_dict(_metadata(path, _dataset(path).schema)["spec"])
     return ParquetSource(

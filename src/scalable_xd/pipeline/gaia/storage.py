@@ -29,7 +29,7 @@ def _raw_dataset(path):
             raise ValueError(f"{path} is not a query manifest (a JSON object listing its chunks)") from None
         dataset = ds.dataset([str(path.parent / c) for c in chunks], format="parquet")
     else:  # one file, a folder of chunks or a HATS catalogue (see ``stream.parquet_files``)
-        from ...stream import parquet_files
+        from ...data.stream import parquet_files
 
         dataset = ds.dataset(parquet_files(path), format="parquet")
     names = dataset.schema.names

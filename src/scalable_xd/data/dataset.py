@@ -11,9 +11,9 @@ import math
 
 import torch
 
+from ..settings import MISSING_MODES, MISSING_VARIANCE
 from .batching import batch_views, epoch_order
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
-from .settings import MISSING_MODES, MISSING_VARIANCE
 
 # Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of
 # dense float64 noise are 26 MB

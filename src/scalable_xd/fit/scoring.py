@@ -1,0 +1,36 @@
+"""Scoring a data set under a mixture: log p(x) of every point, in bounded-memory batches, and their
+(weighted) sum, shared among the processes of a data-parallel fit."""
+
+from __future__ import annotations
+
+from ..errors import NotPositiveDefiniteError
+from ..kernel.dispatch import log_densities
+from ..kernel.statistics import summed_loglik
+from ..mixture import Mixture
+from .parallel import ONE_PROCESS, Group, reduce_sum
+
+# Points per evaluation batch; the kernel chunks it further to bound memory.
+EVAL_BATCH = 8192
+
+
+def scored_batches(
+    data, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH, rows: slice | None = None
+):
+    """Yield (first row, log p(x) (B,), log alpha_j N_ij (B, K), weights (B,) or None) over a data set (or
+    its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set."""
+    for start, x, S, R, weights, observed in data.scan(rows or slice(0, len(data)), batch_size, device, dtype):
+        try:
+            loglik, log_dens = log_densities(x, S, mixture, R, backend=backend, observed=observed)
+        except NotPositiveDefiniteError as err:
+            raise NotPositiveDefiniteError(start + err.row, err.component) from None
+        yield start, loglik, log_dens, weights
+
+
+def total_loglik(data, mixture: Mixture, device, dtype, backend: str, group: Group = ONE_PROCESS) -> float:
+    """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
+    accumulated in float64; in a process group each process scores its share of the rows."""
+    total = 0.0
+    rows = group.share(slice(0, len(data)), len(data))
+    for _, ll, _, weights in scored_batches(data, mixture, device, dtype, backend, rows=rows):
+        total += float(summed_loglik(ll, weights))
+    return reduce_sum(total, group, device)
