@@ -32,7 +32,7 @@ from scalable_xd import deferred_checks  # noqa: E402
 from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
 from scalable_xd.data.batching import Batch  # noqa: E402
 from scalable_xd.fit.cuda_graphs import GraphedStep  # noqa: E402
-from scalable_xd.fit.fitters import MinibatchEM  # noqa: E402
+from scalable_xd.fit.online_em import MinibatchEM  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 
 SYNCS = (

@@ -11,8 +11,8 @@ pytest.importorskip("numba")
 
 from scalable_xd.fit import fused_updates  # noqa: E402
 from scalable_xd.fit.adam import Adam  # noqa: E402
-from scalable_xd.fit.fitters import SGD  # noqa: E402
 from scalable_xd.fit.fitters import fused_updates as fused_updates_for
+from scalable_xd.fit.sgd import SGD  # noqa: E402
 from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 from scalable_xd.kernel.statistics import Statistics  # noqa: E402

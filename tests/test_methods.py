@@ -8,7 +8,7 @@ import pytest
 from helpers import draw_xd_data, random_spd
 
 from scalable_xd import XDGMM
-from scalable_xd.fit.fitters import BatchEM
+from scalable_xd.fit.batch_em import BatchEM
 from scalable_xd.fit.methods import METHODS, Method, paper_methods
 from scalable_xd.pipeline.report.style import colour, in_paper_order, method_name
 from scalable_xd.settings import FitSettings

@@ -7,7 +7,8 @@ import torch
 from helpers import draw_xd_data, kernel_problem, random_spd
 
 from scalable_xd import XDGMM
-from scalable_xd.fit.fitters import MinibatchEM, PolyakAverage, inside_compact_set
+from scalable_xd.fit.averaging import PolyakAverage
+from scalable_xd.fit.online_em import MinibatchEM, inside_compact_set
 from scalable_xd.fit.updates import online_em_update, regularised
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
     from ..mixture import Mixture
     from ..settings import FitSettings
-    from .fitters import SGD, BatchEM, Fitter, MinibatchEM
+    from .batch_em import BatchEM
+    from .fitters import Fitter
+    from .online_em import MinibatchEM
+    from .sgd import SGD
     from .squarem import SquaremEM
     from .updates import FixedParameters
 
@@ -69,7 +72,7 @@ class Method:
 
 
 def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> BatchEM | SquaremEM:
-    from .fitters import BatchEM
+    from .batch_em import BatchEM
     from .squarem import SquaremEM
 
     if s.acceleration == "squarem" and not stochastic:
@@ -78,7 +81,7 @@ def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> B
 
 
 def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, data_size: float) -> MinibatchEM:
-    from .fitters import MinibatchEM
+    from .online_em import MinibatchEM
 
     return MinibatchEM(
         mixture,
@@ -97,7 +100,7 @@ def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, dat
 
 
 def _adam(s: FitSettings, mixture: Mixture, fixed, data_size: float, w) -> SGD:
-    from .fitters import SGD
+    from .sgd import SGD
 
     return SGD(
         mixture, w=w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
@@ -176,7 +179,7 @@ def make_fitter(
     ``judge`` scores a mixture on a fixed validation sample (split-and-merge of the ``"epoch"`` kind);
     ``data_size``: the training data's total weight; ``w``: the regularisation per feature (see
     ``Method``)."""
-    from .fitters import PolyakAverage
+    from .averaging import PolyakAverage
     from .split_merge import SplitMergeEM, StochasticSplitMerge
 
     s, row = settings, method(settings.method)

@@ -26,7 +26,8 @@ import torch
 
 from ..kernel.statistics import Criteria, Statistics
 from ..mixture import Mixture
-from .fitters import EpochSums, TrialFitter, mixture_from_state, mixture_state
+from .batch_em import EpochSums
+from .fitters import Capabilities, TrialFitter, mixture_from_state, mixture_state
 from .updates import FixedParameters, em_update, ridge_vector
 
 # Partial-EM iterations on the three moved components before full EM resumes.
@@ -91,9 +92,6 @@ def others_fixed(mixture: Mixture, move: tuple[int, int, int]) -> FixedParameter
 class SplitMergeEM(EpochSums):
     """Batch EM with split-and-merge moves (the module docstring); ``tol`` decides convergence (per star),
     ``tries`` caps the moves tried. ``finished`` tells the loop that no move is left to try."""
-
-    samples_assignments = scores_its_pass = False
-    shadow = None
 
     def __init__(
         self,
@@ -207,7 +205,7 @@ class SplitMergeEM(EpochSums):
         self.wants_criteria = bool(state["wants_criteria"])
 
 
-class StochasticSplitMerge:
+class StochasticSplitMerge(Capabilities):
     """Split-and-merge for minibatch EM and SGD without full passes (docs/design/split-merge.md).
 
     * Criteria: the ``Criteria`` sums of every batch of an epoch, each at the parameters of its update, added
@@ -222,8 +220,6 @@ class StochasticSplitMerge:
       trial replaces the incumbent only if it scores higher. A trial epoch costs two statistics passes
       per batch; every other epoch costs the criteria's K x K overlap sums on top of the usual pass.
     """
-
-    samples_assignments = finished = scores_its_pass = False
 
     def __init__(
         self,

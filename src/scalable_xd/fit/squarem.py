@@ -35,7 +35,8 @@ from __future__ import annotations
 import torch
 
 from ..mixture import Mixture
-from .fitters import EpochSums, mixture_from_state, mixture_state
+from .batch_em import EpochSums
+from .fitters import mixture_from_state, mixture_state
 from .updates import FixedParameters, component_scale, em_update, ridge_vector, share_weights
 
 STEP_FACTOR = 4.0  # step_max grows (and shrinks) by this factor: Varadhan & Roland's mstep
@@ -44,8 +45,6 @@ STEP_FACTOR = 4.0  # step_max grows (and shrinks) by this factor: Varadhan & Rol
 class SquaremEM(EpochSums):
     """Batch EM (``BatchEM``'s update) with SQUAREM's extrapolation and monotone safeguard (see above)."""
 
-    samples_assignments = wants_criteria = finished = False
-    shadow = None
     scores_its_pass = True
     _SCALARS = ("phase", "objective0", "step_max", "em_step", "extrapolations", "rejections")  # in state_dict
 

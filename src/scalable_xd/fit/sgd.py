@@ -1,0 +1,139 @@
+"""SGD: Adam on the mixture's softmax weights, means and Cholesky factors (paper section 3.2)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..kernel.statistics import Statistics
+from ..mixture import Mixture
+from . import fitters, schedules  # fitters.fused_updates, read at each fitter's start (tests and benchmarks swap it)
+from .adam import Adam
+from .fitters import Capabilities, mixture_from_state, mixture_state
+from .updates import (
+    CholeskyParameters,
+    FixedParameters,
+    component_scale,
+    feature_scale,
+    ridge_vector,
+)
+
+
+class SGD(Capabilities):
+    """Adam on softmax logits, means and log-diagonal Cholesky factors (paper section 3.2).
+
+    Loss per batch: the summed negative log-likelihood plus sum_j 1 / tr(W^-1 V_j) (the paper's w / tr(V_j)
+    where W = w I). Learning rate ``lr``, multiplied by ``lr_decay`` once ``decay_epoch`` epochs are done (the
+    paper: 1e-2 then 1e-3 after 10). Gradients come analytically from the kernel's sums, so no autograd
+    graph is built.
+
+    ``scaling="none"`` is the paper's parametrisation in the features' own units; ``"spread"`` measures the
+    parameters in units of each feature's spread under the initial mixture (``updates.feature_scale``), so
+    that ``lr`` means the same for degrees and milliarcseconds; ``"component"`` in units of each
+    component's own starting spread (``updates.component_scale``), so that it means the same for a
+    component as wide as the data and one a thousand times narrower (see ``CholeskyParameters``).
+    """
+
+    def __init__(
+        self,
+        mixture: Mixture,
+        *,
+        w: float | torch.Tensor | None,
+        lr: float,
+        lr_decay: float,
+        decay_epoch: int,
+        scaling: str,
+        fixed: FixedParameters | None = None,
+    ):
+        scale = {"component": component_scale, "spread": feature_scale}.get(scaling, lambda mixture: None)(mixture)
+        self.params = CholeskyParameters(mixture, scale, fixed)
+        self.w = ridge_vector(w, mixture.means)
+        self.base_lr = lr
+        self.lr_decay = lr_decay
+        self.decay_epoch = decay_epoch
+        self.optimizer = Adam(self.params.tensors(), lr=lr)
+        self.mixture = self.params.mixture()
+        self._fused = fitters.fused_updates(mixture.means.device)
+        self._corrections: torch.Tensor | None = None  # Adam's, on the device (``prepare_step``)
+
+    def step_size(self, epoch: int) -> float:
+        return schedules.step_decay(self.base_lr, self.lr_decay, self.decay_epoch, epoch)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.optimizer.lr = self.step_size(epoch)
+
+    def observe(self, stats: Statistics) -> None:
+        if self._fused is not None:
+            self.mixture = self._fused.sgd_step(self.params, self.optimizer, stats, self.w)
+            return
+        self.optimizer.step(self.params.loss_gradients(stats.double(), self.w))
+        self.mixture = self.params.mixture()
+
+    # The step as ``cuda_graphs`` replays it: the host's part, then the device's, in place.
+    @property
+    def graphable(self) -> bool:
+        """Whether the step can be replayed (fixed weights select the free ones by a mask, asking the host)."""
+        return not self.params.fixed.has_fixed_weights
+
+    def live_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step rebinds (the parameters and Adam's moments are updated in place anyway)."""
+        return list(self.mixture.tensors())
+
+    def bind(self, tensors: list[torch.Tensor]) -> None:
+        self.mixture = Mixture(*tensors)
+
+    def prepare_step(self) -> None:
+        """The host's part of the next step: Adam's step count and corrections, into the device."""
+        if self._corrections is None:
+            self._corrections = torch.zeros(2, dtype=torch.float64, device=self.mixture.means.device)
+        self.optimizer.steps += 1
+        for slot, value in zip(self._corrections, self.optimizer.corrections()):
+            slot.fill_(value)
+
+    def step_in_place(self, stats: Statistics) -> None:
+        """``observe``'s Adam step, its mixture written into ``live_tensors``, asking the host nothing."""
+        self.optimizer.step_on_device(self.params.loss_gradients(stats.double(), self.w), self._corrections)
+        for live, new in zip(self.live_tensors(), self.params.mixture().tensors()):
+            live.copy_(new)
+
+    @property
+    def result(self) -> Mixture:
+        return self.mixture
+
+    def end_epoch(self) -> None:
+        return None
+
+    def diagnostics(self) -> dict:
+        return {}
+
+    # What stochastic split-and-merge needs of a minibatch fitter to run a trial beside it.
+    @property
+    def starting_point(self) -> Mixture:
+        return self.mixture
+
+    def continue_schedule(self, other: SGD) -> None:
+        """The learning rate follows the epoch (set in ``start_epoch``); nothing to carry over."""
+
+    def release_fixed(self) -> None:
+        self.params.fixed = FixedParameters.none(self.mixture.n_components, self.mixture.means.device)
+
+    def state_dict(self) -> dict:
+        return {
+            "params": [t.clone() for t in self.params.tensors()],
+            "scale": self.params.scale.clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "initial": mixture_state(self.params.initial),
+            # kept, not recomputed on load: the fused step's L L^T and torch's may round differently
+            "mixture": mixture_state(self.mixture),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.scale = state["scale"].to(self.params.scale).expand_as(self.params.scale)  # (D,): older files
+        self.params.initial = mixture_from_state(state["initial"], self.params.initial)
+        self.params.fixed = dataclasses.replace(self.params.fixed, weight_values=self.params.initial.weights)
+        for tensor, saved in zip(self.params.tensors(), state["params"]):
+            tensor.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        saved = state.get("mixture")
+        self.mixture = self.params.mixture() if saved is None else mixture_from_state(saved, self.mixture)
