@@ -10,15 +10,15 @@ from importlib.metadata import PackageNotFoundError, version
 
 # GNU OpenMP (torch's and numba's thread pools) spins a thread waiting at a parallel region's end 300,000
 # times before it sleeps. On a machine shared with other work the spinning thread takes the core from the
-# thread being waited for: beside one CPU-bound process on two cores, fits of K = 128 took 2.6-3.1x their
-# quiet time, and 1.5-1.6x with 1,000 spins, at a cost of under 5% quiet (``benchmarks/bench_contention.py``).
-# It is read when OpenMP loads, so it is set before torch or numba is imported, and only where unset.
+# thread being waited for; 1,000 spins keep most of the quiet speed and lose far less beside other work
+# (docs/performance.md, ``benchmarks/bench_contention.py``). It is read when OpenMP loads, so it is set
+# before torch or numba is imported, and only where unset.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 from .errors import FitDivergedError, NotPositiveDefiniteError
 
 # Imported on first use, so that `scalable-xd --help` and the light modules do not load torch.
-_LAZY = {"XDGMM": "estimator", "CompactCovariance": "noise"}
+_LAZY = {"XDGMM": "estimator", "CompactCovariance": "data.noise"}
 
 
 def __getattr__(name: str):

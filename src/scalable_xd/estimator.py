@@ -507,7 +507,6 @@ class XDGMM(DensityMixin, BaseEstimator):
         fit's: a damaged, foreign or invalid file raises ValueError naming it."""
         mixture, meta = read_model(path)
         params = dict(meta.get("params", {}))
-        params.pop("compile", None)  # files written before the backend setting replaced it
         saved = params.get("device", "cpu")
         if device is None and saved != "cpu" and not torch.cuda.is_available():
             device = "cpu"

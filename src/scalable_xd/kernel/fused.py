@@ -74,34 +74,39 @@ def layout(dim: int) -> dict[str, int]:
     }
 
 
-def _par(row: int) -> str:
+def _tile_parameter(row: int) -> str:
+    """Row ``row`` of the tile's parameters (per component: V's triangle, the mean, log alpha), lane c."""
     return f"tile_par[{row * TILE} + c]"
 
 
-def _scr(row: int) -> str:
+def _tile_scratch(row: int) -> str:
+    """Row ``row`` of the tile's per-pair scratch (the Mahalanobis term, the pivots' range, the determinant's
+    factors, u and T^-1), lane c."""
     return f"tile_scr[{row * TILE} + c]"
 
 
 def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
     """Statements for component c of a tile for point p, writing only the tile's scratch."""
     at = layout(dim)
-    lines = [f"d{i} = x{i} - {_par(at['means'] + i)}" for i in range(dim)]
-    v, s = (lambda i, j: _par(tri(i, j))), (lambda i, j: f"s{i}_{j}")
+    lines = [f"d{i} = x{i} - {_tile_parameter(at['means'] + i)}" for i in range(dim)]
+    v, s = (lambda i, j: _tile_parameter(tri(i, j))), (lambda i, j: f"s{i}_{j}")
     lines += factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
     pivots = ", ".join(f"p{j}" for j in range(dim))
     lines += [
-        f"{_scr(at['maha'])} = " + " + ".join(f"z{i} * z{i}" for i in range(dim)),
-        f"{_scr(at['lo'])} = " + (f"min({pivots})" if dim > 1 else "p0"),
-        f"{_scr(at['hi'])} = " + (f"max({pivots})" if dim > 1 else "p0"),
+        f"{_tile_scratch(at['maha'])} = " + " + ".join(f"z{i} * z{i}" for i in range(dim)),
+        f"{_tile_scratch(at['lo'])} = " + (f"min({pivots})" if dim > 1 else "p0"),
+        f"{_tile_scratch(at['hi'])} = " + (f"max({pivots})" if dim > 1 else "p0"),
     ]
     # det T as products of two pivots each: a product of all seven overflows float32 at variances of 1e12
     for n, j in enumerate(range(0, dim, 2)):
-        lines.append(f"{_scr(at['det'] + n)} = " + (f"p{j} * p{j + 1}" if j + 1 < dim else f"p{j}"))
+        lines.append(f"{_tile_scratch(at['det'] + n)} = " + (f"p{j} * p{j + 1}" if j + 1 < dim else f"p{j}"))
     if not with_stats:
         return lines
     lines += invert_factor(dim)
-    lines += [f"{_scr(at['u'] + i)} = {u_entry(dim, i)}" for i in range(dim)]
-    lines += [f"{_scr(at['t_inv'] + tri(i, j))} = {t_inv_entry(dim, i, j)}" for i in range(dim) for j in range(i + 1)]
+    lines += [f"{_tile_scratch(at['u'] + i)} = {u_entry(dim, i)}" for i in range(dim)]
+    lines += [
+        f"{_tile_scratch(at['t_inv'] + tri(i, j))} = {t_inv_entry(dim, i, j)}" for i in range(dim) for j in range(i + 1)
+    ]
     return lines
 
 
@@ -214,12 +219,13 @@ def _density_loop(dim: int, real: str) -> list[str]:
     """Statements for component c of a tile: log alpha_k N_pk into ``dens[k]``, and a count of the failed
     factorisations into ``n_failed``."""
     at = layout(dim)
-    det = " * ".join(f"np.float64({_scr(at['det'] + n)})" for n in range((dim + 1) // 2))
+    det = " * ".join(f"np.float64({_tile_scratch(at['det'] + n)})" for n in range((dim + 1) // 2))
     return [
         "k = t * TILE + c",
-        f"dens[k] = {_par(at['log_weights'])} - {real}(0.5) * ({real}(log_lane({det}, bits, bits_f, k))"
-        f" + {_scr(at['maha'])} + {real}({dim * LOG_2PI!r}))",
-        f"n_failed += 0 if k >= n_comp or ({_scr(at['lo'])} > 0 and {_scr(at['hi'])} < math.inf) else 1",
+        f"dens[k] = {_tile_parameter(at['log_weights'])} - {real}(0.5) * ({real}(log_lane({det}, bits, bits_f, k))"
+        f" + {_tile_scratch(at['maha'])} + {real}({dim * LOG_2PI!r}))",
+        f"n_failed += 0 if k >= n_comp or ({_tile_scratch(at['lo'])} > 0"
+        f" and {_tile_scratch(at['hi'])} < math.inf) else 1",
     ]
 
 
@@ -242,10 +248,10 @@ def _accumulate_loops(dim: int) -> list[str]:
     per loop (``SUMS_PER_LOOP``)."""
     at = layout(dim)
     sums = lambda row: f"tile_acc[{row * TILE} + c]"  # noqa: E731
-    u = lambda i: _scr(at["u"] + i)  # noqa: E731
+    u = lambda i: _tile_scratch(at["u"] + i)  # noqa: E731
     updates = [(at["q"], "r")] + [(at["U"] + i, f"r * {u(i)}") for i in range(dim)]
     updates += [(at["UU"] + tri(i, j), f"r * {u(i)} * {u(j)}") for i in range(dim) for j in range(i + 1)]
-    updates += [(at["P"] + t, f"r * {_scr(at['t_inv'] + t)}") for t in range(dim * (dim + 1) // 2)]
+    updates += [(at["P"] + t, f"r * {_tile_scratch(at['t_inv'] + t)}") for t in range(dim * (dim + 1) // 2)]
     lines = []
     for first in range(0, len(updates), SUMS_PER_LOOP):
         lines += ["for c in range(TILE):", "    r = tile_resp[c]"]
