@@ -34,7 +34,7 @@ from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.data.dataset import Dataset
 from scalable_xd.fit import fitters
 from scalable_xd.fit.driver import regularisation
-from scalable_xd.fit.methods import make_fitter
+from scalable_xd.fit.methods import for_data, make_fitter
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.settings import FitSettings
 
@@ -64,7 +64,7 @@ def measure(
     x, S, mixture = synthetic(batch * steps, k, dtype)
     x, S = x.to(device), S.to(device)
     start = mixture.to(device, torch.float64)
-    settings = FitSettings(method=method).for_data(len(x))
+    settings = for_data(FitSettings(method=method), len(x))
     w = regularisation(settings, Dataset(x.cpu(), S.cpu(), validate=False), start)
     fitter = make_fitter(settings, start, data_size=len(x), w=w)
     fitter.start_epoch(0)

@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from scalable_xd.data.missing import MISSING_LOGLIK_CONSTANT
 from scalable_xd.pipeline.features_file import read_features, split_of
 from scalable_xd.pipeline.gaia.features import compute_features
 from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.schema import ASTROMETRY, CORRELATIONS, FEATURES
 from scalable_xd.pipeline.gaia.storage import write_feature_splits
-from scalable_xd.settings import MISSING_LOGLIK_CONSTANT
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
 

@@ -8,9 +8,9 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM
+from scalable_xd.data.missing import MISSING_LOGLIK_CONSTANT, MISSING_VARIANCE
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
-from scalable_xd.settings import MISSING_LOGLIK_CONSTANT, MISSING_VARIANCE
 
 K, D = 3, 4
 

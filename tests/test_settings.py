@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from scalable_xd import XDGMM
+from scalable_xd.fit.methods import SETTING_CHOICES, for_data
 from scalable_xd.pipeline.cli import build_parser
 from scalable_xd.pipeline.steps import REFERENCE
 from scalable_xd.settings import FitSettings, KMeansSettings
@@ -81,10 +82,11 @@ def test_the_schema_states_the_same_defaults_and_choices():
     for f in dataclasses.fields(FitSettings):
         if f.name in fit:
             assert fit[f.name]["default"] == f.default, f.name
-            if f.metadata["choices"] is not None:
-                assert tuple(fit[f.name]["enum"]) == f.metadata["choices"], f.name
+            choices = SETTING_CHOICES.get(f.name, f.metadata["choices"])  # the method table's, the kernel's
+            if choices is not None:
+                assert tuple(fit[f.name]["enum"]) == tuple(choices), f.name
     variant_methods = SCHEMA["fit"]["properties"]["variants"]["additionalProperties"]["properties"]["method"]["enum"]
-    assert tuple(variant_methods) == tuple(dataclasses.fields(FitSettings)[0].metadata["choices"])  # fit.methods
+    assert tuple(variant_methods) == SETTING_CHOICES["method"]  # fit.methods
     init = SCHEMA["init"]["properties"]
     assert {k: v["default"] for k, v in init.items() if k not in WORKFLOW_INIT_KEYS} == {
         f"kmeans_{k}": v for k, v in KMeansSettings.defaults().items()
@@ -132,7 +134,7 @@ def test_each_method_has_its_own_budget_resolved_for_the_data():
     """None: batch EM 100 iterations at most, minibatch EM 20 epochs or as many as 3,000 updates of 500
     points take, SGD 20 epochs or 6,000 updates; the decay after half of them. A budget given is kept."""
     budgets = {
-        (method, n): FitSettings(method=method).for_data(n)
+        (method, n): for_data(FitSettings(method=method), n)
         for method in ("em", "minibatch_em", "sgd")
         for n in (894, 80_000, 400_000, 1_600_000)
     }
@@ -140,6 +142,6 @@ def test_each_method_has_its_own_budget_resolved_for_the_data():
     assert [budgets["minibatch_em", n].epochs for n in (894, 80_000, 1_600_000)] == [3000, 20, 20]  # 1, 160 batches
     assert [budgets["sgd", n].epochs for n in (894, 80_000, 400_000, 1_600_000)] == [6000, 38, 20, 20]
     assert [budgets["sgd", n].decay_epoch for n in (894, 80_000, 400_000, 1_600_000)] == [3000, 19, 10, 10]
-    given = FitSettings(method="sgd", epochs=7, decay_epoch=3).for_data(80_000)
+    given = for_data(FitSettings(method="sgd", epochs=7, decay_epoch=3), 80_000)
     assert (given.epochs, given.decay_epoch) == (7, 3)
-    assert FitSettings(method="sgd", epochs=1).for_data(10).decay_epoch == 1  # one epoch: its full step
+    assert for_data(FitSettings(method="sgd", epochs=1), 10).decay_epoch == 1  # one epoch: its full step

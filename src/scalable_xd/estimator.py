@@ -25,11 +25,12 @@ from .data.iterable import is_batch_iterable
 from .data.noise import CompactCovariance
 from .data.source import DataSource
 from .fit.driver import Start, fit_mixture, fixed_masks, settings_record
-from .fit.methods import METHODS
+from .fit.methods import METHODS, SETTING_CHOICES, check_settings
 from .fit.online import OnlineFit, refusal
 from .fit.parallel import Group, fail_together
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
 from .jackknife import ParameterErrors, jackknife_errors
+from .kernel import check_backend
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
@@ -76,7 +77,7 @@ class XDGMM(DensityMixin, BaseEstimator):
     """
 
     # The settings' entries are written from ``settings.FitSettings``, where each default is declared.
-    __doc__ = __doc__.replace("    {fit_settings}", numpydoc_parameters(FitSettings)).replace(
+    __doc__ = __doc__.replace("    {fit_settings}", numpydoc_parameters(FitSettings, choices=SETTING_CHOICES)).replace(
         "    {kmeans_settings}", numpydoc_parameters(KMeansSettings, prefix="kmeans_")
     )
 
@@ -135,7 +136,8 @@ class XDGMM(DensityMixin, BaseEstimator):
         """The settings, checked once per fit (as scikit-learn estimators do); raises ValueError naming the
         parameter."""
         params = self.get_params()
-        settings = FitSettings(**{name: params[name] for name in FitSettings.defaults()})
+        settings = check_settings(FitSettings(**{name: params[name] for name in FitSettings.defaults()}))
+        check_backend(settings.backend)
         kmeans = KMeansSettings(epochs=self.kmeans_epochs, batch_size=self.kmeans_batch_size)
         check_count("n_components", self.n_components)
         if not isinstance(self.random_state, (np.random.RandomState, np.random.Generator, type(None))):

@@ -3,33 +3,30 @@
 ``XDGMM``'s constructor takes its defaults from ``FitSettings`` and validates through it; ``scalable-xd
 fit`` builds its options from the fields (help, default, choices); the workflow's config schema states the
 same defaults, which a test checks. ``KMeansSettings`` does the same for the k-means initialisation.
+
+A leaf: it imports nothing of the package. The vocabularies others own are checked by their owners: the
+method and what it allows by the method table (``fit.methods.check_settings``, which also resolves the
+epoch budget), the backend by the kernel (``kernel.BACKENDS``); ``fit.methods.SETTING_CHOICES`` hands both
+to those who show the choices (the command line, the estimator's docstring).
 """
 
 from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 
-from .fit.methods import METHODS
-
 SCHEDULES = ("step", "cappe_moulines", "power")
 AVERAGING = ("none", "polyak")
-MISSING_MODES = ("variance", "marginalise")
-# The noise variance that marks an entry as missing (the paper's convention: value 0, variance 1e12), and
-# what each such entry adds to a star's log-likelihood, log N(0 | 0, 1e12), less the model's small V_jj.
-MISSING_VARIANCE = 1e12
-MISSING_LOGLIK_CONSTANT = -0.5 * math.log(2 * math.pi * MISSING_VARIANCE)
+MISSING_MODES = ("variance", "marginalise")  # the convention's numbers: ``data.missing``
 COVARIANCE_UPDATES = ("stable", "naive")
 SGD_SCALINGS = ("component", "spread", "none")
 W_SCALES = ("variance", "none")
 ACCELERATIONS = ("squarem", "none")
 ONLINE_REGULARISATIONS = ("prior", "paper")
 DTYPES = ("float32", "float64")
-# The statistics pass's implementations (``kernel.dispatch``); projected data take linalg whatever is asked.
-BACKENDS = ("auto", "fused", "triton", "compiled", "unrolled", "linalg")
 
 
 def setting(default, help: str, *, choices=None, low=None, high=None, low_open=False, nullable=False):
@@ -97,19 +94,12 @@ class FitSettings(_Settings):
         "em",
         "em (Bovy et al. 2011 batch EM), minibatch_em (online EM), sgd (Adam), or "
         "stochastic EM: stochastic_em (batch) or stochastic_minibatch_em",
-        choices=METHODS,
     )
     epochs: int | None = setting(
         None,
         "passes over the training data (for em: iterations at most); None: the method's own budget, in which "
-        "its defaults reached 90% of what converged XD achieves on the documented data shapes: "
-        + ", ".join(
-            f"{m.name} {m.epochs}"
-            + (" (stopped sooner by tol)" if m.uses_tol else "")
-            + (f" or enough for {m.min_updates:,} updates" if m.min_updates else "")
-            for m in METHODS.values()
-        )
-        + " (docs/user-guide/converged.md)",
+        "its defaults reached 90% of what converged XD achieves on the documented data shapes (the method "
+        "table's, docs/user-guide/converged.md)",
         low=1,
         nullable=True,
     )
@@ -224,7 +214,6 @@ class FitSettings(_Settings):
         "auto",
         "the statistics pass: auto (fused on the CPU; triton on CUDA where installed, else compiled), fused (numba, "
         "CPU), triton (CUDA), compiled (torch.compile), unrolled (eager torch) or linalg (batched LAPACK)",
-        choices=BACKENDS,
     )
     cuda_graphs: bool = setting(
         True, "on CUDA, replay each minibatch step as one CUDA graph (False: its ~100 kernels launched one by one)"
@@ -232,37 +221,6 @@ class FitSettings(_Settings):
     verbose: int = setting(
         0, "0 silent, 1 a line per epoch (logger scalable_xd.fit), 2 also a progress bar per epoch", low=0, high=2
     )
-
-    def for_data(self, n_points: int) -> FitSettings:
-        """These settings with the budget resolved for ``n_points`` training points: ``epochs`` None becomes
-        the method's own (``fit.methods.Method.budget``), ``decay_epoch`` None half of the epochs (rounded up,
-        so that a one-epoch fit takes its full step)."""
-        epochs = METHODS[self.method].budget(n_points, self.batch_size) if self.epochs is None else self.epochs
-        decay_epoch = (epochs + 1) // 2 if self.decay_epoch is None else self.decay_epoch
-        return replace(self, epochs=epochs, decay_epoch=decay_epoch)
-
-    def __post_init__(self):
-        super().__post_init__()
-        row = METHODS[self.method]
-        if self.averaging != "none" and not row.per_batch:
-            raise ValueError(
-                f"averaging={self.averaging!r} averages minibatch updates; method {self.method!r} makes one update "
-                f"per epoch (use one of {_methods_where('per_batch')})"
-            )
-        if self.split_merge and row.split_merge == "converged" and not self.tol:
-            raise ValueError(
-                f"split_merge with method {self.method!r} needs a positive tolerance tol (moves are tried once the "
-                f"fit has converged by tol, which tol = {self.tol} never declares)"
-            )
-        if self.split_merge and (row.split_merge is None or self.averaging != "none" or self.truncation):
-            raise ValueError(f"split_merge works with {_methods_where('split_merge')}, without averaging or truncation")
-        if self.truncation and not row.truncation:
-            raise ValueError(f"truncation applies to {_methods_where('truncation')}, not {self.method!r}")
-
-
-def _methods_where(fact: str) -> str:
-    """The names of the methods whose row has ``fact``, for error messages."""
-    return ", ".join(m.name for m in METHODS.values() if getattr(m, fact))
 
 
 @dataclass(frozen=True)
@@ -273,14 +231,16 @@ class KMeansSettings(_Settings):
     batch_size: int = setting(500, "points per k-means minibatch", low=1)
 
 
-def numpydoc_parameters(cls, prefix: str = "", indent: str = "    ") -> str:
+def numpydoc_parameters(cls, prefix: str = "", indent: str = "    ", choices: dict | None = None) -> str:
     """numpydoc "Parameters" entries for the fields of a settings dataclass (``XDGMM``'s docstring): the
-    type or choices and the default from the field, the description from its help, so none can drift."""
+    type or choices and the default from the field, the description from its help, so none can drift;
+    ``choices`` gives those of the fields whose vocabulary another module owns (see the module)."""
     entries = []
     for f in fields(cls):
         meta = f.metadata
-        if meta["choices"] is not None:
-            kind = "{" + ", ".join(repr(c) for c in meta["choices"]) + "}"
+        options = (choices or {}).get(f.name, meta["choices"])
+        if options is not None:
+            kind = "{" + ", ".join(repr(c) for c in options) + "}"
         else:
             kind = str(f.type).replace(" | None", " or None")
         body = textwrap.fill(

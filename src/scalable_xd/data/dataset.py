@@ -11,8 +11,9 @@ import math
 
 import torch
 
-from ..settings import MISSING_MODES, MISSING_VARIANCE
+from ..settings import MISSING_MODES
 from .batching import batch_views, epoch_order
+from .missing import MISSING_VARIANCE
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
 
 # Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of

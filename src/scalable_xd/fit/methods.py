@@ -1,11 +1,12 @@
 """The table of fitting methods: everything the rest of the code asks about a method, written once.
 
 A row says how the method runs (an update per batch or per epoch, whether ``tol`` stops it), which options
-it takes (split-and-merge, Polyak averaging, truncation), how it is shown (label and colour) and which
-fitter runs it. The settings' choices and cross-checks, the loop's configuration, the workflow schema's
-method list (held equal by a test), the report's labels, colours and order, and the claims' method set
-all come from here. Adding a method is one ``Method`` in ``METHODS`` plus its fitter class (see
-``fitters.Fitter``).
+it takes (split-and-merge, Polyak averaging, truncation) and which fitter runs it. The settings' choices
+and cross-checks (``check_settings``: the settings themselves import nothing of the package), the epoch
+budget (``for_data``), the loop's configuration, the workflow schema's method list (held equal by a
+test), the report's order and the claims' method set all come from here; the report's labels and colours
+from its own table (``pipeline.report.style.LOOKS``). Adding a method is one ``Method`` in ``METHODS``
+plus its fitter class (see ``fitters.Fitter``), and a look in the report's table where it is shown.
 
 The table itself imports no torch (the settings and the command line's help read it); the fitters are
 imported when one is built.
@@ -16,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from ..kernel import BACKENDS
 
 if TYPE_CHECKING:
     import torch
@@ -51,8 +54,6 @@ class Method:
     """
 
     name: str
-    label: str
-    colour: str
     per_batch: bool
     build: Callable[[FitSettings, Mixture, FixedParameters | None, float, torch.Tensor | None], Fitter]
     uses_tol: bool = False
@@ -113,8 +114,6 @@ METHODS: dict[str, Method] = {
     for m in (
         Method(
             "em",
-            "Batch EM (Bovy et al. 2011)",
-            "#1f77b4",
             per_batch=False,
             build=lambda s, mixture, fixed, n, w: _batch_em(s, mixture, fixed, w, stochastic=False),
             uses_tol=True,
@@ -124,27 +123,21 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "minibatch_em",
-            "Minibatch EM",
-            "#ff7f0e",
             per_batch=True,
             build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=False, data_size=n),
             truncation=True,
             in_paper=True,
             min_updates=3_000,
         ),
-        Method("sgd", "SGD", "#2ca02c", per_batch=True, build=_adam, in_paper=True, min_updates=6_000),
+        Method("sgd", per_batch=True, build=_adam, in_paper=True, min_updates=6_000),
         Method(
             "stochastic_em",
-            "Stochastic EM",
-            "#8c564b",
             per_batch=False,
             build=lambda s, mixture, fixed, n, w: _batch_em(s, mixture, fixed, w, stochastic=True),
             split_merge=None,
         ),
         Method(
             "stochastic_minibatch_em",
-            "Stochastic minibatch EM",
-            "#e377c2",
             per_batch=True,
             build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=True, data_size=n),
             truncation=True,
@@ -152,6 +145,46 @@ METHODS: dict[str, Method] = {
         ),
     )
 }
+
+
+# The choices of the settings whose vocabularies the fit's parts own (``settings`` imports neither), for
+# whoever shows them: the command line's options, the estimator's docstring.
+SETTING_CHOICES = {"method": tuple(METHODS), "backend": BACKENDS}
+
+
+def check_settings(s: FitSettings) -> FitSettings:
+    """``s``, or a ValueError where its method is unknown or it asks its method for what the method's row
+    does not allow (averaging, split-and-merge, truncation); its backend is checked by the kernel."""
+    row = method(s.method)
+    if s.averaging != "none" and not row.per_batch:
+        raise ValueError(
+            f"averaging={s.averaging!r} averages minibatch updates; method {s.method!r} makes one update "
+            f"per epoch (use one of {_methods_where('per_batch')})"
+        )
+    if s.split_merge and row.split_merge == "converged" and not s.tol:
+        raise ValueError(
+            f"split_merge with method {s.method!r} needs a positive tolerance tol (moves are tried once the "
+            f"fit has converged by tol, which tol = {s.tol} never declares)"
+        )
+    if s.split_merge and (row.split_merge is None or s.averaging != "none" or s.truncation):
+        raise ValueError(f"split_merge works with {_methods_where('split_merge')}, without averaging or truncation")
+    if s.truncation and not row.truncation:
+        raise ValueError(f"truncation applies to {_methods_where('truncation')}, not {s.method!r}")
+    return s
+
+
+def for_data(s: FitSettings, n_points: int) -> FitSettings:
+    """``s`` with the budget resolved for ``n_points`` training points: ``epochs`` None becomes the
+    method's own (``Method.budget``), ``decay_epoch`` None half of the epochs (rounded up, so that a
+    one-epoch fit takes its full step)."""
+    epochs = method(s.method).budget(n_points, s.batch_size) if s.epochs is None else s.epochs
+    decay_epoch = (epochs + 1) // 2 if s.decay_epoch is None else s.decay_epoch
+    return replace(s, epochs=epochs, decay_epoch=decay_epoch)
+
+
+def _methods_where(fact: str) -> str:
+    """The names of the methods whose row has ``fact``, for error messages."""
+    return ", ".join(m.name for m in METHODS.values() if getattr(m, fact))
 
 
 def method(name: str) -> Method:

@@ -22,7 +22,7 @@ from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
 from .driver import Start, fixed_parameters, regularisation, settings_record, starting_mixture
 from .loop import assignment_uniforms, resume_state
-from .methods import METHODS, make_fitter, method
+from .methods import METHODS, for_data, make_fitter, method
 
 
 def refusal(method_name: str, split_merge: bool) -> str | None:
@@ -64,7 +64,7 @@ class OnlineFit:
 
     def _configure(self, settings: FitSettings, n_points: int, seed: int) -> None:
         self.given = settings
-        self.settings = settings.for_data(n_points)
+        self.settings = for_data(settings, n_points)
         self.device, self.dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         self.seed = seed
         self.backend = fit_backend(settings.backend, self.device)

@@ -41,7 +41,7 @@ import torch
 
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
-from ..settings import BACKENDS
+from . import check_backend
 from .fused import fused_chunk
 from .linalg import linalg_chunk
 from .statistics import Statistics, assign, n_points
@@ -72,8 +72,7 @@ def choose_backend(name: str, R, device: torch.device | None = None) -> str:
     other kernels handle R = I only; otherwise "auto" means the fused kernel on the CPU where numba is
     installed (the unrolled one, with a message, where not), and on CUDA the triton kernel where triton is
     installed, torch.compile's otherwise. A backend that cannot run on ``device`` is a clear error."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    check_backend(name)
     if R is not None:
         return "linalg"
     kind = "cpu" if device is None else torch.device(device).type

@@ -23,6 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..fit.methods import SETTING_CHOICES
 from ..settings import FitSettings, KMeansSettings
 from . import steps
 from .gpu_slots import job_device
@@ -60,7 +61,8 @@ def _optional(parse):
 
 def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
     """An option per field of a settings dataclass: its help line, its default (``defaults`` overrides) and
-    its choices; integers must be at least the field's lower bound."""
+    its choices (the method table's and the kernel's where they own them); integers must be at least the
+    field's lower bound."""
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -78,7 +80,8 @@ def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
                     flag, dest=f.name, type=_optional(parse), default=default, metavar="X|none", help=help_text
                 )
             else:
-                p.add_argument(flag, dest=f.name, type=parse, default=default, choices=meta["choices"], help=help_text)
+                choices = SETTING_CHOICES.get(f.name, meta["choices"]) if cls is FitSettings else meta["choices"]
+                p.add_argument(flag, dest=f.name, type=parse, default=default, choices=choices, help=help_text)
 
 
 def _settings_of(args, cls, **fixed):

@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from ..settings import MISSING_VARIANCE
+from ..data.missing import MISSING_VARIANCE
 
 QUANTILES = (0.025, 0.16, 0.5, 0.84, 0.975)
 QUANTILE_NAMES = ("q025", "q16", "q50", "q84", "q975")

@@ -4,7 +4,7 @@ A survey describes its features once, as a ``FeatureSpec`` (feature names and un
 features have a correlation column); Gaia DR2's is ``gaia.schema.GAIA_DR2``. A features file then holds,
 per star, ``source_id``, ``random_index``, the values ``x_<feature>``, the standard deviations
 ``sigma_<feature>``, the correlation columns, ``n_missing`` (entries given the missing variance of
-``settings.MISSING_VARIANCE``) and, on a mock, the noise-free values ``true_<feature>``. The spec travels in
+``data.missing.MISSING_VARIANCE``) and, on a mock, the noise-free values ``true_<feature>``. The spec travels in
 the file's metadata, so reading a file needs nothing but the file. Another survey is a new spec and a
 module that turns its catalogue into ``Features`` chunks for ``write_splits``.
 

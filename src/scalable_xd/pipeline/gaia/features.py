@@ -37,7 +37,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ...settings import MISSING_VARIANCE
+from ...data.missing import MISSING_VARIANCE
 from ..features_file import Features
 from .schema import (
     ASTROMETRY,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...settings import MISSING_VARIANCE
+from ...data.missing import MISSING_VARIANCE
 from .style import PAGE, pyplot, save
 
 

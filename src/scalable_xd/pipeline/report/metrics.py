@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 import pandas as pd
 
+from ...data.missing import MISSING_LOGLIK_CONSTANT
 from ...io import read_json, write_json
-from ...settings import MISSING_LOGLIK_CONSTANT
 from ..truth import SHARE_MARKS
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.

@@ -1,5 +1,5 @@
-"""The look every figure shares: sizes that read in a two-column paper, one font, one colour per method
-(the same in every figure, from ``fit.methods``), and each figure written as PNG and PDF, atomically."""
+"""The look every figure shares: sizes that read in a two-column paper, one font, one label and colour per
+method (the same in every figure and table), and each figure written as PNG and PDF, atomically."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ DPI = 200
 SAMPLES = 100_000  # model samples drawn for the sky and corner figures
 COLUMN, PAGE = 3.5, 7.1  # inches: one column and the full width of a two-column paper
 COLUMN_HEIGHT = 2.9
-# Workflow variants (fit.variants) take these in the order they are first drawn.
+# Each method's label and colour; the order is the methods table's (``fit.methods``: the paper's three first).
+LOOKS = {
+    "em": ("Batch EM (Bovy et al. 2011)", "#1f77b4"),
+    "minibatch_em": ("Minibatch EM", "#ff7f0e"),
+    "sgd": ("SGD", "#2ca02c"),
+    "stochastic_em": ("Stochastic EM", "#8c564b"),
+    "stochastic_minibatch_em": ("Stochastic minibatch EM", "#e377c2"),
+}
+# Methods without a look of their own and workflow variants (fit.variants) take these in the order they are
+# first drawn.
 SPARE_COLOURS = ("#d62728", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939")
 DATA_COLOUR, TRUE_COLOUR = "black", "#9467bd"
 RC = {
@@ -50,7 +59,7 @@ def save(fig, outputs) -> None:
 
 
 def method_name(method: str) -> str:
-    return METHODS[method].label if method in METHODS else method
+    return LOOKS[method][0] if method in LOOKS else method
 
 
 def in_paper_order(methods) -> list[str]:
@@ -62,7 +71,7 @@ def in_paper_order(methods) -> list[str]:
 
 def colour(method: str, methods) -> str:
     """The method's colour: its own, or for a variant the spare colour of its place among ``methods``."""
-    if method in METHODS:
-        return METHODS[method].colour
-    variants = [m for m in in_paper_order(methods) if m not in METHODS]
+    if method in LOOKS:
+        return LOOKS[method][1]
+    variants = [m for m in in_paper_order(methods) if m not in LOOKS]
     return SPARE_COLOURS[variants.index(method) % len(SPARE_COLOURS)]
