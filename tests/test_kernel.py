@@ -11,9 +11,11 @@ import pytest
 import torch
 from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error, xd_log_densities, xd_pair_posteriors
 
+from scalable_xd import XDGMM, kernel
 from scalable_xd.errors import NotPositiveDefiniteError
 from scalable_xd.kernel import dispatch, fused
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
+from scalable_xd.kernel.linalg import linalg_chunk
 from scalable_xd.mixture import Mixture
 
 # The Triton kernel on CPU tensors: through Triton's interpreter (tests/conftest.py), on machines without a GPU.
@@ -126,13 +128,39 @@ def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol, re
     np.testing.assert_allclose(loglik_fast.double().numpy(), loglik_ref.double().numpy(), rtol=rtol)
 
 
+CALLS = []
+
+
+def toy_chunk(x, S, mixture, R, with_stats, row_offset, **extra):
+    """A backend defined in this test alone: the LAPACK pass, counted."""
+    CALLS.append(len(x))
+    return linalg_chunk(x, S, mixture, R, with_stats, row_offset, **extra)
+
+
+def test_a_backend_is_one_module_and_one_row(monkeypatch):
+    """A row naming a chunk function outside the package is a backend: the settings accept it, a fit runs
+    on it in chunks of its pairs, and its results are its function's."""
+    monkeypatch.setitem(kernel.TABLE, "toy", kernel.Backend("toy", "test_kernel.toy_chunk", {"cpu": 40}))
+    rng = np.random.default_rng(9)
+    x, S, weights, means, covs = kernel_problem(rng, n=50, k=4, d=3)
+    args = (torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs))
+    got, want = batch_statistics(*args, backend="toy"), batch_statistics(*args, backend="linalg", max_pairs=40)
+    assert CALLS == [10] * 5  # 40 pairs a chunk at K = 4
+    for name in ("q", "U", "UU", "P"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0)
+    model = XDGMM(2, "em", backend="toy", epochs=2, tol=None, random_state=0).fit(x, Xcov=S)
+    assert model.backend_ == "toy" and len(CALLS) > 5
+    with pytest.raises(ValueError, match="unknown backend 'tiny': choose one of auto, fused, .*toy"):
+        XDGMM(2, backend="tiny").fit(x, Xcov=S)
+
+
 @pytest.mark.parametrize("backend", ["auto", "fused", "unrolled", "compiled"])
 def test_projected_batches_take_the_lapack_path_whatever_is_requested(backend, monkeypatch):
     """The unrolled kernels handle R = I only; the dispatcher, the one place the choice is made, sends
     projected batches to the LAPACK path (the compiled kernel is never built for them)."""
-    import scalable_xd.kernel.dispatch as dispatch
+    import scalable_xd.kernel.unrolled as unrolled
 
-    monkeypatch.setattr(dispatch, "_compiled_terms", None)
+    monkeypatch.setattr(unrolled, "_compiled_terms", None)
     rng = np.random.default_rng(5)
     x, S, weights, means, covs = kernel_problem(rng, n=4, k=2, d=2)
     R = torch.tensor(rng.normal(size=(4, 2, 2)))

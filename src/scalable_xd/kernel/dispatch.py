@@ -41,30 +41,10 @@ import torch
 
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
-from . import check_backend
-from .fused import fused_chunk
-from .linalg import linalg_chunk
+from . import TABLE, check_backend
 from .statistics import Statistics, assign, n_points
-from .triton_pass import triton_chunk
-from .unrolled import unrolled_chunk, unrolled_terms
 
 log = logging.getLogger(__name__)
-
-# Pairs per chunk. The fused kernel writes only the log-densities per pair (4-8 MB at 2^20 pairs). The
-# unrolled pass is fastest on CPU between ~2^16 and ~2^18 pairs (its ~100 (K, B) temporaries then stay
-# in cache); on a GPU far larger chunks amortise kernel launches. The LAPACK path holds several
-# (pairs, d, d) stacks, ~25 MB each in float64 at 2^16 pairs.
-_MAX_PAIRS = {
-    ("fused", "cpu"): 1 << 20,
-    ("unrolled", "cpu"): 1 << 17,
-    ("unrolled", "cuda"): 1 << 22,
-    ("compiled", "cpu"): 1 << 17,
-    ("compiled", "cuda"): 1 << 22,
-    ("linalg", "cpu"): 1 << 16,
-    ("linalg", "cuda"): 1 << 20,
-    ("triton", "cpu"): 1 << 16,  # the interpreter: test sizes only
-    ("triton", "cuda"): 1 << 22,
-}
 
 
 def choose_backend(name: str, R, device: torch.device | None = None) -> str:
@@ -74,10 +54,11 @@ def choose_backend(name: str, R, device: torch.device | None = None) -> str:
     installed, torch.compile's otherwise. A backend that cannot run on ``device`` is a clear error."""
     check_backend(name)
     if R is not None:
-        return "linalg"
+        return next(b.name for b in TABLE.values() if b.projections)
     kind = "cpu" if device is None else torch.device(device).type
-    if name == "fused" and kind != "cpu":
-        raise ValueError(f"the fused kernel runs on the CPU only; the data are on {device}")
+    if name != "auto" and kind not in TABLE[name].max_pairs:
+        runs_on = " and ".join(k.upper() for k in TABLE[name].max_pairs)
+        raise ValueError(f"the {name} kernel runs on the {runs_on} only; the data are on {device}")
     if name == "fused" and not _have_numba():
         raise ImportError("the fused kernel needs numba: pip install numba")
     if name == "triton":
@@ -131,13 +112,6 @@ def _numba_or_say_why() -> bool:
     return True
 
 
-@cache
-def _compiled_terms():
-    """``unrolled_terms`` through torch.compile (built on first use; needs a C++ compiler on CPU, Triton on
-    CUDA). Sizes are symbolic, so chunks of any length share one graph per dtype and dimension."""
-    return torch.compile(unrolled_terms, dynamic=True)
-
-
 def chunks(n_points: int, n_components: int, max_pairs: int):
     """Slices of the batch holding at most ``max_pairs`` (point, component) pairs (at least one point)."""
     step = max(1, max_pairs // max(1, n_components))
@@ -146,15 +120,13 @@ def chunks(n_points: int, n_components: int, max_pairs: int):
 
 
 def _chunk(backend: str, x, S, mixture: Mixture, R, with_stats: bool, start: int, extra: dict):
-    """One chunk's (log p, log alpha N, Statistics or None) on ``backend``."""
-    if backend == "linalg":
-        return linalg_chunk(x, S, mixture, R, with_stats, start, **extra)
-    if backend == "fused":
-        return fused_chunk(x, S, mixture, with_stats, start, **extra)
-    if backend == "triton":
-        return triton_chunk(x, S, mixture, with_stats, start, **extra)
-    terms = _compiled_terms() if backend == "compiled" else unrolled_terms
-    return unrolled_chunk(x, S, mixture, with_stats, start, terms=terms, **extra)
+    """One chunk's (log p, log alpha N, Statistics or None) on ``backend`` (its ``statistics.Chunk``)."""
+    return _chunk_function(backend)(x, S, mixture, R, with_stats, start, **extra)
+
+
+@cache
+def _chunk_function(backend: str):
+    return TABLE[backend].chunk_function()
 
 
 def _passes(
@@ -178,7 +150,7 @@ def _passes(
     pair that fails in float64 too is an error."""
     backend = choose_backend(backend, R, x.device)
     given, mixture = mixture, mixture.to(dtype=x.dtype)
-    max_pairs = max_pairs or _MAX_PAIRS[(backend, "cuda" if x.is_cuda else "cpu")]
+    max_pairs = max_pairs or TABLE[backend].max_pairs["cuda" if x.is_cuda else "cpu"]
     for part in chunks(x.shape[0], mixture.n_components, max_pairs):
         extra = {
             "point_weights": None if point_weights is None else point_weights[part],

@@ -440,14 +440,15 @@ def fused_chunk(
     x,
     S,
     mixture: Mixture,
+    R,
     with_stats: bool,
     row_offset: int,
     point_weights=None,
     uniforms=None,
     with_criteria: bool = False,
 ):
-    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I; the
-    statistics pass returns no log alpha_j N_ij (None) unless the criteria need them."""
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I (``R``
+    is None); the statistics pass returns no log alpha_j N_ij (None) unless the criteria need them."""
     import numba
 
     n, dim = x.shape

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .. import deferred_checks
 from ..errors import NotPositiveDefiniteError
+
+if TYPE_CHECKING:
+    from ..mixture import Mixture
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -98,6 +102,29 @@ class Criteria:
 
     def combine(self, other: Criteria) -> Criteria:
         return Criteria(self.overlap + other.overlap, self.r_log_r + other.r_log_r, self.r_log_n + other.r_log_n)
+
+
+class Chunk(Protocol):
+    """What a backend implements (``kernel.TABLE`` names it): the pass over one chunk of points, returning
+    (log p(x_i) (B,), log alpha_j N_ij (B, K) or None where neither ``with_stats`` is False nor the criteria
+    need them, ``Statistics`` or None without ``with_stats``). ``R`` is None for R = I, else (B, d, D)
+    (only a backend with projections is given one); ``point_weights`` (B,) weight the sums, ``uniforms``
+    (B,) replace the responsibilities by sampled assignments (``assign``), ``with_criteria`` adds
+    ``Criteria``. A pair whose V_j + S_i cannot be factorised raises ``NotPositiveDefiniteError`` naming
+    row ``row_offset`` + its index (``raise_for_failed_pairs``)."""
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        S: torch.Tensor,
+        mixture: Mixture,
+        R: torch.Tensor | None,
+        with_stats: bool,
+        row_offset: int,
+        point_weights: torch.Tensor | None = None,
+        uniforms: torch.Tensor | None = None,
+        with_criteria: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Statistics | None]: ...
 
 
 def criteria_sums(log_dens, loglik, log_weights, point_weights=None, *, dim: int) -> tuple:

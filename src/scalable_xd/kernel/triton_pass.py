@@ -141,13 +141,14 @@ def triton_chunk(
     x,
     S,
     mixture: Mixture,
+    R,
     with_stats: bool,
     row_offset: int,
     point_weights=None,
     uniforms=None,
     with_criteria: bool = False,
 ):
-    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I."""
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I (``R`` is None)."""
     import triton
 
     n, dim = x.shape

@@ -14,6 +14,8 @@ torch.compile's code, since it keeps the per-pair matrices in registers instead 
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from ..mixture import Mixture
@@ -139,6 +141,7 @@ def unrolled_chunk(
     x,
     S,
     mixture: Mixture,
+    R,
     with_stats: bool,
     row_offset: int,
     terms=unrolled_terms,
@@ -146,7 +149,7 @@ def unrolled_chunk(
     uniforms=None,
     with_criteria: bool = False,
 ):
-    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I.
+    """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I (``R`` is None).
 
     ``terms`` is ``unrolled_terms`` itself or a compiled version of it.
     """
@@ -170,3 +173,15 @@ def unrolled_chunk(
     criteria = Criteria(*out[7:]) if with_criteria else None
     stats = Statistics(n_points(x, point_weights), q, U, UU, P, summed_loglik(loglik, point_weights), criteria)
     return loglik, log_dens.T, stats
+
+
+@cache
+def _compiled_terms():
+    """``unrolled_terms`` through torch.compile (built on first use; needs a C++ compiler on CPU, Triton on
+    CUDA). Sizes are symbolic, so chunks of any length share one graph per dtype and dimension."""
+    return torch.compile(unrolled_terms, dynamic=True)
+
+
+def compiled_chunk(x, S, mixture: Mixture, R, with_stats: bool, row_offset: int, **extra):
+    """``unrolled_chunk`` with its terms through torch.compile (the "compiled" backend)."""
+    return unrolled_chunk(x, S, mixture, R, with_stats, row_offset, terms=_compiled_terms(), **extra)
