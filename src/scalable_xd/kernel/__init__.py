@@ -18,8 +18,9 @@ from importlib import import_module
 @dataclass(frozen=True)
 class Backend:
     """A statistics pass: ``chunk`` names its ``statistics.Chunk`` as "module.function", the module relative
-    to this package where it starts with a dot (imported on first use); ``max_pairs`` the (point, component) pairs per chunk on each kind of device
-    it runs on; ``projections`` whether it handles R_i other than the identity."""
+    to this package where it starts with a dot (imported on first use); ``max_pairs`` the (point, component)
+    pairs per chunk on each kind of device it runs on; ``projections`` whether it handles R_i other than
+    the identity."""
 
     name: str
     chunk: str

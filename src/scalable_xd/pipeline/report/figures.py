@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...fit.methods import METHODS
 from .metrics import FitMetrics, metrics_frame
 from .style import (
     COLUMN,
     COLUMN_HEIGHT,
     DATA_COLOUR,
+    LOOKS,
     PAGE,
     SAMPLES,
     TRUE_COLOUR,
@@ -205,7 +205,7 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         label_kwargs={"fontsize": 8},
         max_n_ticks=3,  # five ticks a panel crowd each other at print size
     )
-    colour = METHODS[model.method].colour if model.method in METHODS else "tab:red"
+    colour = LOOKS[model.method][1] if model.method in LOOKS else "tab:red"
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, PAGE))
     corner.corner(observed, fig=fig, labels=FEATURE_LABELS, color=DATA_COLOUR, hist_kwargs={"density": True}, **style)
