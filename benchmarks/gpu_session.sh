@@ -41,8 +41,8 @@ step() {
 
 for name in "$@"; do
   case "$name" in
-    tests) step tests 120 python3 -m pytest -q -m cuda tests/test_cuda.py tests/test_cuda_graphs.py
-           step tests_triton_updates 60 python3 -m pytest -q tests/test_triton_updates.py ;;
+    tests) step tests 120 python3 -m pytest -q -m cuda tests/fit/test_cuda.py tests/fit/test_cuda_graphs.py
+           step tests_triton_updates 60 python3 -m pytest -q tests/fit/test_triton_updates.py ;;
     pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components ${PASS_KS:-64 128 256 512} \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels ${PASS_KERNELS:-triton unrolled} --label gpu ;;
     step) for backend in ${STEP_BACKENDS:-triton unrolled}; do

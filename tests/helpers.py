@@ -1,10 +1,19 @@
-"""Independent reference computations and data generators for the tests (numpy/scipy, no project code)."""
+"""Independent reference computations and data generators for the tests (numpy/scipy, no project code),
+and running a benchmark's quick mode."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def random_spd(rng, k, d, scale=1.0, condition=10.0):
@@ -155,3 +164,12 @@ def damage_file(path, kind: str) -> bool:
         return False
     path.write_bytes(damaged)
     return True
+
+
+def run_quick(script: str, tmp_path: Path, *args: str) -> list[dict]:
+    """``script --quick`` in a fresh process; the JSON files it wrote."""
+    env = {**os.environ, "BENCH_QUICK_RESULTS": str(tmp_path)}
+    command = [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--quick", *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, f"{script} --quick failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]

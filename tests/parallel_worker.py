@@ -1,4 +1,4 @@
-"""One process of a data-parallel fit, started by tests/test_parallel.py (as torchrun would start it: RANK,
+"""One process of a data-parallel fit, started by tests/fit/test_parallel.py (as torchrun would start it: RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment). Usage:
 
     python tests/parallel_worker.py OUTPUT.npz JSON_SETTINGS [CHECKPOINT] [DIE_AFTER_BATCHES]

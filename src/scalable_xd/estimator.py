@@ -25,7 +25,7 @@ from .data.iterable import is_batch_iterable
 from .data.noise import CompactCovariance
 from .data.source import DataSource
 from .fit.driver import Start, fit_mixture, fixed_masks, settings_record
-from .fit.methods import METHODS, SETTING_CHOICES, check_settings
+from .fit.methods import METHODS, SETTING_CHOICES, check_settings, setting_help
 from .fit.online import OnlineFit, refusal
 from .fit.parallel import Group, fail_together
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
@@ -77,9 +77,9 @@ class XDGMM(DensityMixin, BaseEstimator):
     """
 
     # The settings' entries are written from ``settings.FitSettings``, where each default is declared.
-    __doc__ = __doc__.replace("    {fit_settings}", numpydoc_parameters(FitSettings, choices=SETTING_CHOICES)).replace(
-        "    {kmeans_settings}", numpydoc_parameters(KMeansSettings, prefix="kmeans_")
-    )
+    __doc__ = __doc__.replace(
+        "    {fit_settings}", numpydoc_parameters(FitSettings, choices=SETTING_CHOICES, help_of=setting_help)
+    ).replace("    {kmeans_settings}", numpydoc_parameters(KMeansSettings, prefix="kmeans_"))
 
     def __init__(
         self,

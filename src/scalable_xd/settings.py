@@ -7,7 +7,8 @@ same defaults, which a test checks. ``KMeansSettings`` does the same for the k-m
 A leaf: it imports nothing of the package. The vocabularies others own are checked by their owners: the
 method and what it allows by the method table (``fit.methods.check_settings``, which also resolves the
 epoch budget), the backend by the kernel (``kernel.BACKENDS``); ``fit.methods.SETTING_CHOICES`` hands both
-to those who show the choices (the command line, the estimator's docstring).
+to those who show the choices, and ``fit.methods.setting_help`` the methods' own budgets to those who show
+the help (the command line, the estimator's docstring, the config's README).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class FitSettings(_Settings):
     epochs: int | None = setting(
         None,
         "passes over the training data (for em: iterations at most); None: the method's own budget, in which "
-        "its defaults reached 90% of what converged XD achieves on the documented data shapes (the method "
-        "table's, docs/user-guide/converged.md)",
+        "its defaults reached 90% of what converged XD achieves on the documented data shapes "
+        "(docs/user-guide/converged.md)",
         low=1,
         nullable=True,
     )
@@ -231,10 +232,13 @@ class KMeansSettings(_Settings):
     batch_size: int = setting(500, "points per k-means minibatch", low=1)
 
 
-def numpydoc_parameters(cls, prefix: str = "", indent: str = "    ", choices: dict | None = None) -> str:
+def numpydoc_parameters(
+    cls, prefix: str = "", indent: str = "    ", choices: dict | None = None, help_of=lambda name, text: text
+) -> str:
     """numpydoc "Parameters" entries for the fields of a settings dataclass (``XDGMM``'s docstring): the
     type or choices and the default from the field, the description from its help, so none can drift;
-    ``choices`` gives those of the fields whose vocabulary another module owns (see the module)."""
+    ``choices`` gives those of the fields whose vocabulary another module owns, ``help_of(name, help)``
+    what it adds to their help (see the module)."""
     entries = []
     for f in fields(cls):
         meta = f.metadata
@@ -244,7 +248,11 @@ def numpydoc_parameters(cls, prefix: str = "", indent: str = "    ", choices: di
         else:
             kind = str(f.type).replace(" | None", " or None")
         body = textwrap.fill(
-            meta["help"] + ".", 100, initial_indent=indent * 2, subsequent_indent=indent * 2, break_on_hyphens=False
+            help_of(f.name, meta["help"]) + ".",
+            100,
+            initial_indent=indent * 2,
+            subsequent_indent=indent * 2,
+            break_on_hyphens=False,
         )
         entries.append(f"{indent}{prefix}{f.name} : {kind}, default={f.default!r}\n{body}")
     return "\n".join(entries)

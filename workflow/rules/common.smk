@@ -25,7 +25,7 @@ ENV = "../envs/scalable_xd.yaml"
 wildcard_constraints:
     method="|".join(METHODS),
 
-# The methods the schema allows a variant (tests/test_settings.py holds them equal to scalable_xd.fit.methods).
+# The methods the schema allows a variant (tests/estimator/test_settings.py holds them equal to scalable_xd.fit.methods).
 with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as _schema:
     FIT_METHODS = yaml.safe_load(_schema)["properties"]["fit"]["properties"]["variants"]["additionalProperties"][
         "properties"]["method"]["enum"]

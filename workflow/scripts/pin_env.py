@@ -26,7 +26,7 @@ CXX_COMPILER = "cxx-compiler ==1.9.0"
 HEADER = """\
 # Dependencies of every rule (the rules run this checkout's src/ on PYTHONPATH; see rules/common.smk).
 # Exact versions, so that `--use-conda` builds the same environment every time: written by
-# workflow/scripts/pin_env.py from the environment the test suite passed in; tests/test_environment.py
+# workflow/scripts/pin_env.py from the environment the test suite passed in; tests/project/test_environment.py
 # checks them against pyproject.toml. environment.yml (development) keeps lower bounds.
 """
 

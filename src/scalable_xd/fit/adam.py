@@ -4,7 +4,7 @@
 corrections, which on a GPU makes each step wait for the device (unless ``capturable``, which the CPU
 does not support). SGD's parameters are few and their gradients come analytically from the kernel's sums,
 so this is all the optimiser the fit needs: the same arithmetic as torch's single-tensor step (no weight
-decay, amsgrad or maximize; ``tests/test_fused_updates.py`` holds the two equal to the bit), and a state
+decay, amsgrad or maximize; ``tests/fit/test_fused_updates.py`` holds the two equal to the bit), and a state
 that the compiled CPU step (``fused_updates.sgd_step``) updates in place.
 """
 

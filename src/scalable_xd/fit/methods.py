@@ -152,6 +152,20 @@ METHODS: dict[str, Method] = {
 SETTING_CHOICES = {"method": tuple(METHODS), "backend": BACKENDS}
 
 
+def setting_help(name: str, text: str) -> str:
+    """A setting's help as the command line, the estimator's docstring and the config's README show it:
+    ``epochs``'s gains each method's own budget, which this table holds."""
+    if name != "epochs":
+        return text
+    budgets = ", ".join(
+        f"{m.name} {m.epochs}"
+        + (" (stopped sooner by tol)" if m.uses_tol else "")
+        + (f" or enough for {m.min_updates:,} updates" if m.min_updates else "")
+        for m in METHODS.values()
+    )
+    return f"{text}: {budgets}"
+
+
 def check_settings(s: FitSettings) -> FitSettings:
     """``s``, or a ValueError where its method is unknown or it asks its method for what the method's row
     does not allow (averaging, split-and-merge, truncation); its backend is checked by the kernel."""

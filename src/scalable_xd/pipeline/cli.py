@@ -23,7 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..fit.methods import SETTING_CHOICES
+from ..fit.methods import SETTING_CHOICES, setting_help
 from ..settings import FitSettings, KMeansSettings
 from . import steps
 from .gpu_slots import job_device
@@ -70,7 +70,8 @@ def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
         flag = f"--{prefix}{f.name.replace('_', '-')}"
         kind = str(f.type).split("|")[0].strip()
         # argparse formats help with %: a literal one (in "90% of") must be doubled
-        help_text = f"{meta['help']} (default: {default})".replace("%", "%%")
+        text = setting_help(f.name, meta["help"]) if cls is FitSettings else meta["help"]
+        help_text = f"{text} (default: {default})".replace("%", "%%")
         if kind == "bool":
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:

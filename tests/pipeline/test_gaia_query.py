@@ -23,7 +23,7 @@ from scalable_xd.pipeline.gaia.schema import QUERY_COLUMNS
 from scalable_xd.pipeline.gaia.storage import read_raw
 from scalable_xd.pipeline.gaia.tap import ArchiveUnreachableError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 N_ROWS, CHUNK = 20_000, 5_000
 # Timeouts well above honest reply times on a busy 2-core machine, below the injected slow reply (5 s).
 FAST = dict(backoff=0.01, request_timeout=3.0, job_timeout=1.5, poll=0.02, progress=False)

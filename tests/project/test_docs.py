@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import draw_xd_data, random_spd
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
 PAGES = [p for p in PAGES if "_build" not in p.parts]
 FENCE = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)

@@ -15,7 +15,7 @@ from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.schema import ASTROMETRY, CORRELATIONS, FEATURES
 from scalable_xd.pipeline.gaia.storage import write_feature_splits
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from scalable_xd.pipeline.cli import build_parser
 from scalable_xd.pipeline.steps import REFERENCE
 from scalable_xd.settings import FitSettings, KMeansSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]
 WORKFLOW_FIT_KEYS = {
     "methods",

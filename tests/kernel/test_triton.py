@@ -1,6 +1,6 @@
 """The Triton kernel, run on the CPU by Triton's interpreter, against the LAPACK path (small inputs: the
-interpreter runs each program as numpy, slowly). On a GPU the same kernels are compiled (tests/test_cuda.py).
-Failed factorisations and the float64 retry are tested with every backend in tests/test_kernel.py."""
+interpreter runs each program as numpy, slowly). On a GPU the same kernels are compiled (tests/fit/test_cuda.py).
+Failed factorisations and the float64 retry are tested with every backend in tests/kernel/test_kernel.py."""
 
 import os
 import subprocess

@@ -10,7 +10,7 @@ from scalable_xd.pipeline.gaia.galaxy import LMC, SMC
 from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gaia_dr2_real_sample"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 # G bins and median parallax_error (mas) of real five-parameter DR2 stars (the shared sample; Lindegren 2018).
 G_BINS = [(14, 16, 0.042), (16, 18, 0.098), (18, 19.5, 0.31), (19.5, 20.5, 0.68), (20.5, 22, 1.27)]
 

@@ -13,7 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 from scalable_xd import XDGMM
 from scalable_xd.fit.methods import METHODS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_defaults  # noqa: E402
 
 UNITS = np.array([1e-4, 1.0, 1e4])

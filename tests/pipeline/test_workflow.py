@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
 METHODS, KS, SEEDS = SMOKE["fit"]["methods"], SMOKE["fit"]["n_components"], SMOKE["fit"]["seeds"]
 FIGURE_K = SMOKE["report"]["figure_K"]
@@ -70,7 +70,7 @@ def test_table_has_one_finite_row_per_method_and_k(smoke):
 
 
 def test_a_run_is_summarised_by_its_benchmark_script(smoke, tmp_path):
-    from test_benchmarks import run_quick
+    from helpers import run_quick
 
     (summary,) = run_quick("summarise_run", tmp_path, str(smoke))
     assert summary["run"] == "smoke" and {row["method"] for row in summary["rows"]} == set(METHODS)

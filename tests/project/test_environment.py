@@ -9,7 +9,7 @@ import tomllib
 import yaml
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONDA_NAMES = {"torch": "pytorch", "matplotlib": "matplotlib-base"}
 # Not Python packages, so not in pyproject.toml: the C++ toolchain that torch.compile builds with on CPU.
 CONDA_ONLY = {"cxx-compiler"}

@@ -13,7 +13,7 @@ from scalable_xd.fit.methods import METHODS, Method, check_settings, paper_metho
 from scalable_xd.pipeline.report.style import SPARE_COLOURS, colour, in_paper_order, method_name
 from scalable_xd.settings import FitSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "src" / "scalable_xd"
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the worker
 from parallel_worker import problem  # noqa: E402
 
 from scalable_xd import XDGMM
 
-WORKER = Path(__file__).parent / "parallel_worker.py"
+WORKER = Path(__file__).parents[1] / "parallel_worker.py"
 BASE = dict(n_components=3, epochs=4, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=3)
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def _run_two(tmp_path, settings, checkpoint="", die_after=None, timeout=240, **e
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
-        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+        "PYTHONPATH": str(Path(__file__).parents[2] / "src"),
     }
     args = [sys.executable, str(WORKER), str(output), json.dumps(settings), str(checkpoint)]
     args += [] if die_after is None else [str(die_after)]
@@ -207,7 +207,7 @@ def _same_model(one, two):
     np.testing.assert_allclose(XDGMM.load(two / "model.npz").means_, XDGMM.load(one / "model.npz").means_, rtol=1e-9)
 
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
 
 
 @pytest.mark.parametrize("stream", [[], ["--stream-window", "700"]])
