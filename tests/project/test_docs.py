@@ -72,3 +72,14 @@ def test_pages_link_to_what_exists():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not target.startswith("http"):
                 assert (page.parent / target).exists(), f"{page.relative_to(REPO)} links to {target}"
+
+
+def test_the_contributing_guide_names_every_module():
+    """docs/contributing.md's layout names each of the library's modules, so a module added or moved is
+    placed on the map too."""
+    layout = (REPO / "docs" / "contributing.md").read_text().split("## Layout", 1)[1].split("## Extending", 1)[0]
+    words = set(re.findall(r"[A-Za-z_]+", layout))
+    package = REPO / "src" / "scalable_xd"
+    modules = {p.stem for p in package.rglob("*.py") if p.stem != "__init__"}
+    packages = {p.parent.name for p in package.rglob("__init__.py") if p.parent != package}
+    assert not (modules | packages) - words, sorted((modules | packages) - words)
