@@ -74,11 +74,11 @@ class _Settings:
             _check(f.name, getattr(self, f.name), f.metadata, _kind(f))
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
 
     @classmethod
     def defaults(cls) -> dict:
-        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        return {f.name: f.default for f in fields(cls) if f.default is not MISSING}  # type: ignore[arg-type]
 
 
 def _kind(f) -> type:
@@ -279,7 +279,9 @@ def resolve_seed(random_state, name: str = "random_state") -> int:
     """An integer seed from None (fresh entropy), an int, a numpy ``RandomState`` or ``Generator`` (one draw,
     advancing it, as scikit-learn does)."""
     if random_state is None:
-        return int(np.random.SeedSequence().entropy % 2**62)
+        entropy = np.random.SeedSequence().entropy
+        assert isinstance(entropy, int)  # drawn fresh, not given: one int
+        return entropy % 2**62
     if isinstance(random_state, np.random.RandomState):
         return int(random_state.randint(0, 2**62, dtype=np.int64))
     if isinstance(random_state, np.random.Generator):

@@ -254,9 +254,11 @@ def batch_statistics(
         return _marginalised_statistics(
             x, S, mixture, backend, max_pairs, point_weights, uniforms, with_criteria, observed
         )
-    total = None
+    total: Statistics | None = None
     for _, _, stats in _passes(x, S, mixture, R, True, backend, max_pairs, point_weights, uniforms, with_criteria):
         total = stats if total is None else total.combine(stats)
+    if total is None:
+        raise ValueError("batch_statistics needs at least one point")
     return total
 
 

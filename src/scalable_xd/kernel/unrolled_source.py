@@ -45,6 +45,8 @@ def import_generated(stem: str, source: str):
         partial.write_text(source)
         os.replace(partial, path)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the generated kernel module {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # numba's cache re-imports it by name
     spec.loader.exec_module(module)

@@ -190,10 +190,10 @@ def write_manifest(path, chunks, *, n_rows: int, tap_url: str | None) -> None:
 def query_gaia(
     n_rows: int,
     out_dir,
-    chunk_rows: int = QUERY_DEFAULTS["chunk_rows"],
+    chunk_rows: int = int(QUERY_DEFAULTS["chunk_rows"]),
     tap_url: str | None = None,
     *,
-    retries: int = QUERY_DEFAULTS["retries"],
+    retries: int = int(QUERY_DEFAULTS["retries"]),
     backoff: float = 10.0,
     request_timeout: float = QUERY_DEFAULTS["request_timeout"],
     job_timeout: float = QUERY_DEFAULTS["job_timeout"],

@@ -10,7 +10,12 @@ from __future__ import annotations
 from ..features_file import FeatureSpec
 
 # The archive query's defaults (``query.query_gaia`` and ``scalable-xd query``).
-QUERY_DEFAULTS = {"chunk_rows": 200_000, "retries": 5, "request_timeout": 300.0, "job_timeout": 5400.0}
+QUERY_DEFAULTS: dict[str, int | float] = {
+    "chunk_rows": 200_000,
+    "retries": 5,
+    "request_timeout": 300.0,
+    "job_timeout": 5400.0,
+}
 
 MAS_PER_DEG = 3.6e6  # the archive gives ra_error and dec_error in mas, ra and dec in degrees
 

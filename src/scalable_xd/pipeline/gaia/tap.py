@@ -135,6 +135,8 @@ def make_client(tap_url: str, request_timeout: float):
         from astroquery.utils.tap.conn.tapconn import TapConn
 
     parsed = urlparse(tap_url)
+    if parsed.hostname is None:
+        raise ValueError(f"tap_url must be an http(s) URL such as {DEFAULT_TAP_URL}, got {redact_url(tap_url)!r}")
     https = parsed.scheme == "https"
     port = parsed.port or (443 if https else 80)
     authorization = None

@@ -107,7 +107,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     method (earlier epochs and the k-means start, far below, run off the bottom and are stated), so that the
     end-state differences between methods, the point of the figure, and the bands are visible."""
     plt = pyplot()
-    curves = {}
+    curves: dict = {}
     for path in metrics_paths:
         m = FitMetrics.read(path)
         if m.n_components == n_components:
