@@ -109,6 +109,7 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
     from helpers import xd_loglik
 
     import scalable_xd.fit.loop as loop
+    import scalable_xd.fit.scoring as scoring
 
     rng = np.random.default_rng(12)
     means = rng.normal(scale=3, size=(3, 2))
@@ -117,14 +118,14 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
     settings = dict(n_components=3, method=method, tol=None, dtype="float64", device="cpu", random_state=1, **init)
     settings["acceleration"] = acceleration
     passes = {"E-step": 0, "evaluation": 0}
-    real_stats, real_dens = loop.batch_statistics, loop.log_densities
+    real_stats, real_dens = loop.batch_statistics, scoring.log_densities
     monkeypatch.setattr(
         loop,
         "batch_statistics",
         lambda *a, **k: (passes.update({"E-step": passes["E-step"] + 1}), real_stats(*a, **k))[1],
     )
     monkeypatch.setattr(
-        loop,
+        scoring,
         "log_densities",
         lambda *a, **k: (passes.update({"evaluation": passes["evaluation"] + 1}), real_dens(*a, **k))[1],
     )
