@@ -29,10 +29,20 @@ class EpochSums(Capabilities):
     def observe(self, stats: Statistics) -> None:
         self._sums = stats.double() if self._sums is None else self._sums.combine(stats.double())
 
+    @property
+    def epoch_sums(self) -> Statistics:
+        """The epoch's statistics so far; a RuntimeError before its first batch."""
+        if self._sums is None:
+            raise RuntimeError("no batch was observed this epoch")
+        return self._sums
+
     def pass_loglik(self) -> float:
         """The summed (weighted) log-likelihood of the whole training set under the model the epoch's pass
         used: what an evaluation pass would compute, had the E-step not already done so."""
-        return float(self._sums.loglik)
+        loglik = self.epoch_sums.loglik
+        if loglik is None:
+            raise RuntimeError("the epoch's statistics hold no log-likelihood")
+        return float(loglik)
 
     def pass_objective(self) -> float | None:
         return None  # Bovy et al.'s EM judges convergence on the log-likelihood, whatever w
@@ -81,7 +91,7 @@ class BatchEM(EpochSums):
         return self.mixture
 
     def end_epoch(self) -> None:
-        self.mixture = em_update(self.mixture, self._sums, self.w, self.fixed)
+        self.mixture = em_update(self.mixture, self.epoch_sums, self.w, self.fixed)
         self._sums = None
 
     def diagnostics(self) -> dict:

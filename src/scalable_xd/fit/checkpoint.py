@@ -233,6 +233,8 @@ class Checkpoint:
     def save(
         self, epoch: int, history: list, converged: bool, fitter_state: dict, batch: int = 0, epoch_seconds: float = 0.0
     ) -> None:
+        if self.fingerprint is None:
+            raise RuntimeError(f"checkpoint {self.path}: bind it to its fit before saving")
         save(
             self.path,
             fingerprint=self.fingerprint,

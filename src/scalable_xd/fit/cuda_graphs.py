@@ -42,7 +42,7 @@ class GraphedStep:
         self.device, self.backend = device, backend
         self.checks = deferred_checks.DeferredChecks(device)  # the flag the captured step writes to
         self.capturing = device.type == "cuda"
-        self.layout = None  # (batch size, weighted, drawn): what the static buffers hold
+        self.layout: tuple[int, bool, bool] | None = None  # (batch size, weighted, drawn): the static buffers
         self.inputs: dict[str, torch.Tensor | None] = {}
         self.live: list[torch.Tensor] = []  # the fitter's tensors the step reads and writes, static
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -88,8 +88,9 @@ class GraphedStep:
         """Copy the batch into the static inputs, and the fitter's tensors into the static ones where an
         ordinary step (or a restored state) replaced them."""
         for name, value in (("x", batch.x), ("S", batch.S), ("weights", batch.weights), ("uniforms", uniforms)):
-            if value is not None:
-                self.inputs[name].copy_(value)
+            target = self.inputs[name]
+            if value is not None and target is not None:  # the layout says both are given or neither
+                target.copy_(value)
         current = self.fitter.live_tensors()
         if not self.live:
             self.live = [t.clone() for t in current]

@@ -22,14 +22,14 @@ def _squared_distances(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
 
 def _kmeans_plus_plus(sample: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     first = torch.randint(sample.shape[0], (1,), generator=generator)
-    centres = [sample[first.item()]]
+    centres = [sample[int(first)]]
     closest = _squared_distances(sample, centres[0][None]).squeeze(1)
     for _ in range(1, k):
         total = closest.sum()
         if total <= 0:  # fewer distinct points than centres: pick uniformly
-            pick = torch.randint(sample.shape[0], (1,), generator=generator).item()
+            pick = int(torch.randint(sample.shape[0], (1,), generator=generator))
         else:
-            pick = torch.multinomial((closest / total).cpu(), 1, generator=generator).item()
+            pick = int(torch.multinomial((closest / total).cpu(), 1, generator=generator))
         centres.append(sample[pick])
         closest = torch.minimum(closest, _squared_distances(sample, sample[pick][None]).squeeze(1))
     return torch.stack(centres)

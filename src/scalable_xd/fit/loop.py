@@ -135,10 +135,12 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
 
     one_pass = fitter.scores_its_pass
     scored = train if scored is None or one_pass else scored
-    saving = checkpoint is not None and cfg.group.writes
+    store = checkpoint if checkpoint is not None and cfg.group.writes else None  # what this process saves to
     done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
+    resumed: dict = {}  # the fitter's state the checkpoint holds
     if checkpoint is not None and checkpoint.saved is not None:
         saved = checkpoint.saved
+        resumed = saved["fitter"]
         path = checkpoint.path
         resume_state(fitter, saved["fitter"], f"checkpoint {path}", f"delete {path} to start the fit afresh")
         start, history, converged = saved["epoch"], saved["history"], saved["converged"]
@@ -154,7 +156,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         tick = time.perf_counter()
         fitter.start_epoch(epoch - 1)
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
-            fitter.load_state_dict(checkpoint.saved["fitter"])
+            fitter.load_state_dict(resumed)
         train_epoch = functools.partial(
             _train_epoch,
             fitter,
@@ -164,7 +166,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
             done,
             done_seconds,
             tick,
-            checkpoint if saving else None,
+            store,
             history,
             graphed,
         )
@@ -193,8 +195,8 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
             _log(cfg, history[-1])
             converged = improved_less_than(cfg.tol, history)
         converged = converged or fitter.finished
-        if saving:
-            checkpoint.save(epoch, history, converged, fitter.state_dict())
+        if store is not None:
+            store.save(epoch, history, converged, fitter.state_dict())
         epoch += 1
     if history[-1]["train_loglik"] is None:  # batch EM stopped by its epoch budget: score the last update
         history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
