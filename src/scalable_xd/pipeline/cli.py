@@ -11,16 +11,21 @@
     scalable-xd errors    --model model.npz --train train.parquet --output-json J --output-md M
     scalable-xd table / claims / plot-timing / plot-curves / plot-sky / plot-corner   (see ``report``)
 
-The options of ``fit``, ``reference`` and ``kmeans`` come from ``settings`` (their help, defaults and
-choices); ``scalable-xd <step> --help`` lists them. Every bad input ends in one error line and status 1.
+Each subcommand is a row of one table (``commands``): its options, and the ``steps`` function it runs,
+which gets every option by name. The options of ``fit``, ``reference`` and ``kmeans`` come from
+``settings`` (their help, defaults and choices); ``scalable-xd <step> --help`` lists them. Every bad input
+ends in one error line and status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..fit.methods import SETTING_CHOICES, setting_help
@@ -93,44 +98,34 @@ def _settings_of(args, cls, **fixed):
 # ------------------------------------------------------------------------------------------- the steps
 
 
-def _mock(args) -> None:
-    steps.mock(args.n_rows, args.seed, args.output)
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: what it does, its options (``(flags, add_argument keywords)`` pairs) and what runs it:
+    the ``steps`` function of that name, given every option under its destination's name (or the one
+    ``rename`` gives); or ``run``, given the parsed arguments, where the options make settings. ``settings``
+    adds the options of the settings' fields (``_add_settings``'s keywords per settings class)."""
+
+    name: str
+    help: str
+    options: tuple = ()
+    step: str | None = None
+    rename: dict = field(default_factory=dict)
+    run: Callable | None = None
+    settings: tuple = ()
 
 
-def _query(args) -> None:
-    steps.query(
-        args.n_rows,
-        args.out_dir,
-        args.manifest,
-        chunk_rows=args.chunk_rows,
-        tap_url=args.tap_url,
-        retries=args.retries,
-        request_timeout=args.request_timeout,
-        job_timeout=args.job_timeout,
-    )
+def option(*flags: str, **keywords) -> tuple:
+    return flags, keywords
 
 
-def _bulk_index(args) -> None:
-    steps.bulk_index(args.url, args.output, args.n_files)
+def _destination(flags, keywords) -> str:
+    return keywords.get("dest") or flags[0].lstrip("-").replace("-", "_")
 
 
-def _bulk_check(args) -> None:
-    steps.bulk_check(args.input, args.index, args.output)
-
-
-def _hats_import(args) -> None:
-    steps.hats_catalogue(
-        args.index,
-        args.csv_dir,
-        args.output,
-        pixel_threshold=args.pixel_threshold,
-        highest_order=args.highest_order,
-        workers=args.workers,
-    )
-
-
-def _features(args) -> None:
-    steps.features(args.input, args.out_dir, args.mode, args.split_seed)
+def _run_step(command: Command, args) -> None:
+    """``steps.<command.step>`` with every option of the command, by name."""
+    given = {_destination(*o): getattr(args, _destination(*o)) for o in command.options}
+    getattr(steps, command.step)(**{command.rename.get(name, name): value for name, value in given.items()})
 
 
 def _kmeans(args) -> None:
@@ -174,17 +169,7 @@ def _fit(args) -> None:
 
 
 def _reference(args) -> None:
-    settings = dataclasses.replace(
-        steps.REFERENCE,
-        epochs=args.epochs,
-        tol=args.tol,
-        w=args.w,
-        w_scale=args.w_scale,
-        device=args.device,
-        dtype=args.dtype,
-        backend=args.backend,
-        acceleration=args.acceleration,
-    )
+    given = {name: getattr(args, name) for name in REFERENCE_SETTINGS}
     steps.reference(
         train=args.train,
         test=args.test,
@@ -192,357 +177,384 @@ def _reference(args) -> None:
         n_components=args.n_components,
         seed=args.seed,
         kind=args.kind,
-        settings=settings,
+        settings=dataclasses.replace(steps.REFERENCE, **given),
         output_metrics=args.output_metrics,
         threads=args.threads,
     )
 
 
-def _table(args) -> None:
-    from .report.tables import write_loglik_table
-
-    write_loglik_table(args.metrics, args.output_prefix)
+# The reference fit's settings that its subcommand takes (the others are ``steps.REFERENCE``'s).
+REFERENCE_SETTINGS = ("epochs", "tol", "w", "w_scale", "device", "dtype", "backend", "acceleration")
 
 
-def _claims(args) -> None:
-    from .denoise import read_calibration
-    from .report.claims import write_claims
-
-    calibration = None if args.calibration is None else read_calibration(args.calibration)
-    write_claims(args.metrics, args.output, device_note=args.device_note, calibration=calibration)
+# ------------------------------------------------------------------------------------------- the table
 
 
-def _plot_timing(args) -> None:
-    from .report.figures import plot_timing_vs_k
-
-    plot_timing_vs_k(args.metrics, args.output)
+def _seed(what: str) -> tuple:
+    return option("--seed", type=NON_NEGATIVE, default=0, help=f"{what} (default: 0)")
 
 
-def _plot_curves(args) -> None:
-    from .report.figures import plot_training_curves
-
-    plot_training_curves(args.metrics, args.output, n_components=args.n_components)
-
-
-def _plot_sky(args) -> None:
-    from .report.sky import plot_sky_density
-
-    plot_sky_density(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed, frame=args.frame)
+THREADS = option("--threads", type=NON_NEGATIVE, default=0, help="CPU threads for torch (default: 0, torch's own)")
+METRICS = option("--metrics", nargs="+", required=True, help="metrics files of the fits")
+IMAGES = option("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
+MODEL = option("--model", required=True, help="a model file (XDGMM.save)")
+DENOISED = option("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
 
 
-def _plot_corner(args) -> None:
-    from .report.figures import plot_corner
-
-    plot_corner(args.model, args.data, args.output, n_samples=args.n_samples, seed=args.seed)
-
-
-def _denoise(args) -> None:
-    from .denoise import denoise
-
-    denoise(args.model, args.data, args.output, batch_rows=args.batch_rows)
-
-
-def _calibrate(args) -> None:
-    from ..io import write_json, write_text
-    from .denoise import calibration, calibration_markdown
-
-    result = calibration(args.denoised)
-    write_json(args.output_json, result)
-    write_text(args.output_md, calibration_markdown(result))
-
-
-def _errors(args) -> None:
-    from ..io import write_json, write_text
-    from .parameter_errors import parameter_errors, parameter_errors_markdown
-
-    result = parameter_errors(args.model, args.train, args.n_folds, args.seed, args.max_iter, args.tol)
-    write_json(args.output_json, result)
-    write_text(args.output_md, parameter_errors_markdown(result))
-
-
-def _plot_denoised(args) -> None:
-    from .denoise import read_calibration
-    from .report.denoised import plot_denoised
-
-    plot_denoised(args.denoised, read_calibration(args.calibration), args.output)
-
-
-# ------------------------------------------------------------------------------------------- parser
-
-
-def _threads(p) -> None:
-    p.add_argument("--threads", type=NON_NEGATIVE, default=0, help="CPU threads for torch (default: 0, torch's own)")
-
-
-def _seed(p, what: str) -> None:
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0, help=f"{what} (default: 0)")
-
-
-def build_parser() -> argparse.ArgumentParser:
+def commands() -> list[Command]:
+    """Every subcommand, in the order ``--help`` lists them."""
     from .gaia.schema import QUERY_DEFAULTS as query
     from .report.style import SAMPLES
 
+    data = option("--data", required=True, help="a features file (e.g. test.parquet)")
+    samples = option("--n-samples", type=POSITIVE, default=SAMPLES, help=f"model samples (default: {SAMPLES})")
+    return [
+        Command(
+            "mock",
+            "write a Gaia-DR2-like mock catalogue (Parquet)",
+            (
+                option("--n-rows", type=POSITIVE, required=True, help="rows (stars with random_index < n-rows)"),
+                _seed("the mock's random seed"),
+                option("--output", required=True, help="the Parquet file to write"),
+            ),
+            step="mock",
+        ),
+        Command(
+            "query",
+            "download the Gaia DR2 subset random_index < N (resumable)",
+            (
+                option("--n-rows", type=POSITIVE, required=True, help="rows with random_index < n-rows"),
+                option("--out-dir", required=True, help="folder of the chunk files (a rerun fetches what is missing)"),
+                option(
+                    "--chunk-rows",
+                    type=POSITIVE,
+                    default=query["chunk_rows"],
+                    help=f"rows per archive job (default: {query['chunk_rows']})",
+                ),
+                option(
+                    "--tap-url",
+                    default=None,
+                    help="TAP server root; user:password@ goes as HTTP Basic auth (default: the ESA Gaia archive)",
+                ),
+                option(
+                    "--retries",
+                    type=NON_NEGATIVE,
+                    default=query["retries"],
+                    help=f"retries per chunk (default: {query['retries']})",
+                ),
+                option(
+                    "--request-timeout",
+                    type=float,
+                    default=query["request_timeout"],
+                    help=f"seconds any socket operation may wait (default: {query['request_timeout']:g})",
+                ),
+                option(
+                    "--job-timeout",
+                    type=float,
+                    default=query["job_timeout"],
+                    help="seconds one attempt at a chunk may take, from launch to the last byte of the result "
+                    f"(default: {query['job_timeout']:g})",
+                ),
+                option("--manifest", default=None, help="JSON listing the chunk files, written when all are done"),
+            ),
+            step="query",
+        ),
+        Command(
+            "bulk-index",
+            "list ESA's DR2 bulk files and their MD5 sums (MD5SUM.txt)",
+            (
+                option("--url", required=True, help="the index's URL (.../gaia_source/csv/MD5SUM.txt)"),
+                option("--n-files", type=NON_NEGATIVE, default=0, help="keep the first N files only (default: 0, all)"),
+                option("--output", required=True, help="the index to write (same format)"),
+            ),
+            step="bulk_index",
+        ),
+        Command(
+            "bulk-check",
+            "keep a downloaded bulk file once its MD5 sum matches the index",
+            (
+                option("--input", required=True, help="the downloaded .csv.gz"),
+                option("--index", required=True, help="the index (scalable-xd bulk-index)"),
+                option(
+                    "--output", required=True, help="where the checked file goes (its name is looked up in the index)"
+                ),
+            ),
+            step="bulk_check",
+            rename={"input": "downloaded"},
+        ),
+        Command(
+            "hats-import",
+            "convert checked bulk files into one HATS catalogue (hats-import)",
+            (
+                option("--index", required=True, help="the index listing the files (scalable-xd bulk-index)"),
+                option("--csv-dir", required=True, help="the folder of the checked files"),
+                option("--output", required=True, help="the catalogue's folder (must not exist)"),
+                option(
+                    "--pixel-threshold",
+                    type=POSITIVE,
+                    default=1_000_000,
+                    help="most stars in one HEALPix partition (default: 1000000)",
+                ),
+                option("--highest-order", type=NON_NEGATIVE, default=10, help="finest HEALPix order (default: 10)"),
+                option("--workers", type=POSITIVE, default=1, help="dask worker processes (default: 1)"),
+            ),
+            step="hats_catalogue",
+        ),
+        Command(
+            "features",
+            "features, compact noise covariances and the 80/10/10 split",
+            (
+                option(
+                    "--input",
+                    required=True,
+                    help="raw catalogue: a Parquet file, a directory of chunks, a HATS catalogue or a query manifest "
+                    "(.json)",
+                ),
+                option("--out-dir", required=True, help="folder for train/val/test.parquet and features.json"),
+                option(
+                    "--mode",
+                    choices=["corrected", "paper"],
+                    default="corrected",
+                    help="corrected units and missing colours, or what the paper's code did (default: corrected)",
+                ),
+                option("--split-seed", type=NON_NEGATIVE, default=0, help="seed of the 80/10/10 split (default: 0)"),
+            ),
+            step="features",
+            rename={"input": "raw"},
+        ),
+        Command(
+            "kmeans",
+            "minibatch k-means initial weights and means",
+            (
+                option("--train", required=True, help="a features file (train.parquet)"),
+                option("--n-components", type=POSITIVE, required=True, help="K"),
+                _seed("k-means seed"),
+                THREADS,
+                option(
+                    "--max-rows",
+                    type=NON_NEGATIVE,
+                    default=0,
+                    help="k-means on this many training stars chosen by the seed (default: 0, all of them)",
+                ),
+                option("--output", required=True, help="the init file (.npz: weights, means, seconds)"),
+            ),
+            run=_kmeans,
+            settings=(
+                (KMeansSettings, {}),
+                (FitSettings, {"skip": set(FitSettings.defaults()) - {"device", "dtype"}}),
+            ),
+        ),
+        Command(
+            "fit",
+            "fit one model and write its parameters and metrics",
+            (
+                option("--train", required=True, help="a features file (train.parquet)"),
+                option("--val", default=None, help="a features file scored after every epoch"),
+                option("--test", default=None, help="a features file scored once at the end"),
+                option("--init", required=True, help="the k-means init file (scalable-xd kmeans)"),
+                option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
+                _seed("the fit's seed (batch order)"),
+                THREADS,
+                option(
+                    "--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved"
+                ),
+                option(
+                    "--checkpoint-every",
+                    type=NON_NEGATIVE,
+                    default=0,
+                    metavar="BATCHES",
+                    help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)",
+                ),
+                option("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)"),
+                option("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)"),
+                option(
+                    "--label",
+                    default=None,
+                    help="the name the fit is reported under in tables and figures (a workflow variant; default: "
+                    "the method)",
+                ),
+                option(
+                    "--stream-window",
+                    type=NON_NEGATIVE,
+                    default=0,
+                    metavar="ROWS",
+                    help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading "
+                    "them (0: load; --train etc. may then be folders of Parquet files or HATS catalogues)",
+                ),
+                option(
+                    "--group-timeout",
+                    type=float,
+                    default=600.0,
+                    metavar="SECONDS",
+                    help="under torchrun: how long a process waits for the others in one exchange before the fit "
+                    "fails (default: 600)",
+                ),
+                option("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)"),
+                option("--config-hash", default=None, help="recorded in the metrics"),
+                option(
+                    "--reference",
+                    nargs="*",
+                    default=None,
+                    help="reference metrics (scalable-xd reference) for the truth metrics' gap closed",
+                ),
+            ),
+            run=_fit,
+            settings=((FitSettings, {"skip": {"verbose"}}),),
+        ),
+        Command(
+            "reference",
+            "a reference fit for the truth metrics (mock data only)",
+            (
+                option("--train", required=True, help="a features file with true values"),
+                option("--test", required=True, help="the split scored on its true values"),
+                option("--init", required=True, help="the k-means init file"),
+                option("--output-metrics", required=True, help="the reference's metrics (JSON)"),
+                option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
+                option(
+                    "--kind",
+                    choices=REFERENCES,
+                    required=True,
+                    help="fit the true values, the noisy ones with the noise ignored, or XD itself to convergence",
+                ),
+                _seed("the reference's seed"),
+                THREADS,
+            ),
+            run=_reference,
+            settings=(
+                (
+                    FitSettings,
+                    {
+                        "skip": set(FitSettings.defaults()) - set(REFERENCE_SETTINGS),
+                        "defaults": steps.REFERENCE.as_dict(),
+                    },
+                ),
+            ),
+        ),
+        Command(
+            "table",
+            "Table 1: log-likelihoods per method and K (csv, md, tex)",
+            (METRICS, option("--output-prefix", required=True, help="e.g. results/demo/tables/loglik")),
+            step="table",
+        ),
+        Command(
+            "claims",
+            "the paper's claims with their verdicts on this run (Markdown)",
+            (
+                METRICS,
+                option("--output", required=True, help="the Markdown file"),
+                option("--device-note", default=None, help="where the timings were taken, in words"),
+                option("--calibration", default=None, help="the denoised test stars' calibration (claims 9 and 10)"),
+            ),
+            step="claims",
+        ),
+        Command("plot-timing", "Figure 1 right: training time against K", (METRICS, IMAGES), step="plot_timing"),
+        Command(
+            "plot-curves",
+            "Figure 1 left: training log-likelihood against rescaled epoch",
+            (
+                METRICS,
+                option("--n-components", type=POSITIVE, required=True, help="the K whose curves are drawn"),
+                IMAGES,
+            ),
+            step="plot_curves",
+        ),
+        Command(
+            "denoise",
+            "each star's posterior true values under a model (Parquet)",
+            (
+                MODEL,
+                data,
+                option("--output", required=True, help="the denoised catalogue (.parquet)"),
+                option(
+                    "--batch-rows",
+                    type=POSITIVE,
+                    default=65_536,
+                    help="stars read and written at a time (default: 65,536)",
+                ),
+            ),
+            step="denoise",
+        ),
+        Command(
+            "errors",
+            "a model's parameter errors by the jackknife over its training data",
+            (
+                MODEL,
+                option("--train", required=True, help="the features file it was fitted to (train.parquet)"),
+                option("--n-folds", type=_count(2), default=10, help="groups left out in turn (default: 10)"),
+                option("--max-iter", type=POSITIVE, default=200, help="batch-EM iterations a refit (default: 200)"),
+                option(
+                    "--tol",
+                    type=float,
+                    default=1e-8,
+                    help="a refit converges once an iteration gains less (default: 1e-08)",
+                ),
+                _seed("the seed that splits the groups"),
+                option("--output-json", required=True, help="every component with its errors (.json)"),
+                option("--output-md", required=True, help="the heaviest components' table (.md)"),
+            ),
+            step="parameter_errors",
+        ),
+        Command(
+            "calibrate",
+            "the denoised values' calibration against the truth (mock data)",
+            (
+                DENOISED,
+                option("--output-json", required=True, help="the calibration (.json)"),
+                option("--output-md", required=True, help="its table (.md)"),
+            ),
+            step="calibrate",
+        ),
+        Command(
+            "plot-denoised",
+            "colour-magnitude diagrams, pulls and precision gains of the denoised values",
+            (
+                DENOISED,
+                option("--calibration", required=True, help="its calibration (scalable-xd calibrate)"),
+                IMAGES,
+            ),
+            step="plot_denoised",
+        ),
+        Command(
+            "plot-sky",
+            "Figure 2: sky density of model samples beside the data",
+            (
+                MODEL,
+                data,
+                samples,
+                _seed("the sampling seed"),
+                IMAGES,
+                option(
+                    "--frame",
+                    choices=["icrs", "galactic"],
+                    default="icrs",
+                    help="sky coordinates: ra, dec or Galactic l, b (default: icrs)",
+                ),
+            ),
+            step="plot_sky",
+        ),
+        Command(
+            "plot-corner",
+            "corner plot of model samples over the data",
+            (MODEL, data, samples, _seed("the sampling seed"), IMAGES),
+            step="plot_corner",
+        ),
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scalable-xd", description=_PLAIN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("mock", help="write a Gaia-DR2-like mock catalogue (Parquet)")
-    p.add_argument("--n-rows", type=POSITIVE, required=True, help="rows (stars with random_index < n-rows)")
-    _seed(p, "the mock's random seed")
-    p.add_argument("--output", required=True, help="the Parquet file to write")
-    p.set_defaults(run=_mock)
-
-    p = sub.add_parser("query", help="download the Gaia DR2 subset random_index < N (resumable)")
-    p.add_argument("--n-rows", type=POSITIVE, required=True, help="rows with random_index < n-rows")
-    p.add_argument("--out-dir", required=True, help="folder of the chunk files (a rerun fetches what is missing)")
-    p.add_argument(
-        "--chunk-rows",
-        type=POSITIVE,
-        default=query["chunk_rows"],
-        help=f"rows per archive job (default: {query['chunk_rows']})",
-    )
-    p.add_argument(
-        "--tap-url",
-        default=None,
-        help="TAP server root; user:password@ goes as HTTP Basic auth (default: the ESA Gaia archive)",
-    )
-    p.add_argument(
-        "--retries",
-        type=NON_NEGATIVE,
-        default=query["retries"],
-        help=f"retries per chunk (default: {query['retries']})",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=query["request_timeout"],
-        help=f"seconds any socket operation may wait (default: {query['request_timeout']:g})",
-    )
-    p.add_argument(
-        "--job-timeout",
-        type=float,
-        default=query["job_timeout"],
-        help="seconds one attempt at a chunk may take, from launch to the last byte of the result "
-        f"(default: {query['job_timeout']:g})",
-    )
-    p.add_argument("--manifest", default=None, help="JSON listing the chunk files, written when all are done")
-    p.set_defaults(run=_query)
-
-    p = sub.add_parser("bulk-index", help="list ESA's DR2 bulk files and their MD5 sums (MD5SUM.txt)")
-    p.add_argument("--url", required=True, help="the index's URL (.../gaia_source/csv/MD5SUM.txt)")
-    p.add_argument("--n-files", type=NON_NEGATIVE, default=0, help="keep the first N files only (default: 0, all)")
-    p.add_argument("--output", required=True, help="the index to write (same format)")
-    p.set_defaults(run=_bulk_index)
-
-    p = sub.add_parser("bulk-check", help="keep a downloaded bulk file once its MD5 sum matches the index")
-    p.add_argument("--input", required=True, help="the downloaded .csv.gz")
-    p.add_argument("--index", required=True, help="the index (scalable-xd bulk-index)")
-    p.add_argument("--output", required=True, help="where the checked file goes (its name is looked up in the index)")
-    p.set_defaults(run=_bulk_check)
-
-    p = sub.add_parser("hats-import", help="convert checked bulk files into one HATS catalogue (hats-import)")
-    p.add_argument("--index", required=True, help="the index listing the files (scalable-xd bulk-index)")
-    p.add_argument("--csv-dir", required=True, help="the folder of the checked files")
-    p.add_argument("--output", required=True, help="the catalogue's folder (must not exist)")
-    p.add_argument(
-        "--pixel-threshold",
-        type=POSITIVE,
-        default=1_000_000,
-        help="most stars in one HEALPix partition (default: 1000000)",
-    )
-    p.add_argument("--highest-order", type=NON_NEGATIVE, default=10, help="finest HEALPix order (default: 10)")
-    p.add_argument("--workers", type=POSITIVE, default=1, help="dask worker processes (default: 1)")
-    p.set_defaults(run=_hats_import)
-
-    p = sub.add_parser("features", help="features, compact noise covariances and the 80/10/10 split")
-    p.add_argument(
-        "--input",
-        required=True,
-        help="raw catalogue: a Parquet file, a directory of chunks, a HATS catalogue or a query manifest (.json)",
-    )
-    p.add_argument("--out-dir", required=True, help="folder for train/val/test.parquet and features.json")
-    p.add_argument(
-        "--mode",
-        choices=["corrected", "paper"],
-        default="corrected",
-        help="corrected units and missing colours, or what the paper's code did (default: corrected)",
-    )
-    p.add_argument("--split-seed", type=NON_NEGATIVE, default=0, help="seed of the 80/10/10 split (default: 0)")
-    p.set_defaults(run=_features)
-
-    p = sub.add_parser("kmeans", help="minibatch k-means initial weights and means")
-    p.add_argument("--train", required=True, help="a features file (train.parquet)")
-    p.add_argument("--n-components", type=POSITIVE, required=True, help="K")
-    _seed(p, "k-means seed")
-    _add_settings(p, KMeansSettings)
-    _add_settings(p, FitSettings, skip=set(FitSettings.defaults()) - {"device", "dtype"})
-    _threads(p)
-    p.add_argument(
-        "--max-rows",
-        type=NON_NEGATIVE,
-        default=0,
-        help="k-means on this many training stars chosen by the seed (default: 0, all of them)",
-    )
-    p.add_argument("--output", required=True, help="the init file (.npz: weights, means, seconds)")
-    p.set_defaults(run=_kmeans)
-
-    p = sub.add_parser("fit", help="fit one model and write its parameters and metrics")
-    p.add_argument("--train", required=True, help="a features file (train.parquet)")
-    p.add_argument("--val", default=None, help="a features file scored after every epoch")
-    p.add_argument("--test", default=None, help="a features file scored once at the end")
-    p.add_argument("--init", required=True, help="the k-means init file (scalable-xd kmeans)")
-    p.add_argument("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)")
-    _seed(p, "the fit's seed (batch order)")
-    _add_settings(p, FitSettings, skip={"verbose"})
-    _threads(p)
-    p.add_argument("--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved")
-    p.add_argument(
-        "--checkpoint-every",
-        type=NON_NEGATIVE,
-        default=0,
-        metavar="BATCHES",
-        help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)",
-    )
-    p.add_argument("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)")
-    p.add_argument("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)")
-    p.add_argument(
-        "--label",
-        default=None,
-        help="the name the fit is reported under in tables and figures (a workflow variant; default: the method)",
-    )
-    p.add_argument(
-        "--stream-window",
-        type=NON_NEGATIVE,
-        default=0,
-        metavar="ROWS",
-        help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading them "
-        "(0: load; --train etc. may then be folders of Parquet files or HATS catalogues)",
-    )
-    p.add_argument(
-        "--group-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="under torchrun: how long a process waits for the others in one exchange before the fit fails "
-        "(default: 600)",
-    )
-    p.add_argument("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)")
-    p.add_argument("--config-hash", default=None, help="recorded in the metrics")
-    p.add_argument(
-        "--reference",
-        nargs="*",
-        default=None,
-        help="reference metrics (scalable-xd reference) for the truth metrics' gap closed",
-    )
-    p.set_defaults(run=_fit)
-
-    p = sub.add_parser("reference", help="a reference fit for the truth metrics (mock data only)")
-    for name, what in (
-        ("train", "a features file with true values"),
-        ("test", "the split scored on its true values"),
-        ("init", "the k-means init file"),
-        ("output-metrics", "the reference's metrics (JSON)"),
-    ):
-        p.add_argument(f"--{name}", required=True, help=what)
-    p.add_argument("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)")
-    p.add_argument(
-        "--kind",
-        choices=REFERENCES,
-        required=True,
-        help="fit the true values, the noisy ones with the noise ignored, or XD itself to convergence",
-    )
-    _seed(p, "the reference's seed")
-    reference = steps.REFERENCE.as_dict()
-    _add_settings(
-        p,
-        FitSettings,
-        skip=set(FitSettings.defaults())
-        - {"epochs", "tol", "w", "w_scale", "device", "dtype", "backend", "acceleration"},
-        defaults=reference,
-    )
-    _threads(p)
-    p.set_defaults(run=_reference)
-
-    p = sub.add_parser("table", help="Table 1: log-likelihoods per method and K (csv, md, tex)")
-    p.add_argument("--metrics", nargs="+", required=True, help="metrics files of the fits")
-    p.add_argument("--output-prefix", required=True, help="e.g. results/demo/tables/loglik")
-    p.set_defaults(run=_table)
-
-    p = sub.add_parser("claims", help="the paper's claims with their verdicts on this run (Markdown)")
-    p.add_argument("--metrics", nargs="+", required=True, help="metrics files of the fits")
-    p.add_argument("--output", required=True, help="the Markdown file")
-    p.add_argument("--device-note", default=None, help="where the timings were taken, in words")
-    p.add_argument("--calibration", default=None, help="the denoised test stars' calibration (claims 9 and 10)")
-    p.set_defaults(run=_claims)
-
-    p = sub.add_parser("plot-timing", help="Figure 1 right: training time against K")
-    p.add_argument("--metrics", nargs="+", required=True, help="metrics files of the fits")
-    p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
-    p.set_defaults(run=_plot_timing)
-
-    p = sub.add_parser("plot-curves", help="Figure 1 left: training log-likelihood against rescaled epoch")
-    p.add_argument("--metrics", nargs="+", required=True, help="metrics files of the fits")
-    p.add_argument("--n-components", type=POSITIVE, required=True, help="the K whose curves are drawn")
-    p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
-    p.set_defaults(run=_plot_curves)
-
-    p = sub.add_parser("denoise", help="each star's posterior true values under a model (Parquet)")
-    p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
-    p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
-    p.add_argument("--output", required=True, help="the denoised catalogue (.parquet)")
-    p.add_argument(
-        "--batch-rows", type=POSITIVE, default=65_536, help="stars read and written at a time (default: 65,536)"
-    )
-    p.set_defaults(run=_denoise)
-
-    p = sub.add_parser("errors", help="a model's parameter errors by the jackknife over its training data")
-    p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
-    p.add_argument("--train", required=True, help="the features file it was fitted to (train.parquet)")
-    p.add_argument("--n-folds", type=_count(2), default=10, help="groups left out in turn (default: 10)")
-    p.add_argument("--max-iter", type=POSITIVE, default=200, help="batch-EM iterations a refit (default: 200)")
-    p.add_argument(
-        "--tol", type=float, default=1e-8, help="a refit converges once an iteration gains less (default: 1e-08)"
-    )
-    _seed(p, "the seed that splits the groups")
-    p.add_argument("--output-json", required=True, help="every component with its errors (.json)")
-    p.add_argument("--output-md", required=True, help="the heaviest components' table (.md)")
-    p.set_defaults(run=_errors)
-
-    p = sub.add_parser("calibrate", help="the denoised values' calibration against the truth (mock data)")
-    p.add_argument("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
-    p.add_argument("--output-json", required=True, help="the calibration (.json)")
-    p.add_argument("--output-md", required=True, help="its table (.md)")
-    p.set_defaults(run=_calibrate)
-
-    p = sub.add_parser(
-        "plot-denoised", help="colour-magnitude diagrams, pulls and precision gains of the denoised values"
-    )
-    p.add_argument("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
-    p.add_argument("--calibration", required=True, help="its calibration (scalable-xd calibrate)")
-    p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
-    p.set_defaults(run=_plot_denoised)
-
-    for name, run, what in (
-        ("plot-sky", _plot_sky, "Figure 2: sky density of model samples beside the data"),
-        ("plot-corner", _plot_corner, "corner plot of model samples over the data"),
-    ):
-        p = sub.add_parser(name, help=what)
-        p.add_argument("--model", required=True, help="a model file (XDGMM.save)")
-        p.add_argument("--data", required=True, help="a features file (e.g. test.parquet)")
-        p.add_argument("--n-samples", type=POSITIVE, default=SAMPLES, help=f"model samples (default: {SAMPLES})")
-        _seed(p, "the sampling seed")
-        p.add_argument("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
-        p.set_defaults(run=run)
-        if name == "plot-sky":
-            p.add_argument(
-                "--frame",
-                choices=["icrs", "galactic"],
-                default="icrs",
-                help="sky coordinates: ra, dec or Galactic l, b (default: icrs)",
-            )
+    for command in commands():
+        p = sub.add_parser(command.name, help=command.help)
+        for flags, keywords in command.options:
+            p.add_argument(*flags, **keywords)
+        for cls, keywords in command.settings:
+            _add_settings(p, cls, **keywords)
+        p.set_defaults(run=command.run or functools.partial(_run_step, command))
     return parser
 
 

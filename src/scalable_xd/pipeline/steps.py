@@ -1,6 +1,8 @@
-"""One function per step of the experiment DAG, taking paths and typed settings; ``cli`` only parses.
+"""One function per step of the experiment DAG, taking paths and typed settings; ``cli`` only parses (its
+table of subcommands names the function each runs).
 
-    mock -> features -> kmeans -> (reference, on a mock) -> fit -> report.*   (or query instead of mock)
+    mock -> features -> kmeans -> (reference, on a mock) -> fit -> table, claims, plot_*   (or query instead
+    of mock; denoise -> calibrate -> plot_denoised and parameter_errors beside them)
 
 Every output is written atomically; ``fit`` checkpoints each epoch, resumes from its checkpoint and removes
 it once the model and metrics are saved. Outputs are probed before long work starts, so an unwritable
@@ -325,3 +327,81 @@ def reference(
         },
     )
     log.info("reference %s K=%d: after %d iterations", kind, n_components, model.n_iter_)
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def table(metrics, output_prefix) -> None:
+    """Table 1 from the fits' metrics files, as csv, md and tex beside ``output_prefix``."""
+    from .report.tables import write_loglik_table
+
+    write_loglik_table(metrics, output_prefix)
+
+
+def claims(metrics, output, device_note: str | None = None, calibration=None) -> None:
+    """The paper's claims with their verdicts on the fits' metrics (and the denoised calibration)."""
+    from .denoise import read_calibration
+    from .report.claims import write_claims
+
+    calibrated = None if calibration is None else read_calibration(calibration)
+    write_claims(metrics, output, device_note=device_note, calibration=calibrated)
+
+
+def plot_timing(metrics, output) -> None:
+    from .report.figures import plot_timing_vs_k
+
+    plot_timing_vs_k(metrics, output)
+
+
+def plot_curves(metrics, n_components: int, output) -> None:
+    from .report.figures import plot_training_curves
+
+    plot_training_curves(metrics, output, n_components=n_components)
+
+
+def plot_sky(model, data, n_samples: int, seed: int, output, frame: str) -> None:
+    from .report.sky import plot_sky_density
+
+    plot_sky_density(model, data, output, n_samples=n_samples, seed=seed, frame=frame)
+
+
+def plot_corner(model, data, n_samples: int, seed: int, output) -> None:
+    from .report.figures import plot_corner as draw
+
+    draw(model, data, output, n_samples=n_samples, seed=seed)
+
+
+def denoise(model, data, output, batch_rows: int) -> None:
+    """Each star of ``data``'s posterior true values under ``model`` (Parquet)."""
+    from .denoise import denoise as write_denoised
+
+    write_denoised(model, data, output, batch_rows=batch_rows)
+
+
+def calibrate(denoised, output_json, output_md) -> None:
+    """The denoised values' calibration against the mock's truth, as JSON and a Markdown table."""
+    from ..io import write_text
+    from .denoise import calibration, calibration_markdown
+
+    result = calibration(denoised)
+    write_json(output_json, result)
+    write_text(output_md, calibration_markdown(result))
+
+
+def parameter_errors(model, train, n_folds: int, max_iter: int, tol: float, seed: int, output_json, output_md) -> None:
+    """``model``'s parameter errors by the jackknife over ``train``, as JSON and a Markdown table."""
+    from ..io import write_text
+    from .parameter_errors import parameter_errors as jackknife
+    from .parameter_errors import parameter_errors_markdown
+
+    result = jackknife(model, train, n_folds, seed, max_iter, tol)
+    write_json(output_json, result)
+    write_text(output_md, parameter_errors_markdown(result))
+
+
+def plot_denoised(denoised, calibration, output) -> None:
+    from .denoise import read_calibration
+    from .report.denoised import plot_denoised as draw
+
+    draw(denoised, read_calibration(calibration), output)
