@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -122,10 +121,17 @@ def _destination(flags, keywords) -> str:
     return keywords.get("dest") or flags[0].lstrip("-").replace("-", "_")
 
 
-def _run_step(command: Command, args) -> None:
-    """``steps.<command.step>`` with every option of the command, by name."""
-    given = {_destination(*o): getattr(args, _destination(*o)) for o in command.options}
-    getattr(steps, command.step)(**{command.rename.get(name, name): value for name, value in given.items()})
+def _runner(command: Command) -> Callable:
+    """What runs ``command`` from the parsed arguments: its ``run``, or its step given every option by name."""
+    if command.run is not None:
+        return command.run
+    step = getattr(steps, str(command.step))
+
+    def run_step(args) -> None:
+        given = {_destination(*o): getattr(args, _destination(*o)) for o in command.options}
+        step(**{command.rename.get(name, name): value for name, value in given.items()})
+
+    return run_step
 
 
 def _kmeans(args) -> None:
@@ -554,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(*flags, **keywords)
         for cls, keywords in command.settings:
             _add_settings(p, cls, **keywords)
-        p.set_defaults(run=command.run or functools.partial(_run_step, command))
+        p.set_defaults(run=_runner(command))
     return parser
 
 
