@@ -63,7 +63,7 @@ class Fitted:
     mixture: Mixture
     history: list
     converged: bool
-    settings: FitSettings  # as run: the epoch budget resolved for the data (``FitSettings.for_data``)
+    settings: FitSettings  # as run: the epoch budget resolved for the data (``methods.for_data``)
 
 
 def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> dict[str, np.ndarray]:
