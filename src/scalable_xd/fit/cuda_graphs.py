@@ -1,8 +1,9 @@
 """Minibatch steps replayed as CUDA graphs: one launch a batch instead of about a hundred.
 
 A minibatch step on a GPU is the statistics pass's kernels and the float64 update's small torch ops (online
-EM's is one Triton kernel there, ``triton_updates``), each launched from Python in a few microseconds; at the paper's batch of 500 the launches, not the arithmetic,
-set the pace. A CUDA graph (``torch.cuda.CUDAGraph``) records the step's kernels once and replays them all
+EM's is one Triton kernel there, ``triton_updates``), each launched from Python in a few microseconds; at
+the paper's batch of 500 the launches, not the arithmetic, set the pace. A CUDA graph
+(``torch.cuda.CUDAGraph``) records the step's kernels once and replays them all
 with one call, which asks three things of the step:
 
 * its inputs sit in fixed ("static") buffers: each batch is copied into them, and the step size (Adam's
