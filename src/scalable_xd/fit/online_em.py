@@ -75,7 +75,7 @@ class MinibatchEM(Capabilities):
         self.samples_assignments = stochastic
         self.truncation = truncation
         self.data_size = data_size
-        self.update = online_em_update if covariance_update == "stable" else online_em_update_naive
+        self.naive = covariance_update == "naive"  # the paper's eq. 7, kept for study
         self._fused = fitters.fused_updates(mixture.means.device) if covariance_update == "stable" else None
         self._graph_update = fitters.graph_updates(mixture.means.device)
         self._constants: torch.Tensor | None = None  # (data_size or 0, float64's tiny) on the device
@@ -127,10 +127,10 @@ class MinibatchEM(Capabilities):
         if self._fused is not None:
             self.state, e_step = self._fused.online_em_step(self.state, stats, step, self.w, fixed, data_size)
             self._e_step = e_step
-        elif self.update is online_em_update:
-            self.state = online_em_update(self.state, stats.double(), step, self.w, fixed, data_size)
+        elif self.naive:
+            self.state = online_em_update_naive(self.state, stats.double(), step, self.w, data_size)
         else:
-            self.state = self.update(self.state, stats.double(), step, self.w, data_size)
+            self.state = online_em_update(self.state, stats.double(), step, self.w, fixed, data_size)
         self.n_updates += 1
         if self.truncation is not None and not inside_compact_set(self.mixture, self.truncation + self.restarts):
             self.state = self.initial
@@ -140,7 +140,7 @@ class MinibatchEM(Capabilities):
     @property
     def graphable(self) -> bool:
         """Whether the step can be replayed (truncation asks the host, the naive update is kept for study)."""
-        return self.update is online_em_update and self.truncation is None
+        return not self.naive and self.truncation is None
 
     def live_tensors(self) -> list[torch.Tensor]:
         """The tensors a step reads and writes: the running state's and the E-step mixture's."""
@@ -156,24 +156,30 @@ class MinibatchEM(Capabilities):
         self._step.fill_(self.step_size(self._epoch))
         self.n_updates += 1
         if self._graph_update is not None and self._constants is None:
-            paper = self.data_size is None or self.w is None  # V = Vr + W (or Vr): no prior
+            # data_size 0: V = Vr + W (or Vr), no prior
+            size = 0.0 if self.data_size is None or self.w is None else float(self.data_size)
             tiny = torch.finfo(torch.float64).tiny
             self._constants = torch.full((2,), tiny, dtype=torch.float64, device=self.state.means.device)
-            self._constants[0].fill_(0.0 if paper else float(self.data_size))  # filled, not copied: no wait
+            self._constants[0].fill_(size)  # filled, not copied: no wait
 
     def step_in_place(self, stats: Statistics) -> None:
         """``observe``'s update (less truncation) written into ``live_tensors``, asking the host nothing."""
-        fixed = self.fixed or self._no_fixed
+        fixed, step = self.fixed or self._no_fixed, self._step
+        if step is None:
+            raise RuntimeError("prepare_step sets the step size on the device before step_in_place")
         if self._graph_update is not None:
             e_step = self.mixture
             suspect = self._graph_update.online_em_step_in_place(
-                self.state, e_step, stats, self._step, self.w, fixed, self._constants
+                self.state, e_step, stats, step, self.w, fixed, self._constants
             )
-            deferred_checks.active().note(suspect)  # a covariance rounding left indefinite: the epoch runs again
+            checks = deferred_checks.active()
+            if checks is None:
+                raise RuntimeError("the graphed step runs with its checks deferred (cuda_graphs.GraphedStep)")
+            checks.note(suspect)  # a covariance rounding left indefinite: the epoch runs again
             if fixed.any():  # as ``regularised``: the weights shared, the fixed ones restored
                 e_step.weights.copy_(share_weights(self.state.weights, fixed.weight_values, fixed.weights))
             return
-        state = online_em_update(self.state, stats.double(), self._step, self.w, fixed, self.data_size)
+        state = online_em_update(self.state, stats.double(), step, self.w, fixed, self.data_size)
         e_step = regularised(state, self.w, self.fixed, self.data_size)
         for live, new in zip(self.live_tensors(), [*state.tensors(), *e_step.tensors()]):
             live.copy_(new)

@@ -212,7 +212,7 @@ def e_step_covariances(
 def online_em_update(
     state: Mixture,
     stats: Statistics,
-    step: float,
+    step: float | torch.Tensor,
     w: float | torch.Tensor | None,
     fixed: FixedParameters | None = None,
     data_size: float | None = None,
