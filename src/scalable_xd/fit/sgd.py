@@ -93,6 +93,8 @@ class SGD(Capabilities):
 
     def step_in_place(self, stats: Statistics) -> None:
         """``observe``'s Adam step, its mixture written into ``live_tensors``, asking the host nothing."""
+        if self._corrections is None:
+            raise RuntimeError("prepare_step sets Adam's corrections on the device before step_in_place")
         self.optimizer.step_on_device(self.params.loss_gradients(stats.double(), self.w), self._corrections)
         for live, new in zip(self.live_tensors(), self.params.mixture().tensors()):
             live.copy_(new)

@@ -90,7 +90,7 @@ def calibration(denoised_path) -> dict:
     if f"true_{names[0]}" not in table.columns:
         return {"available": False, "reason": "the data carry no true values (not a mock)"}
     g = table["x_phot_g_mean_mag"].to_numpy() if "x_phot_g_mean_mag" in table.columns else None
-    out = {"available": True, "n_stars": len(table), "features": {}}
+    out: dict = {"available": True, "n_stars": len(table), "features": {}}
     for name in names:
         overall = _feature_calibration(table, name, slice(None))
         if g is not None:

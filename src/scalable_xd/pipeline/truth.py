@@ -96,7 +96,7 @@ def truth_metrics(model, test, references: dict[str, dict] | None) -> dict:
     and the gap closed; on data without truth, says so instead of vanishing."""
     if test is None or test.true is None:
         return {"available": False, "reason": NO_TRUTH}
-    out = {"available": True, "test_true_loglik": true_loglik(model, test.true), "n_test": len(test)}
+    out: dict = {"available": True, "test_true_loglik": true_loglik(model, test.true), "n_test": len(test)}
     if references:
         for kind, ref in references.items():
             out[f"{kind}_test_true_loglik"] = ref["test_true_loglik"]
