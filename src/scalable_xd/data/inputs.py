@@ -13,7 +13,7 @@ from .iterable import IterableSource, is_batch_iterable
 from .source import DataSource
 
 
-def data_source(X, Xcov, R, sample_weight, name: str, missing: str):
+def data_source(X, Xcov, R, sample_weight, name: str, missing: str) -> DataSource:
     """Arrays as a validated ``Dataset``; an iterable of batches as an ``IterableSource`` (opened with a
     checking pass); any other ``DataSource`` (a ``ParquetSource``, a user's own) as it is."""
     if is_batch_iterable(X):
@@ -56,7 +56,7 @@ def training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, n_component
     return train, val
 
 
-def training_source(X, Xcov, R, sample_weight, settings: FitSettings, n_components: int | None = None):
+def training_source(X, Xcov, R, sample_weight, settings: FitSettings, n_components: int | None = None) -> DataSource:
     """X with its noise, projections and weights as validated training data within the fit's dtype's range;
     with ``n_components``, holding at least that many points (as k-means needs)."""
     train = data_source(X, Xcov, R, sample_weight, "X", settings.missing)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..data.source import DataSource
 from ..errors import NotPositiveDefiniteError
 from ..kernel.dispatch import log_densities
 from ..kernel.statistics import summed_loglik
@@ -14,7 +15,13 @@ EVAL_BATCH = 8192
 
 
 def scored_batches(
-    data, mixture: Mixture, device, dtype, backend: str, batch_size: int = EVAL_BATCH, rows: slice | None = None
+    data: DataSource,
+    mixture: Mixture,
+    device,
+    dtype,
+    backend: str,
+    batch_size: int = EVAL_BATCH,
+    rows: slice | None = None,
 ):
     """Yield (first row, log p(x) (B,), log alpha_j N_ij (B, K), weights (B,) or None) over a data set (or
     its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set."""
@@ -26,7 +33,7 @@ def scored_batches(
         yield start, loglik, log_dens, weights
 
 
-def total_loglik(data, mixture: Mixture, device, dtype, backend: str, group: Group = ONE_PROCESS) -> float:
+def total_loglik(data: DataSource, mixture: Mixture, device, dtype, backend: str, group: Group = ONE_PROCESS) -> float:
     """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
     accumulated in float64; in a process group each process scores its share of the rows."""
     total = 0.0
