@@ -90,7 +90,12 @@ class MinibatchEM(Capabilities):
         prior follows it."""
         self.data_size = data_size
         self._e_step = None
-        self._constants = None
+        if self._constants is not None:  # in place: a captured step reads this tensor
+            self._constants[0].fill_(self._prior_size())
+
+    def _prior_size(self) -> float:
+        """The E-step prior's data size for the Triton update; 0 where V = Vr + W (or Vr): no prior."""
+        return 0.0 if self.data_size is None or self.w is None else float(self.data_size)
 
     def step_size(self, epoch: int) -> float:
         if self.schedule == "cappe_moulines":
@@ -156,11 +161,9 @@ class MinibatchEM(Capabilities):
         self._step.fill_(self.step_size(self._epoch))
         self.n_updates += 1
         if self._graph_update is not None and self._constants is None:
-            # data_size 0: V = Vr + W (or Vr), no prior
-            size = 0.0 if self.data_size is None or self.w is None else float(self.data_size)
             tiny = torch.finfo(torch.float64).tiny
             self._constants = torch.full((2,), tiny, dtype=torch.float64, device=self.state.means.device)
-            self._constants[0].fill_(size)  # filled, not copied: no wait
+            self._constants[0].fill_(self._prior_size())  # filled, not copied: no wait
 
     def step_in_place(self, stats: Statistics) -> None:
         """``observe``'s update (less truncation) written into ``live_tensors``, asking the host nothing."""
