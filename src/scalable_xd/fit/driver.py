@@ -25,7 +25,7 @@ from ..settings import FitSettings, KMeansSettings, resolve_seed
 from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
 from .loop import LoopConfig, last_gain, run
-from .methods import check_settings, for_data, make_fitter, method
+from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .scoring import EVAL_BATCH, total_loglik
 from .updates import FixedParameters, feature_scale
@@ -112,7 +112,7 @@ def fit_mixture(
                 "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
                 "ParquetSource, which every process splits the same way"
             )
-        settings = for_data(check_settings(settings), len(train))
+        settings = for_data(settings, len(train))  # checked by the estimator (check_settings)
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
     if random_state is None and store is not None and store.seed is not None:
