@@ -1,6 +1,7 @@
 """Fixtures shared by several test modules."""
 
 import os
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import scalable_xd.fit.checkpoint
 from scalable_xd.pipeline.cli import main
 
 
@@ -35,3 +37,25 @@ def files(tmp_path_factory):
         == 0
     )
     return root
+
+
+@pytest.fixture
+def killed_after_checkpoint(monkeypatch):
+    """A context in which a fit stops as a killed job would (a KeyboardInterrupt, which the context expects)
+    right after it writes its checkpoint of ``epoch`` (of ``batch`` inside it, where given)."""
+
+    @contextmanager
+    def killed(epoch: int, batch: int | None = None):
+        save = scalable_xd.fit.checkpoint.save
+
+        def save_then_crash(path, **state):
+            save(path, **state)
+            if state["epoch"] == epoch and (batch is None or state.get("batch") == batch):
+                raise KeyboardInterrupt
+
+        with monkeypatch.context() as patch:
+            patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+            with pytest.raises(KeyboardInterrupt):
+                yield
+
+    return killed

@@ -6,19 +6,22 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment). Usage:
 RANK1_DATA="fewer rows", "other values" or "nan" in the environment gives rank 1 other data than rank 0
 (the last with NaN at row 5, column 1);
 RANK1_SETTINGS (JSON) replaces settings on rank 1 only; RANK1_CHECKPOINT gives rank 1 another checkpoint
-path; RANK0_VAL=1 gives rank 0 alone validation data.
+path; RANK0_VAL=1 gives rank 0 alone validation data; SELECTION=LIMIT fits under the selection x_0 < LIMIT (and
+every rank writes its model, rank r > 0 beside OUTPUT as rank{r}.npz).
 """
 
 import json
 import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch.distributed as dist
 
 import scalable_xd.fit.loop
 from scalable_xd import XDGMM
+from scalable_xd.fit.selection import Selection
 
 
 def problem():
@@ -57,10 +60,16 @@ def main(output, settings, checkpoint=None, die_after=None):
     val = dict(X_val=x[:100], Xcov_val=S[:100]) if dist.get_rank() == 0 and os.environ.get("RANK0_VAL") else {}
     if dist.get_rank() == 1 and os.environ.get("RANK1_CHECKPOINT"):
         checkpoint = os.environ["RANK1_CHECKPOINT"]
+    if os.environ.get("SELECTION"):
+        limit = float(os.environ["SELECTION"])
+        keep = x[:, 0] < limit
+        x, S = x[keep], S[keep]
+        val["selection"] = Selection(lambda v: (v[:, 0] < limit).astype(float))
     model = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint or None, **val)
-    if dist.get_rank() == 0:
+    rank = dist.get_rank()
+    if rank == 0 or os.environ.get("SELECTION"):
         np.savez(
-            output,
+            output if rank == 0 else Path(output).with_name(f"rank{rank}.npz"),
             weights=model.weights_,
             means=model.means_,
             covariances=model.covariances_,

@@ -29,6 +29,9 @@ from .fit.methods import METHODS, SETTING_CHOICES, check_settings, setting_help
 from .fit.online import OnlineFit, refusal
 from .fit.parallel import Group, fail_together
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
+from .fit.selection import Selection
+from .fit.selection import check_fit as check_selection
+from .fit.selection import from_limits as selection_from_limits
 from .jackknife import ParameterErrors, jackknife_errors
 from .kernel import check_backend
 from .kernel.dispatch import fit_backend
@@ -109,6 +112,9 @@ class XDGMM(DensityMixin, BaseEstimator):
         truncation_bound: float = _FIT.truncation_bound,
         covariance_update: str = _FIT.covariance_update,
         missing: str = _FIT.missing,
+        selection: str | None = _FIT.selection,
+        selection_on: str = _FIT.selection_on,
+        selection_aware: bool = _FIT.selection_aware,
         device: str = _FIT.device,
         dtype: str = _FIT.dtype,
         backend: str = _FIT.backend,
@@ -173,6 +179,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         checkpoint=None,
         checkpoint_every: int = 0,
         eval_sets=None,
+        selection=None,
     ) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
         ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
@@ -189,7 +196,11 @@ class XDGMM(DensityMixin, BaseEstimator):
         give that epoch again). ``eval_sets``: {name: (X, Xcov) or (X, Xcov, R)},
         more data scored after every epoch as validation data are (each history entry's ``<name>_loglik``)
         without entering the fit, e.g. a mock's noise-free values with zero covariances, to follow how well
-        the deconvolved density is recovered epoch by epoch.
+        the deconvolved density is recovered epoch by epoch. ``selection``: where X holds only the points a
+        known selection kept, a ``fit.selection.Selection`` (or a callable from values (n, d) to the
+        probability (n,) that a point is kept, a selection on the observed values): the model is then of the
+        whole population, every batch carrying its share of the points the selection removed, drawn from the
+        current model (Monte Carlo EM, as in Melchior & Goulding 2018; docs/user-guide/selection.md).
 
         Data-parallel: called on every process of an initialised ``torch.distributed`` group (each with the
         same data and settings), every global batch is split across the processes and their sums are
@@ -217,16 +228,38 @@ class XDGMM(DensityMixin, BaseEstimator):
                     "or give the iterable (or its sampler) a set_epoch that fixes each epoch's order"
                 )
             monitored = monitored_data(eval_sets, train, settings)
+            selection = self._selection(selection, train, settings)
             warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
         fitted = fit_mixture(
-            train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored
+            train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored, selection
         )
         history = fitted.history if warm is None else _continued(self.history_, fitted.history)
         self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans)
         self.n_features_in_ = train.obs_dim
         return self
+
+    def _selection(self, given, train, settings: FitSettings) -> Selection | None:
+        """The fit's selection, checked: ``fit``'s ``selection`` argument (a ``Selection`` or a callable), or
+        the ``selection`` setting's limits on the features by name (a Parquet source's columns, a
+        DataFrame's, else x0, x1, ...); None where neither is given or ``selection_aware`` is False."""
+        if given is not None and settings.selection is not None:
+            raise ValueError(
+                f"selection: given twice, to fit and as the setting selection={settings.selection!r}; give one"
+            )
+        if not settings.selection_aware:
+            return None
+        if given is not None:
+            selection = given if isinstance(given, Selection) else Selection(given, on=settings.selection_on)
+        elif settings.selection is not None:
+            names = getattr(train, "x_columns", None) or getattr(self, "feature_names_in_", None)
+            names = list(names) if names is not None else [f"x{i}" for i in range(train.obs_dim)]
+            selection = selection_from_limits(settings.selection, names, settings.selection_on)
+        else:
+            return None
+        check_selection(selection, train, settings)
+        return selection
 
     def _updates_per_batch(self) -> bool:
         """Whether this estimator has ``partial_fit``: a minibatch method without split-and-merge (whose

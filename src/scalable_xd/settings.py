@@ -28,6 +28,7 @@ W_SCALES = ("variance", "none")
 ACCELERATIONS = ("squarem", "none")
 ONLINE_REGULARISATIONS = ("prior", "paper")
 DTYPES = ("float32", "float64")
+SELECTION_MODES = ("observed", "true")
 
 
 def setting(default, help: str, *, choices=None, low=None, high=None, low_open=False, nullable=False):
@@ -208,6 +209,26 @@ class FitSettings(_Settings):
         "measured (variance), or marginalised exactly, NaN or variance >= 1e12 marking them "
         "(marginalise)",
         choices=MISSING_MODES,
+    )
+    selection: str | None = setting(
+        None,
+        "a known selection the training data went through, as limits on features by name joined by commas "
+        "('phot_g_mean_mag < 19.5, parallax > 0'; an estimator's array columns are x0, x1, ...): the fit "
+        "models the population before it, each batch carrying the points it removed, drawn from the model "
+        "(Monte Carlo EM; docs/user-guide/selection.md); the workflow first applies it to its training and "
+        "validation splits, which leaves a catalogue the survey already cut so as it is; None: the data are "
+        "the population",
+        nullable=True,
+    )
+    selection_on: str = setting(
+        "observed",
+        "what the selection saw: the measured values (observed) or the noise-free ones (true)",
+        choices=SELECTION_MODES,
+    )
+    selection_aware: bool = setting(
+        True,
+        "False: the fit ignores the selection and models the kept points as they are (the naive fit, which "
+        "the workflow runs beside the aware one for comparison)",
     )
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)", choices=DTYPES)

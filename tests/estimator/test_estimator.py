@@ -119,21 +119,6 @@ def test_compiled_kernel_gives_the_same_fit_and_scores(data):
     )
 
 
-def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) -> None:
-    """Fit until the checkpoint of ``after_epoch`` is written, then stop as a killed job would."""
-    save = scalable_xd.fit.checkpoint.save
-
-    def save_then_crash(path, **state):
-        save(path, **state)
-        if state["epoch"] == after_epoch:
-            raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
-        with pytest.raises(KeyboardInterrupt):
-            XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
-
-
 @pytest.mark.parametrize(
     "method, options",
     [
@@ -145,7 +130,9 @@ def _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch: int) 
         ("minibatch_em", {"averaging": "polyak", "truncation": True}),
     ],
 )
-def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, options, tmp_path, monkeypatch):
+def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(
+    method, options, tmp_path, monkeypatch, killed_after_checkpoint
+):
     """checkpoint_every: a checkpoint inside epoch 2 (after 3 of its batches; batch EM's chunks of 8,192
     points carry the partial sums) resumes with the rest of that epoch, computing only what was not done."""
     rng = np.random.default_rng(41)
@@ -167,17 +154,9 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
     }
     every = 1 if method in ("em", "stochastic_em") else 3
     uninterrupted = XDGMM(**settings).fit(x, Xcov=S)
-    checkpoint, save = tmp_path / "fit.ckpt", scalable_xd.fit.checkpoint.save
-
-    def save_then_crash(path, **state):
-        save(path, **state)
-        if state["epoch"] == 1 and state["batch"] == every:
-            raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
-        with pytest.raises(KeyboardInterrupt):
-            XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
+    checkpoint = tmp_path / "fit.ckpt"
+    with killed_after_checkpoint(1, every):
+        XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
     calls, real = [], scalable_xd.fit.loop.batch_statistics
     monkeypatch.setattr(scalable_xd.fit.loop, "batch_statistics", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
@@ -209,7 +188,7 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(method, 
         ("sgd", {"split_merge": True, "batch_size": 100}),
     ],
 )
-def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch):
+def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch, killed_after_checkpoint):
     x, S = data
     settings = {
         **dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5),
@@ -218,7 +197,8 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
     uninterrupted = XDGMM(**settings).fit(x, Xcov=S)
 
     checkpoint = tmp_path / "fit.ckpt"
-    _interrupted_fit(monkeypatch, settings, x, S, checkpoint, after_epoch=3)
+    with killed_after_checkpoint(3):
+        XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
 
     epochs_run = []
     order = scalable_xd.data.dataset.epoch_order
@@ -240,10 +220,13 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
         XDGMM(**{**settings, "w": 0.5}).fit(x, Xcov=S, checkpoint=checkpoint)
 
 
-def test_fit_without_random_state_resumes_with_the_checkpoints_seed(data, tmp_path, monkeypatch):
+def test_fit_without_random_state_resumes_with_the_checkpoints_seed(
+    data, tmp_path, monkeypatch, killed_after_checkpoint
+):
     x, S = data
     settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
-    _interrupted_fit(monkeypatch, settings, x, S, tmp_path / "fit.ckpt", after_epoch=2)
+    with killed_after_checkpoint(2):
+        XDGMM(**settings).fit(x, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
     seed = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
     monkeypatch.setattr(scalable_xd.fit.driver, "initial_mixture", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=tmp_path / "fit.ckpt")

@@ -28,6 +28,8 @@ from .loop import LoopConfig, last_gain, run
 from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .scoring import EVAL_BATCH, total_loglik
+from .selection import Selection
+from .selection import record as selection_record
 from .updates import FixedParameters, feature_scale
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
@@ -102,9 +104,11 @@ def fit_mixture(
     checkpoint=None,
     checkpoint_every: int = 0,
     monitored: dict | None = None,
+    selection: Selection | None = None,
 ) -> Fitted:
     """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and each ``monitored`` set after
-    every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes."""
+    every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes;
+    under a known ``selection``, each batch with the points it removed (``selection``)."""
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
     with fail_together(group, "checking the data and the checkpoint"):  # one rank's failure fails every rank
         if group.parallel and isinstance(train, IterableSource):
@@ -127,6 +131,8 @@ def fit_mixture(
         "cuda_graphs": None,
     }
     record.update(start.record())
+    if selection is not None:  # absent otherwise: checkpoints from before selections resume
+        record["selection"] = selection_record(selection, train)
     digest = data_digest(train) if group.parallel or store is not None else None  # one pass over X
     if group.parallel:  # everything the processes must share, checked at once before any other collective
         check_same_fit(
@@ -162,6 +168,7 @@ def fit_mixture(
         checkpoint_every=checkpoint_every if store is not None else 0,
         defer_checks=defers_checks(device),
         graph_steps=settings.cuda_graphs and graphs_steps(device),
+        selection=selection,
     )
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
     history, converged = run(fitter, train, val, loop, store, monitored, scored)

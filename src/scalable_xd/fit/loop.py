@@ -38,6 +38,7 @@ from .cuda_graphs import GraphedStep
 from .fitters import Fitter
 from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
 from .scoring import total_loglik
+from .selection import Selection, imputed_points
 
 log = logging.getLogger("scalable_xd.fit")
 
@@ -65,6 +66,7 @@ class LoopConfig:
     checkpoint_every: int = 0  # batches between checkpoints inside an epoch (0: at epochs' ends only)
     defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
     graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``cuda_graphs``)
+    selection: Selection | None = None  # each batch's sums gain the points it removed (``selection``)
 
 
 def _check_mixture(mixture: Mixture, epoch: int, cures: str) -> None:
@@ -89,8 +91,11 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
     )
 
 
-def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with_criteria: bool) -> Statistics:
+def _global_sums(
+    batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with_criteria: bool, keys: tuple[int, int] | None = None
+) -> Statistics:
     """The kernel's sums over a global batch: this process's share of it (and of the S-step's uniforms),
+    with the points a selection removed beside it (``cfg.selection``; drawn by ``keys``, (epoch, batch)),
     summed over the processes when data-parallel."""
     if len(batch.x) == 0:  # a batch smaller than the number of processes
         stats = Statistics.zeros(mixture.n_components, mixture.dim, cfg.device, with_criteria)
@@ -106,7 +111,20 @@ def _global_sums(batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with
             with_criteria=with_criteria,
             observed=batch.observed,
         )
+        if cfg.selection is not None and keys is not None:
+            stats = stats.combine(_imputed_sums(cfg.selection, batch, mixture, cfg, keys))
     return reduce_statistics(stats, cfg.group, with_criteria)
+
+
+def _imputed_sums(selection: Selection, batch: Batch, mixture: Mixture, cfg: LoopConfig, keys) -> Statistics:
+    """The sums of the points the selection removed beside ``batch`` (``selection.imputed_points``), with no
+    log-likelihood: the history's figures stay those of the catalogue's own points."""
+    x, S = imputed_points(selection, mixture, batch, (cfg.seed, *keys, cfg.group.rank))
+    if len(x) == 0:
+        return Statistics.zeros(mixture.n_components, mixture.dim, cfg.device)
+    stats = batch_statistics(x, S, mixture, None, backend=cfg.backend)
+    stats.loglik = torch.zeros_like(stats.loglik) if stats.loglik is not None else None
+    return stats
 
 
 def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None, monitored=None, scored=None):
@@ -210,6 +228,7 @@ def _graphed_step(fitter: Fitter, cfg: LoopConfig) -> GraphedStep | None:
     (minibatch EM with the stable update and no truncation, SGD without fixed weights; not under
     averaging or split-and-merge)."""
     graphable = getattr(fitter, "graphable", False) and fitter.shadow is None and not fitter.wants_criteria
+    graphable = graphable and cfg.selection is None  # the imputed points are drawn on the host
     if cfg.graph_steps and cfg.defer_checks and not cfg.checkpoint_every and not cfg.group.parallel and graphable:
         return GraphedStep(fitter, cfg.device, cfg.backend)
     return None
@@ -310,7 +329,7 @@ def _train_epoch(
         if graphed is not None and graphed.step(batch, uniforms):
             continue  # graphs run only without mid-epoch checkpoints (``_graphed_step``)
         try:
-            stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria)
+            stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, (epoch, number))
             shadow = None  # a split-and-merge trial: its own pass over the same batch
             if fitter.shadow is not None:
                 shadow = _global_sums(batch, uniforms, fitter.shadow, cfg, False)
