@@ -243,8 +243,9 @@ class XDGMM(DensityMixin, BaseEstimator):
     def _selection(self, given, train, settings: FitSettings) -> Selection | None:
         """The fit's selection, checked: ``fit``'s ``selection`` argument (a ``Selection`` or a callable), or
         the ``selection`` setting's limits on the features by name (a Parquet source's columns, a
-        DataFrame's, else x0, x1, ...); None where neither is given or ``selection_aware`` is False."""
-        if given is not None and settings.selection is not None:
+        DataFrame's, else x0, x1, ...), or both where the argument was read from the setting's limits (the
+        workflow's, which names its features); None where neither is given or ``selection_aware`` is False."""
+        if given is not None and settings.selection is not None and getattr(given, "spec", None) != settings.selection:
             raise ValueError(
                 f"selection: given twice, to fit and as the setting selection={settings.selection!r}; give one"
             )

@@ -18,12 +18,24 @@ def _history(final: float, reach_at: float, total: float) -> list[dict]:
 
 
 def _write(
-    tmp_path, method, K, seed, val, seconds, reach_at, gap=None, mode="corrected", settings=None, moves=None, to=None
+    tmp_path,
+    method,
+    K,
+    seed,
+    val,
+    seconds,
+    reach_at,
+    gap=None,
+    mode="corrected",
+    settings=None,
+    moves=None,
+    to=None,
+    true_test=-10.0,
 ):
     split = {"loglik": val - 10.0, "loglik_observed": val, "n": 100, "mean_missing_entries": 0.5}
     true = {"available": False, "reason": "real data"}
     if gap is not None:
-        true = {"available": True, "test_true_loglik": -10.0, "true_gap_closed": gap}
+        true = {"available": True, "test_true_loglik": true_test, "true_gap_closed": gap}
         true["true_share_of_achievable"] = gap / 0.8  # as if XD converged closed 80% of the gap
         if to is not None:  # seconds to 90% and 95% of the achievable (None: never)
             true["seconds_to_share"] = {"0.9": to[0], "0.95": to[1]}
@@ -77,6 +89,7 @@ def test_paper_like_metrics_give_the_expected_verdicts(paper_like):
         UNMEASURED,
         UNMEASURED,  # no denoised test stars given
         UNMEASURED,
+        UNMEASURED,  # no fit under a selection
     ]  # SGD closes only 70% of the gap
     evidence = {number: text for number, (_, _, text) in enumerate(claims(paper_like), start=1)}
     assert "K=64: 0.150" in evidence[1]  # SGD minus the best other method
@@ -210,3 +223,28 @@ def test_the_denoised_values_claims_follow_their_calibration():
     assert claim_faint_parallaxes(_calibration(1.0, 0.68, 1.2))[0] == FAILS
     no_truth = {"available": False, "reason": "not a mock"}
     assert claim_calibrated(no_truth)[0] == claim_faint_parallaxes(None)[0] == UNMEASURED
+
+
+@pytest.mark.parametrize("aware_true, verdict", [(-10.4, HOLDS), (-10.8, FAILS)])
+def test_the_aware_fit_is_judged_by_the_gap_it_closes_between_the_naive_and_the_uncut_fit(
+    tmp_path, aware_true, verdict
+):
+    """Uncut batch EM scores -10.0 on the test stars' true values, the naive fit to the cut stars -11.0: an
+    aware fit at -10.4 closes 60% of the gap (the goal: 50%), one at -10.8 20%. Neither cut fit enters the
+    truth claim (6), whose shares would fail them."""
+    cut = {"method": "em", "selection": "phot_g_mean_mag < 20"}
+    naive, aware = {**cut, "selection_aware": False}, {**cut, "selection_aware": True}
+    paths = [
+        _write(tmp_path, "em", 16, 0, -26.0, 10, 5, gap=0.95),
+        _write(tmp_path, "em_cut", 16, 0, -27.0, 10, 5, gap=0.1, settings=naive, true_test=-11.0),
+        _write(tmp_path, "em_aware", 16, 0, -26.5, 10, 5, gap=0.1, settings=aware, true_test=aware_true),
+    ]
+    verdicts = claims(paths)
+    assert verdicts[10][1] == verdict
+    closed = 60 if verdict == HOLDS else 20
+    assert (
+        f"Batch EM (Bovy et al. 2011) cut to phot_g_mean_mag < 20: K=16: {aware_true + 11:+.3f} nats/star, {closed} %"
+        in verdicts[10][2]
+    )
+    assert verdicts[5][1] == HOLDS  # the truth claim: the uncut fit alone
+    assert claims(paths[:2])[10][1] == UNMEASURED

@@ -5,6 +5,7 @@
 import hashlib
 import json
 import os
+import shlex
 import shutil
 
 import yaml
@@ -123,7 +124,7 @@ def _option(key, value):
     flag = f"--{key.replace('_', '-')}"
     if isinstance(value, bool):
         return flag if value else f"--no-{flag[2:]}"
-    return f"{flag} {'none' if value is None else value}"
+    return f"{flag} {'none' if value is None else shlex.quote(str(value))}"
 
 
 def fit_options(keys=None, method=None):
@@ -153,6 +154,21 @@ def all_metrics():
     return [f"{fit_dir(m, k, s)}/metrics.json" for m in METHODS for k in KS for s in SEEDS]
 
 
+def selection_pair():
+    """The selection experiment's (naive, aware) variants of fit.methods: the first cut by a selection and
+    fitted as they are, and the first fitted aware of the same selection; None where the run has none."""
+    cut = {m: VARIANTS[m] for m in METHODS if m in VARIANTS and VARIANTS[m].get("selection")}
+    for aware, settings in cut.items():
+        if settings.get("selection_aware", True):
+            for naive, other in cut.items():
+                if not other.get("selection_aware", True) and other["selection"] == settings["selection"]:
+                    return naive, aware
+    return None
+
+
+SELECTION_PAIR = selection_pair()
+
+
 def figure_model(method):
     return f"{fit_dir(method, FIGURE_K, FIGURE_SEED)}/model.npz"
 
@@ -167,4 +183,5 @@ def final_outputs():
     corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.{ext}" for m in METHODS for ext in ("png", "pdf")]
     denoised = [f"{RESULTS}/denoised/test.parquet", f"{RESULTS}/tables/calibration.json",
                 f"{RESULTS}/tables/calibration.md"] + [f"{RESULTS}/figures/denoised.{ext}" for ext in ("png", "pdf")]
-    return fits + tables + figures + corners + denoised
+    selection = [f"{RESULTS}/figures/selection.{ext}" for ext in ("png", "pdf")] if SELECTION_PAIR else []
+    return fits + tables + figures + corners + denoised + selection

@@ -1,4 +1,4 @@
-# Table 1, Figure 1 (training curves, timing against K), Figure 2 (sky density) and corner plots.
+# Table 1, Figure 1 (training curves, timing against K), Figure 2 (sky density), corner plots and the selection experiment.
 
 
 rule loglik_table:
@@ -166,4 +166,30 @@ rule denoised_figure:
         ENV
     shell:
         "{params.cli} plot-denoised --denoised {input.denoised} --calibration {input.calibration} "
+        "--output {output.png} {output.pdf} 2> {log}"
+
+
+
+rule selection_figure:
+    """The population, the naive fit to the cut training stars and the selection-aware fit (a run with the
+    fit.variants of the selection experiment: ``selection_pair``)."""
+    input:
+        naive=figure_model(SELECTION_PAIR[0] if SELECTION_PAIR else "em"),
+        aware=figure_model(SELECTION_PAIR[1] if SELECTION_PAIR else "em"),
+        data=f"{DATA}/test.parquet",
+    output:
+        png=report(f"{RESULTS}/figures/selection.png", caption="../report/selection.rst", category="Selection"),
+        pdf=f"{RESULTS}/figures/selection.pdf",
+    params:
+        cli=CLI,
+        samples=config["report"]["samples"],
+        seed=FIGURE_SEED,
+        selection=shlex.quote(VARIANTS[SELECTION_PAIR[1]]["selection"]) if SELECTION_PAIR else "",
+    log:
+        f"{RESULTS}/logs/report/selection.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} plot-selection --naive {input.naive} --aware {input.aware} --data {input.data} "
+        "--selection {params.selection} --n-samples {params.samples} --seed {params.seed} "
         "--output {output.png} {output.pdf} 2> {log}"

@@ -44,12 +44,13 @@ class Selection:
     that were never observed: "resample", those of random points of the same batch (noise independent of
     the selection); or a callable from true values (n, d) to covariances (n, d, d). ``max_draws``: the
     candidates drawn per kept point at most, before the fit is refused (a model that puts almost none of its
-    mass where the selection keeps points)."""
+    mass where the selection keeps points). ``spec``: the limits it was read from (``from_limits``), if any."""
 
     probability: Callable[[np.ndarray], np.ndarray]
     on: str = "observed"
     noise: str | Callable[[np.ndarray], np.ndarray] = "resample"
     max_draws: int = 1000
+    spec: str | None = None
 
     def __post_init__(self):
         if not callable(self.probability):
@@ -120,7 +121,7 @@ def from_limits(spec: str, names: list[str], on: str = "observed") -> Selection:
             keep &= compare(values[:, column], limit)
         return keep.astype(np.float64)
 
-    return Selection(kept, on=on)
+    return Selection(kept, on=on, spec=spec)
 
 
 def check_kept_data(selection: Selection, x: torch.Tensor) -> None:
@@ -176,11 +177,16 @@ def imputed_points(
 
 
 def _noise(S: torch.Tensor, draw: torch.Generator) -> torch.Tensor:
-    """A draw from N(0, S_i) for each covariance (n, d, d), through its symmetric square root, so that a
-    singular S (a noise-free feature) draws zero along its null space rather than failing a Cholesky."""
-    values, vectors = torch.linalg.eigh(S)
-    z = torch.randn(S.shape[:-1], generator=draw, dtype=S.dtype)
-    return (vectors @ (values.clamp(min=0).sqrt() * z).unsqueeze(-1)).squeeze(-1)
+    """A draw from N(0, S_i) for each covariance (n, d, d): through its Cholesky factor, or, where S_i has
+    none (a singular S: a noise-free feature), its symmetric square root, which draws zero along the null
+    space."""
+    z = torch.randn(S.shape[:-1], generator=draw, dtype=S.dtype).unsqueeze(-1)
+    factor, info = torch.linalg.cholesky_ex(S)
+    singular = torch.nonzero(info).flatten()
+    if len(singular):
+        values, vectors = torch.linalg.eigh(S[singular])
+        factor[singular] = vectors * values.clamp(min=0).sqrt().unsqueeze(-2)
+    return (factor @ z).squeeze(-1)
 
 
 def check_fit(selection: Selection, train, settings) -> None:

@@ -9,7 +9,7 @@
     scalable-xd fit       --train ... [--val ...] [--test ...] --init init.npz --n-components K --method M ...
     scalable-xd denoise / calibrate / plot-denoised   (each star's posterior true values, see ``denoise``)
     scalable-xd errors    --model model.npz --train train.parquet --output-json J --output-md M
-    scalable-xd table / claims / plot-timing / plot-curves / plot-sky / plot-corner   (see ``report``)
+    scalable-xd table / claims / plot-timing / plot-curves / plot-sky / plot-corner / plot-selection   (see ``report``)
 
 Each subcommand is a row of one table (``commands``): its options, and the ``steps`` function it runs,
 which gets every option by name. The options of ``fit``, ``reference`` and ``kmeans`` come from
@@ -543,6 +543,20 @@ def commands() -> list[Command]:
             "corner plot of model samples over the data",
             (MODEL, data, samples, _seed("the sampling seed"), IMAGES),
             step="plot_corner",
+        ),
+        Command(
+            "plot-selection",
+            "the population, the naive model and the selection-aware one, beyond a selection's limit",
+            (
+                option("--naive", required=True, help="the model fitted to the cut stars as they are"),
+                option("--aware", required=True, help="the model fitted aware of the selection"),
+                data,
+                option("--selection", required=True, help="the limits the training stars were cut by"),
+                samples,
+                _seed("the sampling seed"),
+                IMAGES,
+            ),
+            step="plot_selection",
         ),
     ]
 

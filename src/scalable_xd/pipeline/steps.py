@@ -187,17 +187,25 @@ def fit(
 
     from ..estimator import XDGMM
     from ..fit.parallel import Group
+    from ..fit.selection import from_limits
     from .features_file import features_source, read_features, split_facts
     from .report.metrics import FitMetrics, loglik_summary
     from .truth import monitored_truth, truth_metrics
 
     def data(path, name):
         """A split as the fit's arguments (X, Xcov), streamed or in memory, its facts for the report, and
-        the split itself where it was loaded (None when streamed)."""
+        the split itself where it was loaded (None when streamed). The training and validation splits are
+        cut by the fit's selection, where it has one (``selected``)."""
         if stream_window:
+            if settings.selection is not None:
+                raise ValueError(
+                    f"selection {settings.selection!r}: the workflow cuts its splits in memory; set fit.stream_window 0"
+                )
             source = features_source(path, stream_window, name, missing=settings.missing)
             return (source, None), split_facts(path), None
         split = read_features(path)
+        if settings.selection is not None and name != "X_test":
+            split = split.subset(selected(split, settings))
         facts = {
             "n": len(split),
             "missing_entries": int(split.n_missing.sum()),
@@ -208,7 +216,7 @@ def fit(
 
     _set_threads(threads)
     check_writable(output_model, output_metrics, checkpoint)
-    (X, Xcov), train_facts, _ = data(train, "X")
+    (X, Xcov), train_facts, train_split = data(train, "X")
     start = read_init(init, n_components, X.shape[1] if hasattr(X, "shape") else len(X.x_columns))
     (X_val, Xcov_val), val_facts = (None, None), None
     if val is not None:
@@ -222,6 +230,10 @@ def fit(
         n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
     )
     tick, cpu_tick = time.perf_counter(), time.process_time()
+    selection = None  # the setting's limits on the features by name (the estimator knows only x0, x1, ...)
+    if settings.selection is not None and settings.selection_aware:
+        assert train_split is not None  # a selection is refused on streamed splits (``data``)
+        selection = from_limits(settings.selection, list(train_split.spec.names), settings.selection_on)
     model.fit(
         X,
         Xcov=Xcov,
@@ -230,6 +242,7 @@ def fit(
         checkpoint=checkpoint,
         checkpoint_every=checkpoint_every,
         eval_sets=monitored_truth(test_split),  # a mock's recovery of the truth, epoch by epoch
+        selection=selection,
     )
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
@@ -283,6 +296,19 @@ def fit(
         last["train_loglik"],
         metrics.train_seconds,
     )
+
+
+def selected(split, settings: FitSettings) -> np.ndarray:
+    """The rows of a features split that the fit's selection keeps: by its limits on the observed values, or
+    on the true values where ``selection_on`` is "true" and the split has them (a mock). A real catalogue
+    the survey already cut so keeps every row; one without true values, under a selection on them, too."""
+    from ..fit.selection import from_limits
+
+    if settings.selection_on == "true" and split.true is None:
+        return np.arange(len(split))
+    values = split.true if settings.selection_on == "true" else split.X
+    rule = from_limits(settings.selection, list(split.spec.names))
+    return np.flatnonzero(rule.kept(np.asarray(values, dtype=np.float64)) > 0)
 
 
 def reference(
@@ -370,6 +396,12 @@ def plot_corner(model, data, n_samples: int, seed: int, output) -> None:
     from .report.figures import plot_corner as draw
 
     draw(model, data, output, n_samples=n_samples, seed=seed)
+
+
+def plot_selection(naive, aware, data, selection: str, n_samples: int, seed: int, output) -> None:
+    from .report.selection import plot_selection as draw
+
+    draw(naive, aware, data, selection, output, n_samples=n_samples, seed=seed)
 
 
 def denoise(model, data, output, batch_rows: int) -> None:

@@ -122,6 +122,8 @@ def metrics_frame(paths) -> pd.DataFrame:
             "has_truth": bool(m.true.get("available", False)),
             "fitted_with": m.settings.get("method", m.method),
             "split_merge": bool(m.settings.get("split_merge")),
+            "selection": m.settings.get("selection"),  # the limits its training stars were cut by, or None
+            "selection_aware": bool(m.settings.get("selection_aware", True)),
             "moves_accepted": m.history[-1].get("moves_accepted", 0) if m.history else 0,
             "converged": bool(m.converged),
         }

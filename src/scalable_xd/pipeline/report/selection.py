@@ -1,0 +1,87 @@
+"""The selection experiment at a glance: the whole population, the naive model and the selection-aware one.
+
+The training stars were cut by a limit on one feature (``fit.selection``, e.g. G < 20); the test split was
+not. Left: that feature's distribution, for the test stars' true values (the population; their measured
+values where the data have no truth) and for samples of each model, with the limit marked. Right: the
+colour-magnitude plane beyond the limit, where only the aware model should put stars: the population's
+density, and each model's 39% and 86% contours there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...fit.selection import from_limits
+from .figures import FEATURE_LABELS, model_samples, read_split
+from .style import COLUMN, COLUMN_HEIGHT, DATA_COLOUR, pyplot, save
+
+NAIVE_COLOUR, AWARE_COLOUR = "tab:orange", "tab:blue"
+LEVELS = (0.39, 0.86)
+
+
+def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samples: int, seed: int) -> dict:
+    """The figure of the module; returns the share of each set beyond the limit (the removed part)."""
+    split = read_split(data_path)
+    names = list(split.spec.names)
+    clause = spec.split(",")[0].split()
+    feature = names.index(clause[0])
+    colour = names.index("bp_rp") if "bp_rp" in names else (feature + 1) % len(names)
+    population = split.true if split.true is not None else split.X[split.n_missing == 0]
+    removed = from_limits(spec, names)
+    sets = {"population": population}
+    for name, path in (("naive", naive_path), ("aware", aware_path)):
+        sets[name] = model_samples(path, n_samples, seed)[1]
+    beyond = {name: float(np.mean(removed.kept(values) == 0)) for name, values in sets.items()}
+    lo, hi = np.percentile(population[:, feature], [0.5, 99.5])
+    bins = np.linspace(lo, hi, 60)
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(2 * COLUMN, 1.2 * COLUMN_HEIGHT))
+    truth_label = "test stars' true values" if split.true is not None else "test stars (measured)"
+    left.hist(population[:, feature], bins=bins, density=True, color=DATA_COLOUR, alpha=0.5, label=truth_label)
+    for name, tint in (("naive", NAIVE_COLOUR), ("aware", AWARE_COLOUR)):
+        label = f"{name} model: {100 * beyond[name]:.0f}% beyond the limit"
+        left.hist(sets[name][:, feature], bins=bins, density=True, histtype="step", color=tint, lw=1.5, label=label)
+    limit = float(clause[2])
+    left.axvline(limit, color="k", ls="--", lw=1)
+    left.set_xlabel(_label(names, feature))
+    left.set_ylabel("density")
+    left.set_title(f"{100 * (1 - beyond['population']):.0f}% of the population is within the limit", fontsize=8)
+    left.legend(fontsize=7, frameon=False)
+    faint = {name: values[removed.kept(values) == 0] for name, values in sets.items()}
+    x_range = np.percentile(population[:, colour], [1, 99])
+    y_range = (limit, hi) if clause[1].startswith("<") else (lo, limit)
+    right.hist2d(
+        faint["population"][:, colour], faint["population"][:, feature], bins=30, range=[x_range, y_range], cmap="Greys"
+    )
+    for name, tint in (("naive", NAIVE_COLOUR), ("aware", AWARE_COLOUR)):
+        if len(faint[name]) > 50:
+            _contours(right, faint[name][:, colour], faint[name][:, feature], x_range, y_range, tint)
+    right.set_xlabel(_label(names, colour))
+    right.set_ylabel(_label(names, feature))
+    right.set_title("beyond it: population, model contours (39%, 86%)", fontsize=8)
+    if names[feature] == "phot_g_mean_mag":
+        right.invert_yaxis()
+    k = model_samples(aware_path, 1, seed)[0].n_components
+    fig.suptitle(f"Training stars cut to {spec}: the naive and the selection-aware fit, K = {k}", fontsize=9)
+    fig.tight_layout()
+    save(fig, outputs)
+    return beyond
+
+
+def _label(names: list[str], k: int) -> str:
+    gaia = ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")
+    return FEATURE_LABELS[k] if tuple(names) == gaia else names[k]
+
+
+def _contours(ax, x, y, x_range, y_range, tint) -> None:
+    """Lines holding LEVELS of the points' mass, from a smoothed 2-D histogram."""
+    from scipy.ndimage import gaussian_filter
+
+    counts, xe, ye = np.histogram2d(x, y, bins=30, range=[x_range, y_range])
+    counts = gaussian_filter(counts, 1.0)  # sampling noise smoothed: contours of the density, not of the draws
+    ordered = np.sort(counts.ravel())[::-1]
+    cumulative = np.cumsum(ordered) / max(ordered.sum(), 1)
+    heights = sorted({float(ordered[np.searchsorted(cumulative, level)]) for level in LEVELS})
+    centres = (xe[:-1] + xe[1:]) / 2, (ye[:-1] + ye[1:]) / 2
+    if len(heights) and max(heights) > 0:
+        ax.contour(*centres, counts.T, levels=[h for h in heights if h > 0], colors=tint, linewidths=1.2)
