@@ -92,3 +92,19 @@ def test_cuda_minibatch_epochs_never_wait_for_the_device_at_a_batch(method, monk
         rng, 4000, np.ones(4) / 4, rng.normal(scale=4, size=(4, 3)), random_spd(rng, 4, 3), 0.2, 1.0
     )
     XDGMM(4, method, batch_size=200, epochs=2, tol=None, device="cuda", random_state=0).fit(x, Xcov=S)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_a_fit_under_a_selection_on_cuda_matches_the_cpu(method):
+    """The removed points are drawn on the host from generators keyed by the batch, and sent to the device:
+    the same draws as the CPU fit's, so the same model to float32 tolerance (the graphed step is off)."""
+    rng = np.random.default_rng(71)
+    x = np.concatenate([rng.normal(size=(3000, 2)), rng.normal(size=(3000, 2)) + [3, 0]])
+    kept = x[:, 0] < 3
+    S = np.full((int(kept.sum()), 2), 0.05)
+    settings = dict(n_components=2, method=method, epochs=3, dtype="float64", random_state=0, tol=None)
+    settings.update(acceleration="none", means_init=[[0, 0], [3, 0]], selection="x0 < 3")
+    cpu = XDGMM(device="cpu", **settings).fit(x[kept], Xcov=S)
+    gpu = XDGMM(device="cuda", **settings).fit(x[kept], Xcov=S)
+    for attr in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=1e-6, atol=1e-8)

@@ -81,8 +81,9 @@ def _add_settings(p, cls, *, skip=(), prefix="", defaults=None) -> None:
         else:
             parse = {"int": _count(meta["low"]) if meta["low"] is not None else int, "float": float, "str": str}[kind]
             if meta["nullable"]:
+                metavar = ("TEXT" if kind == "str" else "X") + "|none"
                 p.add_argument(
-                    flag, dest=f.name, type=_optional(parse), default=default, metavar="X|none", help=help_text
+                    flag, dest=f.name, type=_optional(parse), default=default, metavar=metavar, help=help_text
                 )
             else:
                 choices = SETTING_CHOICES.get(f.name, meta["choices"]) if cls is FitSettings else meta["choices"]
