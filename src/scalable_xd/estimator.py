@@ -284,6 +284,11 @@ class XDGMM(DensityMixin, BaseEstimator):
         state and ``load`` restores it; a model fitted by ``fit`` goes on from its parameters with a fresh
         state. ``fit`` starts afresh."""
         settings, kmeans = self._validated()
+        if settings.selection is not None and settings.selection_aware:
+            raise ValueError(
+                f"selection={settings.selection!r}: partial_fit takes no selection (a stream has no population "
+                "to draw the removed points against); fit takes one"
+            )
         online = getattr(self, "_online", None)
         if online is not None:
             online.check_settings(settings_record(self.n_components, settings, kmeans))
