@@ -64,16 +64,17 @@ class SquaremEM(EpochSums):
     def result(self) -> Mixture:
         """The fit so far: an extrapolation not yet validated by its pass is not it (a budget that ends
         there returns the cycle's EM step, theta2, which the monotone safeguard would fall back to)."""
-        return self.theta2 if self.phase == 2 else self.mixture
+        return self.theta2 if self.phase == 2 and self.theta2 is not None else self.mixture
 
     def end_epoch(self) -> None:
-        scored, sums = self.mixture, self._sums
+        scored, sums = self.mixture, self.epoch_sums
         self._sums = None
         mapped = em_update(scored, sums, self.w, self.fixed)
         if self.phase == 0:
             self.theta0, self.objective0 = scored, self._objective(scored, sums)
             self._next(mapped, em_step=True, phase=1)
         elif self.phase == 1:
+            assert self.theta0 is not None  # set by phase 0's pass
             extrapolated = self._extrapolate(self.theta0, scored, mapped)
             if extrapolated is None:  # a step of 1: theta2 itself
                 self._next(mapped, em_step=False, phase=0)
@@ -84,6 +85,7 @@ class SquaremEM(EpochSums):
         elif self._objective(scored, sums) >= self.objective0 and mapped.first_invalid_component() is None:
             self._next(mapped, em_step=False, phase=0)
         else:
+            assert self.theta2 is not None  # set with the extrapolation phase 2 scored
             self.rejections += 1
             self.step_max = max(1.0, self.step_max / STEP_FACTOR)
             self._next(self.theta2, em_step=False, phase=0)

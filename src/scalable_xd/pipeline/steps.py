@@ -280,7 +280,9 @@ def fit(
             "python": platform.python_version(),
         },
         train=loglik_summary(last["train_loglik"], train_facts["n"], train_facts["missing_entries"]),
-        val=None if val is None else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
+        val=None
+        if val_facts is None
+        else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
         test=test_summary,
         true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(read_json, references)}),
     )
@@ -304,7 +306,7 @@ def selected(split, settings: FitSettings) -> np.ndarray:
     the survey already cut so keeps every row; one without true values, under a selection on them, too."""
     from ..fit.selection import from_limits
 
-    if settings.selection_on == "true" and split.true is None:
+    if settings.selection is None or (settings.selection_on == "true" and split.true is None):
         return np.arange(len(split))
     values = split.true if settings.selection_on == "true" else split.X
     rule = from_limits(settings.selection, list(split.spec.names))
