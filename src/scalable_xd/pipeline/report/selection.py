@@ -46,7 +46,8 @@ def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samp
     left.set_xlabel(_label(names, feature))
     left.set_ylabel("density")
     left.set_title(f"{100 * (1 - beyond['population']):.0f}% of the population is within the limit", fontsize=8)
-    left.legend(fontsize=7, frameon=False)
+    left.set_ylim(top=1.35 * left.get_ylim()[1])  # room for the legend above the histograms
+    left.legend(fontsize=7, frameon=False, loc="upper left")
     faint = {name: values[removed.kept(values) == 0] for name, values in sets.items()}
     x_range = np.percentile(population[:, colour], [1, 99])
     y_range = (limit, hi) if clause[1].startswith("<") else (lo, limit)
