@@ -216,8 +216,8 @@ class FitSettings(_Settings):
         "('phot_g_mean_mag < 19.5, parallax > 0'; an estimator's array columns are x0, x1, ...): the fit "
         "models the population before it, each batch carrying the points it removed, drawn from the model "
         "(Monte Carlo EM; docs/user-guide/selection.md); the workflow first applies it to its training and "
-        "validation splits, which leaves a catalogue the survey already cut so as it is; None: the data are "
-        "the population",
+        "validation splits, read in memory whatever fit.stream_window, which leaves a catalogue the survey "
+        "already cut so as it is; None: the data are the population",
         nullable=True,
     )
     selection_on: str = setting(

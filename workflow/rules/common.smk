@@ -137,6 +137,13 @@ def fit_options(keys=None, method=None):
     return " ".join(_option(key, fit[key]) for key in keys)
 
 
+def stream_window(method):
+    """Rows a fit of ``method`` (or variant) streams from its splits at a time: fit.stream_window, or 0 (in
+    memory) for a fit under a selection, whose splits the fit step cuts in memory."""
+    settings = {**config["fit"], **VARIANTS.get(method, {})}
+    return 0 if settings.get("selection") else config["fit"]["stream_window"]
+
+
 # Where each step's outputs go: called with values for a file, or with "{K}"-style wildcards for a rule.
 def fit_dir(method, K, seed):
     return f"{RESULTS}/fits/{method}/K{K}_seed{seed}"

@@ -16,7 +16,7 @@ rule fit:
     params:
         cli=FIT_CLI,
         per_process=lambda wildcards, threads: max(1, threads // FIT_PROCESSES),
-        stream_window=config["fit"]["stream_window"],
+        stream_window=lambda wildcards: stream_window(wildcards.method),
         checkpoint_every=config["fit"]["checkpoint_every"],
         checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
         settings=lambda wildcards: fit_options(method=wildcards.method),
