@@ -78,11 +78,14 @@ class Selection:
             )
         return p
 
-    def covariances(self, true: np.ndarray, batch_S: torch.Tensor, draw: torch.Generator) -> torch.Tensor:
-        """Noise covariances (n, d, d), float64 on the CPU, for points of these true values."""
+    def noise_of(
+        self, true: np.ndarray, batch: tuple[torch.Tensor, torch.Tensor], draw: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noise covariances (n, d, d) for points of these true values and their square roots (``_roots``),
+        float64 on the CPU; ``batch``: the batch's covariances and their roots, which "resample" draws from."""
         if self.noise == "resample":
-            rows = torch.randint(len(batch_S), (len(true),), generator=draw)
-            return batch_S.detach().to("cpu", torch.float64)[rows]
+            rows = torch.randint(len(batch[0]), (len(true),), generator=draw)
+            return batch[0][rows], batch[1][rows]
         assert callable(self.noise)
         S = np.asarray(self.noise(true), dtype=np.float64)
         d = true.shape[1]
@@ -91,7 +94,7 @@ class Selection:
                 f"selection: the noise function returned shape {S.shape} (or values not finite) for {len(true)} "
                 f"points of {d} features; it must return finite covariances of shape ({len(true)}, {d}, {d})"
             )
-        return torch.from_numpy(S)
+        return torch.from_numpy(S), _roots(torch.from_numpy(S))
 
 
 def from_limits(spec: str, names: list[str], on: str = "observed") -> Selection:
@@ -150,13 +153,16 @@ def imputed_points(
             raise ValueError(f"selection: not with {what} (the points drawn for what the selection removed have none)")
     wanted = len(batch.x)
     draw = generator(*keys, IMPUTATION_STREAM)
+    batch_S = batch.S.detach().to("cpu", torch.float64)
+    batch_noise = (batch_S, _roots(batch_S)) if selection.noise == "resample" else (batch_S, batch_S)
     xs, Ss = [], []
     kept = drawn = 0
     while kept < wanted:
         n = max(64, 2 * (wanted - kept))
         true, _ = mixture.sample(n, draw)
-        S = selection.covariances(true.numpy(), batch.S, draw)
-        observed = true + _noise(S, draw)
+        S, roots = selection.noise_of(true.numpy(), batch_noise, draw)
+        z = torch.randn(S.shape[:-1], generator=draw, dtype=S.dtype).unsqueeze(-1)
+        observed = true + (roots @ z).squeeze(-1)  # a draw from N(0, S_i) for each
         judged = observed if selection.on == "observed" else true
         keep = torch.rand(n, generator=draw, dtype=torch.float64) < torch.from_numpy(selection.kept(judged.numpy()))
         last = torch.nonzero(keep.cumsum(0) == wanted - kept)  # candidates after the wanted-th kept are unused
@@ -176,17 +182,15 @@ def imputed_points(
     return torch.cat(xs).to(like.device, like.dtype), torch.cat(Ss).to(like.device, like.dtype)
 
 
-def _noise(S: torch.Tensor, draw: torch.Generator) -> torch.Tensor:
-    """A draw from N(0, S_i) for each covariance (n, d, d): through its Cholesky factor, or, where S_i has
-    none (a singular S: a noise-free feature), its symmetric square root, which draws zero along the null
-    space."""
-    z = torch.randn(S.shape[:-1], generator=draw, dtype=S.dtype).unsqueeze(-1)
+def _roots(S: torch.Tensor) -> torch.Tensor:
+    """A square root L of each covariance (n, d, d), L L^T = S: its Cholesky factor, or, where S has none
+    (a singular S: a noise-free feature), its symmetric square root, which draws zero along the null space."""
     factor, info = torch.linalg.cholesky_ex(S)
     singular = torch.nonzero(info).flatten()
     if len(singular):
         values, vectors = torch.linalg.eigh(S[singular])
         factor[singular] = vectors * values.clamp(min=0).sqrt().unsqueeze(-2)
-    return (factor @ z).squeeze(-1)
+    return factor
 
 
 def check_fit(selection: Selection, train, settings) -> None:
