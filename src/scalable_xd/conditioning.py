@@ -75,12 +75,11 @@ def condition(mixture: Mixture, measured: np.ndarray, x_b: np.ndarray, S_b: np.n
     m, V = mixture.means.double(), mixture.covariances.double()
     a = torch.as_tensor(np.flatnonzero(~measured), device=m.device)
     b = torch.as_tensor(np.flatnonzero(measured), device=m.device)
-    x_b = torch.as_tensor(x_b, dtype=torch.float64, device=m.device)
-    S_b = torch.as_tensor(S_b, dtype=torch.float64, device=m.device)
+    given = torch.as_tensor(x_b, dtype=torch.float64, device=m.device)
     V_ab = V[:, a][:, :, b]
-    T = V[:, b][:, :, b] + S_b  # (K, d_b, d_b)
+    T = V[:, b][:, :, b] + torch.as_tensor(S_b, dtype=torch.float64, device=m.device)  # (K, d_b, d_b)
     chol = torch.linalg.cholesky(T)
-    diff = x_b - m[:, b]
+    diff = given - m[:, b]
     solved = torch.cholesky_solve(diff.unsqueeze(-1), chol).squeeze(-1)  # T^-1 (x_b - m_b)
     gain = torch.cholesky_solve(V_ab.mT, chol).mT  # V_ab T^-1
     means = m[:, a] + (V_ab @ solved.unsqueeze(-1)).squeeze(-1)
