@@ -249,17 +249,19 @@ def _shared_by_the_processes(train, val, monitored, record, digest, random_state
     }
 
 
-def regularisation(settings: FitSettings, data: Dataset, mixture: Mixture) -> torch.Tensor | None:
+def regularisation(settings: FitSettings, data: Dataset | None, mixture: Mixture) -> torch.Tensor | None:
     """The covariance regularisation's diagonal W (D,), float64 on the mixture's device, or None for none
     (w = 0): ``w`` in the features' own squared units (``w_scale="none"``: Bovy et al.'s w I), or ``w`` times
     each feature's variance in ``data`` (``"variance"``), so that one w means the same for a feature
     spread over 1e-4 and one over 1e4. Projected data (R changing the dimension) take the variance under
-    the starting mixture, in the model's space."""
+    the starting mixture, in the model's space. ``data`` may be None where w_scale is "none"."""
     if settings.w == 0:
         return None
     device, dim = mixture.means.device, mixture.dim
     if settings.w_scale == "none":
         return torch.full((dim,), settings.w, dtype=torch.float64, device=device)
+    if data is None:
+        raise ValueError('w_scale="variance" scales w by the data\'s variances: give the data')
     if data.R is not None and data.obs_dim != data.model_dim:
         variance = feature_scale(mixture) ** 2
     else:

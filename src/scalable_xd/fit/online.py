@@ -112,8 +112,8 @@ class OnlineFit:
             uniforms = assignment_uniforms(self.seed, 1, self.updates, len(batch), self.device, self.dtype)
         self.seen += batch.total_weight
         inner = getattr(self.fitter, "inner", self.fitter)  # under Polyak averaging, the averaged fitter
-        if getattr(inner, "data_size", None) is not None:
-            inner.resize(self.seen)  # the prior's size: the stars seen so far, this batch's included
+        if getattr(inner, "data_size", None) is not None:  # minibatch EM's prior
+            inner.resize(self.seen)  # type: ignore[union-attr]  # its size: the stars seen so far, this batch's too
         stats = batch_statistics(
             x,
             S,
@@ -124,6 +124,7 @@ class OnlineFit:
             uniforms=uniforms,
             observed=observed,
         )
+        assert stats.loglik is not None  # the kernel's pass sums it
         loglik = float(stats.loglik) / float(stats.n_points)
         self.fitter.observe(stats)
         synchronize(self.device)
