@@ -17,6 +17,7 @@ kept point) and its own defaults otherwise (its k-means start, tol 1e-3, oversam
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 import warnings
@@ -99,8 +100,8 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--limits", type=float, nargs="+", default=[2.0, 1.0, 0.3, -0.3], help="the limit sweep")
     args = parse_args(parser, argv, sizes=[1500], seeds=[1], limits=[1.0])
-    quick = args.sizes == [1500]
-    with_pygmmis = not quick and _importable("pygmmis")
+    quick = args.quick
+    with_pygmmis = not quick and importlib.util.find_spec("pygmmis") is not None
     warnings.simplefilter("ignore", ConvergenceWarning)  # fixed budgets; the table says what they reach
     rows = []
     for n in args.sizes:
@@ -113,12 +114,6 @@ def main(argv=None):
                 if limit != 1.0:
                     rows.append(case(seed, n, "em", "observed", limit, 3 if quick else BUDGETS["em"], False))
     write_result("bench_selection_cpu", {"machine": machine(), "pygmmis": with_pygmmis, "cases": rows})
-
-
-def _importable(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
 
 
 if __name__ == "__main__":

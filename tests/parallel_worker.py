@@ -57,15 +57,15 @@ def main(output, settings, checkpoint=None, die_after=None):
     settings = json.loads(settings)
     if dist.get_rank() == 1:
         settings.update(json.loads(os.environ.get("RANK1_SETTINGS", "{}")))
-    val = dict(X_val=x[:100], Xcov_val=S[:100]) if dist.get_rank() == 0 and os.environ.get("RANK0_VAL") else {}
+    extra = dict(X_val=x[:100], Xcov_val=S[:100]) if dist.get_rank() == 0 and os.environ.get("RANK0_VAL") else {}
     if dist.get_rank() == 1 and os.environ.get("RANK1_CHECKPOINT"):
         checkpoint = os.environ["RANK1_CHECKPOINT"]
     if os.environ.get("SELECTION"):
         limit = float(os.environ["SELECTION"])
         keep = x[:, 0] < limit
         x, S = x[keep], S[keep]
-        val["selection"] = Selection(lambda v: (v[:, 0] < limit).astype(float))
-    model = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint or None, **val)
+        extra["selection"] = Selection(lambda v: (v[:, 0] < limit).astype(float))
+    model = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint or None, **extra)
     rank = dist.get_rank()
     if rank == 0 or os.environ.get("SELECTION"):
         np.savez(

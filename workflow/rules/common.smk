@@ -127,12 +127,19 @@ def _option(key, value):
     return f"{flag} {'none' if value is None else shlex.quote(str(value))}"
 
 
-def fit_options(keys=None, method=None):
-    """The config's fit settings (all, or ``keys``) as command-line options; with ``method``, those of that
-    method or variant (a variant's settings replace the block's, and name the method)."""
+def method_settings(method=None):
+    """The config's fit block; with ``method``, that method's or variant's (a variant's settings replace the
+    block's, and name the method)."""
     fit = dict(config["fit"])
     if method is not None:
         fit.update(VARIANTS.get(method, {"method": method}))
+    return fit
+
+
+def fit_options(keys=None, method=None):
+    """The config's fit settings (all, or ``keys``) as command-line options; with ``method``, those of that
+    method or variant (``method_settings``)."""
+    fit = method_settings(method)
     keys = [k for k in fit if k not in WORKFLOW_FIT_KEYS] if keys is None else keys
     return " ".join(_option(key, fit[key]) for key in keys)
 
@@ -140,8 +147,7 @@ def fit_options(keys=None, method=None):
 def stream_window(method):
     """Rows a fit of ``method`` (or variant) streams from its splits at a time: fit.stream_window, or 0 (in
     memory) for a fit under a selection, whose splits the fit step cuts in memory."""
-    settings = {**config["fit"], **VARIANTS.get(method, {})}
-    return 0 if settings.get("selection") else config["fit"]["stream_window"]
+    return 0 if method_settings(method).get("selection") else config["fit"]["stream_window"]
 
 
 # Where each step's outputs go: called with values for a file, or with "{K}"-style wildcards for a rule.

@@ -33,6 +33,8 @@ from ..mixture import Mixture
 SELECTED_ON = ("observed", "true")
 _OPERATORS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 IMPUTATION_STREAM = 2  # the generator key that sets these draws apart from the S-step's uniforms (1)
+# What a fit under a selection cannot take (the drawn points have none of it): attribute, as users name it.
+UNSUPPORTED = (("R", "projections R"), ("weights", "sample_weight or point weights"), ("observed", "missing entries"))
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,13 @@ class Selection:
         return p
 
     def noise_of(
-        self, true: np.ndarray, batch: tuple[torch.Tensor, torch.Tensor], draw: torch.Generator
+        self, true: np.ndarray, batch: tuple[torch.Tensor, torch.Tensor] | None, draw: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Noise covariances (n, d, d) for points of these true values and their square roots (``_roots``),
-        float64 on the CPU; ``batch``: the batch's covariances and their roots, which "resample" draws from."""
+        float64 on the CPU; ``batch``: the batch's covariances and their roots, which "resample" draws from
+        (None for a noise callable)."""
         if self.noise == "resample":
+            assert batch is not None  # imputed_points factorises the batch's covariances for it
             rows = torch.randint(len(batch[0]), (len(true),), generator=draw)
             return batch[0][rows], batch[1][rows]
         assert callable(self.noise)
@@ -97,11 +101,10 @@ class Selection:
         return torch.from_numpy(S), _roots(torch.from_numpy(S))
 
 
-def from_limits(spec: str, names: list[str], on: str = "observed") -> Selection:
-    """A hard selection from limits on features by name, e.g. ``"phot_g_mean_mag < 19.5, parallax > 0"``:
-    a point is kept (probability 1) where every clause holds, else removed (0). ``names``: the features'
-    names in X's column order."""
-    tests = []
+def limits(spec: str, names: list[str]) -> list[tuple[int, str, float]]:
+    """The clauses of limits on features by name, e.g. ``"phot_g_mean_mag < 19.5, parallax > 0"``, as
+    (column, operator, limit); ``names``: the features' names in X's column order."""
+    clauses = []
     for clause in spec.split(","):
         words = clause.split()
         if len(words) != 3 or words[1] not in _OPERATORS:
@@ -116,7 +119,14 @@ def from_limits(spec: str, names: list[str], on: str = "observed") -> Selection:
             limit = float(number)
         except ValueError:
             raise ValueError(f"selection: the limit {number!r} in {spec!r} is not a number") from None
-        tests.append((names.index(name), _OPERATORS[operator], limit))
+        clauses.append((names.index(name), operator, limit))
+    return clauses
+
+
+def from_limits(spec: str, names: list[str], on: str = "observed") -> Selection:
+    """A hard selection from ``limits``: a point is kept (probability 1) where every clause holds, else
+    removed (0)."""
+    tests = [(column, _OPERATORS[operator], limit) for column, operator, limit in limits(spec, names)]
 
     def kept(values: np.ndarray) -> np.ndarray:
         keep = np.ones(len(values), dtype=bool)
@@ -148,13 +158,13 @@ def imputed_points(
     """The points the selection removed beside ``batch``'s kept ones, drawn from ``mixture`` (see the
     module): (x (M, d), S (M, d, d)) in the batch's dtype and device, M >= 0. ``keys``: (seed, epoch, batch,
     rank), which alone fix the draws."""
-    for name, what in (("R", "projections R"), ("weights", "point weights"), ("observed", "missing entries")):
-        if getattr(batch, name) is not None:
-            raise ValueError(f"selection: not with {what} (the points drawn for what the selection removed have none)")
+    refuse_unsupported(batch)
     wanted = len(batch.x)
     draw = generator(*keys, IMPUTATION_STREAM)
-    batch_S = batch.S.detach().to("cpu", torch.float64)
-    batch_noise = (batch_S, _roots(batch_S)) if selection.noise == "resample" else (batch_S, batch_S)
+    batch_noise = None
+    if selection.noise == "resample":
+        batch_S = batch.S.detach().to("cpu", torch.float64)
+        batch_noise = (batch_S, _roots(batch_S))
     xs, Ss = [], []
     kept = drawn = 0
     while kept < wanted:
@@ -193,6 +203,13 @@ def _roots(S: torch.Tensor) -> torch.Tensor:
     return factor
 
 
+def refuse_unsupported(data) -> None:
+    """Refuse data (a training source, or a batch of a streamed one) that hold what a selection cannot take."""
+    for name, what in UNSUPPORTED:
+        if getattr(data, name, None) is not None:
+            raise ValueError(f"selection: not with {what} (the points drawn for what the selection removed have none)")
+
+
 def check_fit(selection: Selection, train, settings) -> None:
     """Refuse, naming the setting, what a fit under a selection cannot take (``train``: the training
     ``DataSource``, ``settings``: its ``FitSettings``)."""
@@ -206,9 +223,7 @@ def check_fit(selection: Selection, train, settings) -> None:
         )
     if settings.split_merge:
         raise ValueError("selection: not with split_merge (its trial fits see no removed points)")
-    for name, what in (("R", "projections R"), ("weights", "sample_weight"), ("observed", "missing entries")):
-        if getattr(train, name, None) is not None:
-            raise ValueError(f"selection: not with {what} (the points drawn for what the selection removed have none)")
+    refuse_unsupported(train)
     if isinstance(getattr(train, "X", None), torch.Tensor):
         check_kept_data(selection, train.X)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...fit.selection import from_limits
+from ...fit.selection import from_limits, limits
 from .figures import FEATURE_LABELS, model_samples, read_split
 from .style import COLUMN, COLUMN_HEIGHT, DATA_COLOUR, pyplot, save
 
@@ -23,15 +23,15 @@ def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samp
     """The figure of the module; returns the share of each set beyond the limit (the removed part)."""
     split = read_split(data_path)
     names = list(split.spec.names)
-    clause = spec.split(",")[0].split()
-    feature = names.index(clause[0])
+    feature, operator, limit = limits(spec, names)[0]  # the figure's feature: the first clause's
     colour = names.index("bp_rp") if "bp_rp" in names else (feature + 1) % len(names)
     population = split.true if split.true is not None else split.X[split.n_missing == 0]
-    removed = from_limits(spec, names)
-    sets = {"population": population}
-    for name, path in (("naive", naive_path), ("aware", aware_path)):
-        sets[name] = model_samples(path, n_samples, seed)[1]
-    beyond = {name: float(np.mean(removed.kept(values) == 0)) for name, values in sets.items()}
+    naive_samples = model_samples(naive_path, n_samples, seed)[1]
+    aware, aware_samples = model_samples(aware_path, n_samples, seed)
+    sets = {"population": population, "naive": naive_samples, "aware": aware_samples}
+    selection = from_limits(spec, names)
+    faint = {name: values[selection.kept(values) == 0] for name, values in sets.items()}  # beyond the limits
+    beyond = {name: len(faint[name]) / len(values) for name, values in sets.items()}
     lo, hi = np.percentile(population[:, feature], [0.5, 99.5])
     bins = np.linspace(lo, hi, 60)
     plt = pyplot()
@@ -41,16 +41,14 @@ def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samp
     for name, tint in (("naive", NAIVE_COLOUR), ("aware", AWARE_COLOUR)):
         label = f"{name} model: {100 * beyond[name]:.0f}% beyond the limit"
         left.hist(sets[name][:, feature], bins=bins, density=True, histtype="step", color=tint, lw=1.5, label=label)
-    limit = float(clause[2])
     left.axvline(limit, color="k", ls="--", lw=1)
     left.set_xlabel(_label(names, feature))
     left.set_ylabel("density")
     left.set_title(f"{100 * (1 - beyond['population']):.0f}% of the population is within the limit", fontsize=8)
     left.set_ylim(top=1.35 * left.get_ylim()[1])  # room for the legend above the histograms
     left.legend(fontsize=7, frameon=False, loc="upper left")
-    faint = {name: values[removed.kept(values) == 0] for name, values in sets.items()}
     x_range = np.percentile(population[:, colour], [1, 99])
-    y_range = (limit, hi) if clause[1].startswith("<") else (lo, limit)
+    y_range = (limit, hi) if operator.startswith("<") else (lo, limit)
     right.hist2d(
         faint["population"][:, colour], faint["population"][:, feature], bins=30, range=[x_range, y_range], cmap="Greys"
     )
@@ -62,7 +60,7 @@ def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samp
     right.set_title("beyond it: population, model contours (39%, 86%)", fontsize=8)
     if names[feature] == "phot_g_mean_mag":
         right.invert_yaxis()
-    k = model_samples(aware_path, 1, seed)[0].n_components
+    k = aware.n_components
     fig.suptitle(f"Training stars cut to {spec}: the naive and the selection-aware fit, K = {k}", fontsize=9)
     fig.tight_layout()
     save(fig, outputs)
