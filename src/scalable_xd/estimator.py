@@ -18,12 +18,15 @@ from sklearn.utils._available_if import available_if
 from sklearn.utils.validation import check_array, validate_data
 
 from ._torch import dtype_name, resolve_device, resolve_dtype
+from .background import Background
+from .background import from_setting as background_from_setting
 from .conditioning import condition, floats, measured_features, measurement_noise
 from .data.dataset import Dataset
 from .data.inputs import data_source, monitored_data, training_data, training_source
 from .data.iterable import is_batch_iterable
 from .data.noise import CompactCovariance
 from .data.source import DataSource
+from .fit.background_fit import check_fit as check_background
 from .fit.driver import Start, fit_mixture, fixed_masks, settings_record
 from .fit.methods import METHODS, SETTING_CHOICES, check_settings, setting_help
 from .fit.online import OnlineFit, refusal
@@ -115,6 +118,8 @@ class XDGMM(DensityMixin, BaseEstimator):
         selection: str | None = _FIT.selection,
         selection_on: str = _FIT.selection_on,
         selection_aware: bool = _FIT.selection_aware,
+        background: str | None = _FIT.background,
+        background_weight: float = _FIT.background_weight,
         device: str = _FIT.device,
         dtype: str = _FIT.dtype,
         backend: str = _FIT.backend,
@@ -229,16 +234,37 @@ class XDGMM(DensityMixin, BaseEstimator):
                 )
             monitored = monitored_data(eval_sets, train, settings)
             selection = self._selection(selection, train, settings)
+            background = self._background_start(train, settings, selection)
             warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
         fitted = fit_mixture(
-            train, val, settings, kmeans, self.random_state, start, checkpoint, checkpoint_every, monitored, selection
+            train,
+            val,
+            settings,
+            kmeans,
+            self.random_state,
+            start,
+            checkpoint,
+            checkpoint_every,
+            monitored,
+            selection,
+            background,
         )
         history = fitted.history if warm is None else _continued(self.history_, fitted.history)
-        self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans)
+        self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans, fitted.background)
         self.n_features_in_ = train.obs_dim
         return self
+
+    def _background_start(self, train, settings: FitSettings, selection) -> Background | None:
+        """The ``background`` setting's box with its starting weight, checked against the fit; None where
+        there is none."""
+        if settings.background is None:
+            return None
+        X = train.X if isinstance(train, Dataset) else None
+        background = background_from_setting(settings.background, X, settings.background_weight)
+        check_background(background, train, settings, selection)
+        return background
 
     def _selection(self, given, train, settings: FitSettings) -> Selection | None:
         """The fit's selection, checked: ``fit``'s ``selection`` argument (a ``Selection`` or a callable), or
@@ -289,6 +315,8 @@ class XDGMM(DensityMixin, BaseEstimator):
                 f"selection={settings.selection!r}: partial_fit takes no selection (a stream has no population "
                 "to draw the removed points against); fit takes one"
             )
+        if settings.background is not None:
+            raise ValueError(f"background={settings.background!r}: partial_fit fits no background; fit does")
         online = getattr(self, "_online", None)
         if online is not None:
             online.check_settings(settings_record(self.n_components, settings, kmeans))
@@ -329,9 +357,17 @@ class XDGMM(DensityMixin, BaseEstimator):
         return self
 
     def _set_fitted(
-        self, mixture: Mixture, history: list, converged: bool, settings: FitSettings, kmeans: KMeansSettings
+        self,
+        mixture: Mixture,
+        history: list,
+        converged: bool,
+        settings: FitSettings,
+        kmeans: KMeansSettings,
+        background: Background | None = None,
     ) -> None:
         self._mixture = mixture
+        self._background = background
+        self.background_weight_ = 0.0 if background is None else background.weight
         self.settings_, self.kmeans_settings_ = settings, kmeans
         self._device, self._dtype = mixture.means.device, resolve_dtype(settings.dtype)
         self.backend_ = fit_backend(settings.backend, self._device)
@@ -388,27 +424,41 @@ class XDGMM(DensityMixin, BaseEstimator):
     def _scored_batches(self, X, y, Xcov, R, method: str):
         """Yield (start, log p(x) (B,), log alpha_j N_ij (B, K)) over the data in bounded-memory batches."""
         data = self._data_for_model(X, y, Xcov, R, method)
-        return scored_batches(data, self._mixture, self._device, self._dtype, self.backend_)
+        return scored_batches(
+            data, self._mixture, self._device, self._dtype, self.backend_, background=self._background
+        )
 
     def score_samples(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
-        """log p(x_i) under the convolved model for each point, shape (N,)."""
+        """log p(x_i) under the convolved model (and its background, where it has one) for each point, (N,)."""
         batches = self._scored_batches(X, y, Xcov, R, "score_samples")
         return torch.cat([ll.cpu() for _, ll, _, _ in batches]).numpy()
 
     def score(self, X, y=None, *, Xcov=None, R=None, sample_weight=None) -> float:
         """Mean log-likelihood per point (weighted by ``sample_weight`` where given)."""
         data = self._data_for_model(X, y, Xcov, R, "score", sample_weight)
-        return total_loglik(data, self._mixture, self._device, self._dtype, self.backend_) / data.total_weight
+        total = total_loglik(data, self._mixture, self._device, self._dtype, self.backend_, background=self._background)
+        return total / data.total_weight
 
     def predict_proba(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
-        """Responsibilities r_ij: the probability that point i came from component j, shape (N, K)."""
+        """Responsibilities r_ij: the probability that point i came from component j, shape (N, K). With a
+        background, each row sums to the chance that the point is not the background's
+        (1 - ``background_proba``)."""
         batches = self._scored_batches(X, y, Xcov, R, "predict_proba")
         return torch.cat([torch.exp(dens - ll[:, None]).cpu() for _, ll, dens, _ in batches]).numpy()
 
+    def background_proba(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
+        """The probability that each point is the background's (an outlier), shape (N,); zeros without one."""
+        return np.clip(1.0 - self.predict_proba(X, y, Xcov=Xcov, R=R).sum(axis=1), 0.0, 1.0)
+
     def predict(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
-        """The most probable component of each point, shape (N,)."""
+        """The most probable component of each point, shape (N,); -1 where the background is more probable
+        than any component."""
         _refuse_noise_as_y(y, "predict")
-        return self.predict_proba(X, Xcov=Xcov, R=R).argmax(axis=1)
+        proba = self.predict_proba(X, Xcov=Xcov, R=R)
+        labels = proba.argmax(axis=1)
+        if self._background is not None:
+            labels[1.0 - proba.sum(axis=1) > proba.max(axis=1)] = -1
+        return labels
 
     def posterior(self, X, y=None, *, Xcov=None, R=None, q=None) -> tuple[np.ndarray, ...]:
         """Mean (N, D) and covariance (N, D, D) of each point's true value v_i given x_i ("denoised" data);
@@ -426,7 +476,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         data = self._data_for_model(X, y, Xcov, R, "posterior")
         means, covs, quants = [], [], []
         for _, x, S, Rb, _, observed in data.scan(slice(0, len(data)), EVAL_BATCH, self._device, POSTERIOR_DTYPE):
-            mean, cov, quant = posterior_summary(x, S, self._mixture, Rb, observed, probs)
+            mean, cov, quant = posterior_summary(x, S, self._mixture, Rb, observed, probs, self._background)
             means.append(mean.cpu())
             covs.append(cov.cpu())
             if quant is not None:
@@ -448,7 +498,8 @@ class XDGMM(DensityMixin, BaseEstimator):
         return model
 
     def sample(self, n_samples: int = 1, random_state: int | None = None) -> np.ndarray:
-        """Draw from the deconvolved density p(v), shape (n_samples, D); n_samples = 0 gives an empty array."""
+        """Draw from the deconvolved density p(v), shape (n_samples, D), the background's share uniformly
+        from its box; n_samples = 0 gives an empty array."""
         mixture = self._fitted()
         check_count("n_samples", n_samples, minimum=0)
         seed = resolve_seed(random_state)
@@ -457,18 +508,25 @@ class XDGMM(DensityMixin, BaseEstimator):
         generator = torch.Generator()
         generator.manual_seed(seed)
         samples, _ = mixture.sample(int(n_samples), generator)
+        if self._background is not None:
+            outliers = torch.rand(int(n_samples), generator=generator) < self._background.weight
+            samples[outliers] = self._background.sample(int(outliers.sum()), generator).to(samples.dtype)
         return samples.numpy()
+
+    def _n_parameters(self) -> int:
+        """The free parameters: the mixture's, and the background's weight where there is one."""
+        return self._fitted().n_parameters() + (self._background is not None)
 
     def bic(self, X, y=None, *, Xcov=None, R=None) -> float:
         """Bayesian information criterion: -2 log L + n_parameters log N (lower is better)."""
         _refuse_noise_as_y(y, "bic")
         log_l = self.score(X, Xcov=Xcov, R=R) * len(X)
-        return -2.0 * log_l + self._fitted().n_parameters() * math.log(len(X))
+        return -2.0 * log_l + self._n_parameters() * math.log(len(X))
 
     def aic(self, X, y=None, *, Xcov=None, R=None) -> float:
         """Akaike information criterion: -2 log L + 2 n_parameters (lower is better)."""
         _refuse_noise_as_y(y, "aic")
-        return -2.0 * self.score(X, Xcov=Xcov, R=R) * len(X) + 2 * self._fitted().n_parameters()
+        return -2.0 * self.score(X, Xcov=Xcov, R=R) * len(X) + 2 * self._n_parameters()
 
     def parameter_errors(
         self,
@@ -536,6 +594,7 @@ class XDGMM(DensityMixin, BaseEstimator):
                 "converged": self.converged_,
                 "dtype": dtype_name(self._dtype),
                 "n_features_in": getattr(self, "n_features_in_", None),
+                "background": None if self._background is None else self._background.as_dict(),
             },
             None if getattr(self, "_online", None) is None else self._online.state_dict(),
         )
@@ -563,7 +622,12 @@ class XDGMM(DensityMixin, BaseEstimator):
             raise ValueError(
                 f"model {path}: n_components is {model.n_components} but it holds {mixture.n_components} components"
             )
-        model._set_fitted(mixture.to(device), meta.get("history", []), meta.get("converged", False), settings, kmeans)
+        try:
+            background = Background.from_dict(meta["background"]) if meta.get("background") else None
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"model {path} holds an invalid background: {err}") from None
+        history, converged = meta.get("history", []), meta.get("converged", False)
+        model._set_fitted(mixture.to(device), history, converged, settings, kmeans, background)
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
             start = Start(model.n_components, model._fixed_masks())

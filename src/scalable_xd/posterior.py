@@ -10,6 +10,8 @@ matrices, so it runs in chunks of bounded size.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .kernel.dispatch import chunks, patterns
@@ -20,12 +22,16 @@ from .mixture import Mixture
 _MAX_PAIRS = 1 << 14
 
 
-def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=None):
+def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=None, background=None):
     """(mean (B, D), covariance (B, D, D), quantiles (B, D, Q) or None) of p(v_i | x_i) for a batch; with
     ``observed`` (B, d), given the observed entries only (R_i selecting them, per pattern of observed
     entries). ``quantiles``, a sequence of probabilities in (0, 1), asks for those quantiles of each
     feature's marginal posterior, a mixture of Gaussians N(b_ijd, B_ijdd) with weights r_ij
-    (``marginal_quantiles``)."""
+    (``marginal_quantiles``). With a uniform ``background`` (``background.Background``), the posterior of a
+    point that is the background's is its likelihood N(x_i, S_i) (a flat prior, inside the box), one more
+    term of the mixture with weight r_i."""
+    if background is not None and (R is not None or observed is not None):
+        raise ValueError("posterior: a model with a background takes data without R or missing entries")
     probs = None if quantiles is None else torch.as_tensor(quantiles, dtype=torch.float64, device=x.device)
     if observed is not None:
         mean = torch.empty(x.shape[0], mixture.dim, dtype=x.dtype, device=x.device)
@@ -47,6 +53,10 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
     for part in chunks(x.shape[0], mixture.n_components, _MAX_PAIRS):
         Rp = None if R is None else R[part]
         chol, u, log_dens = convolved_terms(x[part], S[part], mixture, Rp, part.start)
+        if background is not None:  # the background's term beside the components'
+            log_background = math.log(background.weight) if background.weight > 0 else -math.inf
+            log_background = log_background + background.log_density(x[part])
+            log_dens = torch.cat([log_dens + math.log1p(-background.weight), log_background[:, None].to(x.dtype)], 1)
         resp = torch.softmax(log_dens, dim=1)
         if Rp is None:
             v_rt = V.unsqueeze(0).expand(u.shape[0], -1, -1, -1)  # V R^T with R = I
@@ -59,6 +69,8 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
             B = 0.5 * (B + B.mT)
         else:
             B = V - v_rt @ torch.cholesky_solve(v_rt.mT, chol)  # V - V R^T T^-1 R V
+        if background is not None:
+            b, B = torch.cat([b, x[part].unsqueeze(1)], 1), torch.cat([B, S[part].unsqueeze(1)], 1)
         mean = (resp.unsqueeze(-1) * b).sum(1)
         centred = b - mean.unsqueeze(1)
         cov = (resp[..., None, None] * (B + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)

@@ -230,6 +230,16 @@ class FitSettings(_Settings):
         "False: the fit ignores the selection and models the kept points as they are (the naive fit, which "
         "the workflow runs beside the aware one for comparison)",
     )
+    background: str | None = setting(
+        None,
+        "a uniform background component for outliers, over a box of the measured features: 'auto' (the "
+        "training data's bounding box) or one 'lower:upper' range per feature joined by commas; its weight "
+        "is fitted beside the mixture's (as in pygmmis; docs/user-guide/background.md); None: no background",
+        nullable=True,
+    )
+    background_weight: float = setting(
+        0.1, "the background's starting weight (its share of the points)", low=0, high=0.99, low_open=True
+    )
     device: str = setting("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     dtype: str = setting("float32", "precision of the statistics pass (parameters are always float64)", choices=DTYPES)
     backend: str = setting(

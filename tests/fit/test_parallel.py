@@ -19,6 +19,7 @@ from parallel_worker import problem  # noqa: E402
 from scalable_xd import XDGMM
 
 WORKER = Path(__file__).parents[1] / "parallel_worker.py"
+BOX = "-8:12, -8:12, -8:12"  # a uniform background's box about the worker's data
 BASE = dict(n_components=3, epochs=4, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=3)
 
 pytestmark = pytest.mark.slow
@@ -61,6 +62,8 @@ def _run_two(tmp_path, settings, checkpoint="", die_after=None, timeout=240, **e
         ("sgd", {}),
         ("stochastic_minibatch_em", {}),
         ("minibatch_em", {"split_merge": True}),
+        ("em", {"background": BOX, "acceleration": "none"}),
+        ("minibatch_em", {"background": BOX}),
     ],
 )
 def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
@@ -72,8 +75,12 @@ def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
     one = XDGMM(**settings).fit(x, Xcov=S)
     for name in ("weights", "means", "covariances"):
         np.testing.assert_allclose(two[name], getattr(one, f"{name}_"), rtol=1e-9, atol=1e-12)
-    curve_two = [h["train_loglik"] for h in json.loads(str(two["history"]))]
+    history_two = json.loads(str(two["history"]))
+    curve_two = [h["train_loglik"] for h in history_two]
     np.testing.assert_allclose(curve_two, [h["train_loglik"] for h in one.history_], rtol=1e-12)
+    if "background" in options:  # the background's weight, from the reduced sums of its responsibilities
+        weights_two = [h["background_weight"] for h in history_two[1:]]
+        np.testing.assert_allclose(weights_two, [h["background_weight"] for h in one.history_[1:]], rtol=1e-9)
 
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em"])

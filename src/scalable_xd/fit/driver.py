@@ -16,12 +16,14 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 
 from .._torch import resolve_device, resolve_dtype
+from ..background import Background
 from ..data.batching import random_rows
 from ..data.dataset import Dataset
 from ..data.iterable import IterableSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, resolve_seed
+from .background_fit import BackgroundFit
 from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
 from .loop import LoopConfig, last_gain, run
@@ -66,6 +68,7 @@ class Fitted:
     history: list
     converged: bool
     settings: FitSettings  # as run: the epoch budget resolved for the data (``methods.for_data``)
+    background: Background | None = None  # with its fitted weight, where the fit had one
 
 
 def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> dict[str, np.ndarray]:
@@ -105,10 +108,12 @@ def fit_mixture(
     checkpoint_every: int = 0,
     monitored: dict | None = None,
     selection: Selection | None = None,
+    background: Background | None = None,
 ) -> Fitted:
     """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and each ``monitored`` set after
     every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes;
-    under a known ``selection``, each batch with the points it removed (``selection``)."""
+    under a known ``selection``, each batch with the points it removed (``selection``); with a uniform
+    ``background`` (its starting weight), whose weight is fitted beside the mixture (``background_fit``)."""
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
     with fail_together(group, "checking the data and the checkpoint"):  # one rank's failure fails every rank
         if group.parallel and isinstance(train, IterableSource):
@@ -133,6 +138,8 @@ def fit_mixture(
     record.update(start.record())
     if selection is not None:  # absent otherwise: checkpoints from before selections resume
         record["selection"] = selection_record(selection, train)
+    if background is not None:  # likewise
+        record["background"] = background.as_dict()
     digest = data_digest(train) if group.parallel or store is not None else None  # one pass over X
     if group.parallel:  # everything the processes must share, checked at once before any other collective
         check_same_fit(
@@ -153,6 +160,8 @@ def fit_mixture(
         judge = _judge(judged, device, dtype, backend, group)
     fixed = fixed_parameters(start.fixed, mixture)
     fitter = make_fitter(settings, mixture, fixed, judge, data_size=train.total_weight, w=w)
+    if background is not None:
+        fitter = BackgroundFit(fitter, background)
     loop = LoopConfig(
         epochs=settings.epochs,
         batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
@@ -172,7 +181,8 @@ def fit_mixture(
     )
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
-    return Fitted(fitter.result, history, converged or _judged_converged(history, settings), settings)
+    converged = converged or _judged_converged(history, settings)
+    return Fitted(fitter.result, history, converged, settings, getattr(fitter, "background", None))
 
 
 def defers_checks(device: torch.device) -> bool:

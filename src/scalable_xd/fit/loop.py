@@ -27,12 +27,14 @@ from tqdm.auto import tqdm
 
 from .. import deferred_checks
 from .._torch import one_thread, synchronize
+from ..background import Background
 from ..data.batching import Batch, generator
 from ..errors import FitDivergedError, NotPositiveDefiniteError
-from ..kernel.dispatch import batch_statistics
+from ..kernel.dispatch import batch_statistics, log_densities
 from ..kernel.fused import PARALLEL_PAIRS
-from ..kernel.statistics import Statistics
+from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
+from .background_fit import refuse_unsupported as refuse_background_data
 from .checkpoint import Checkpoint, CheckpointError, check_state, tensor_shapes
 from .cuda_graphs import GraphedStep
 from .fitters import Fitter
@@ -92,28 +94,54 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
 
 
 def _global_sums(
-    batch: Batch, uniforms, mixture: Mixture, cfg: LoopConfig, with_criteria: bool, keys: tuple[int, int] | None = None
+    batch: Batch,
+    uniforms,
+    mixture: Mixture,
+    cfg: LoopConfig,
+    with_criteria: bool,
+    keys: tuple[int, int] | None = None,
+    background: Background | None = None,
 ) -> Statistics:
     """The kernel's sums over a global batch: this process's share of it (and of the S-step's uniforms),
     with the points a selection removed beside it (``cfg.selection``; drawn by ``keys``, (epoch, batch)),
-    summed over the processes when data-parallel."""
+    or each point weighted by its chance of not being ``background``'s; summed over the processes when
+    data-parallel."""
     if len(batch.x) == 0:  # a batch smaller than the number of processes
         stats = Statistics.zeros(mixture.n_components, mixture.dim, cfg.device, with_criteria)
+        if background is not None:
+            stats.background = torch.zeros((), dtype=torch.float64, device=cfg.device)
     else:
+        weights, background_sums = batch.weights, None
+        if background is not None:
+            weights, background_sums = _background_weights(batch, mixture, cfg, background)
         stats = batch_statistics(
             batch.x,
             batch.S,
             mixture,
             batch.R,
             backend=cfg.backend,
-            point_weights=batch.weights,
+            point_weights=weights,
             uniforms=uniforms,
             with_criteria=with_criteria,
             observed=batch.observed,
         )
+        if background_sums is not None:
+            stats.loglik, stats.background = background_sums
         if cfg.selection is not None and keys is not None:
             stats = stats.combine(_imputed_sums(cfg.selection, batch, mixture, cfg, keys))
     return reduce_statistics(stats, cfg.group, with_criteria)
+
+
+def _background_weights(batch: Batch, mixture: Mixture, cfg: LoopConfig, background: Background):
+    """Each point's weight times its chance 1 - r_i of being a Gaussian point (``background``), and the
+    batch's (log-likelihood under mixture and background, sum of r_i), both weighted, float64."""
+    refuse_background_data(batch)
+    gaussian, _ = log_densities(batch.x, batch.S, mixture, backend=cfg.backend)
+    loglik, log_r = background.combine(gaussian, batch.x)
+    r = torch.exp(log_r)
+    kept = -torch.expm1(log_r)  # 1 - r_i, exact where r_i is tiny
+    weights = kept if batch.weights is None else batch.weights.to(torch.float64) * kept
+    return weights.to(batch.x.dtype), (summed_loglik(loglik, batch.weights), summed_loglik(r, batch.weights))
 
 
 def _imputed_sums(selection: Selection, batch: Batch, mixture: Mixture, cfg: LoopConfig, keys) -> Statistics:
@@ -144,9 +172,9 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": _mean_loglik(scored, fitter.result, cfg) if score_train else None,
-            "val_loglik": None if val is None else _mean_loglik(val, fitter.result, cfg),
-            **{f"{name}_loglik": _mean_loglik(data, fitter.result, cfg) for name, data in (monitored or {}).items()},
+            "train_loglik": _mean_loglik(scored, fitter, cfg) if score_train else None,
+            "val_loglik": None if val is None else _mean_loglik(val, fitter, cfg),
+            **{f"{name}_loglik": _mean_loglik(data, fitter, cfg) for name, data in (monitored or {}).items()},
             "step_size": fitter.step_size(max(epoch - 1, 0)),
             **fitter.diagnostics(),
         }
@@ -217,7 +245,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
             store.save(epoch, history, converged, fitter.state_dict())
         epoch += 1
     if history[-1]["train_loglik"] is None:  # batch EM stopped by its epoch budget: score the last update
-        history[-1]["train_loglik"] = _mean_loglik(train, fitter.result, cfg)
+        history[-1]["train_loglik"] = _mean_loglik(train, fitter, cfg)
         _log(cfg, history[-1])
     return history, converged
 
@@ -290,8 +318,15 @@ def last_gain(history: list) -> float | None:
     return None
 
 
-def _mean_loglik(data, mixture: Mixture, cfg: LoopConfig) -> float:
-    return total_loglik(data, mixture, cfg.device, cfg.dtype, cfg.backend, cfg.group) / data.total_weight
+def _mean_loglik(data, fitter: Fitter, cfg: LoopConfig) -> float:
+    """The mean log-likelihood of ``data`` under the fitter's result (and its background, where it has one)."""
+    total = total_loglik(data, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group, background_of(fitter))
+    return total / data.total_weight
+
+
+def background_of(fitter: Fitter) -> Background | None:
+    """The fitter's background (``background_fit.BackgroundFit``), or None."""
+    return getattr(fitter, "background", None)
 
 
 def _train_epoch(
@@ -329,7 +364,10 @@ def _train_epoch(
         if graphed is not None and graphed.step(batch, uniforms):
             continue  # graphs run only without mid-epoch checkpoints (``_graphed_step``)
         try:
-            stats = _global_sums(batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, (epoch, number))
+            keys = (epoch, number)
+            stats = _global_sums(
+                batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)
+            )
             shadow = None  # a split-and-merge trial: its own pass over the same batch
             if fitter.shadow is not None:
                 shadow = _global_sums(batch, uniforms, fitter.shadow, cfg, False)

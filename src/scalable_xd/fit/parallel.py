@@ -151,11 +151,16 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
     if with_criteria:
         c = stats.criteria
         parts += [c.overlap, c.r_log_r, c.r_log_n]
+    with_background = stats.background is not None  # the same on every process: a setting of the fit
+    if with_background:
+        parts.append(stats.background.reshape(1))
     flat = torch.cat([p.reshape(-1).double() for p in parts])
     _all_reduce(flat, group)
     sizes = [1, k, k * d, k * d * (d + 1) // 2, k * d * (d + 1) // 2, 1] + ([k * k, k, k] if with_criteria else [])
-    n, q, U, UU, P, loglik, *criteria = torch.split(flat, sizes)
-    criteria = Criteria(criteria[0].reshape(k, k), criteria[1], criteria[2]) if criteria else None
+    sizes += [1] if with_background else []
+    n, q, U, UU, P, loglik, *rest = torch.split(flat, sizes)
+    background = rest.pop()[0] if with_background else None
+    criteria = Criteria(rest[0].reshape(k, k), rest[1], rest[2]) if rest else None
     return Statistics(
         n[0] if deferred_checks.active() is not None else float(n),
         q,
@@ -164,6 +169,7 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
         symmetric_from_triangle(P.reshape(k, -1), d, lower=False),
         loglik[0],
         criteria,
+        background,
     )
 
 

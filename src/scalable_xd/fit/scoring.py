@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
+
+from ..background import Background
 from ..data.source import DataSource
 from ..errors import NotPositiveDefiniteError
 from ..kernel.dispatch import log_densities
@@ -22,22 +27,38 @@ def scored_batches(
     backend: str,
     batch_size: int = EVAL_BATCH,
     rows: slice | None = None,
+    background: Background | None = None,
 ):
     """Yield (first row, log p(x) (B,), log alpha_j N_ij (B, K), weights (B,) or None) over a data set (or
-    its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set."""
+    its ``rows``) in bounded-memory batches; a factorisation failure names the row of the whole data set.
+    With a ``background`` of weight beta, log p(x) is the likelihood under both and the second figure
+    log (1 - beta) alpha_j N_ij, so that exp(second - first) is each component's chance beside the
+    background's (both float64)."""
     for start, x, S, R, weights, observed in data.scan(rows or slice(0, len(data)), batch_size, device, dtype):
         try:
             loglik, log_dens = log_densities(x, S, mixture, R, backend=backend, observed=observed)
         except NotPositiveDefiniteError as err:
             raise NotPositiveDefiniteError(start + err.row, err.component) from None
+        if background is not None:
+            loglik, _ = background.combine(loglik, x)
+            log_dens = log_dens.to(torch.float64) + math.log1p(-background.weight)
         yield start, loglik, log_dens, weights
 
 
-def total_loglik(data: DataSource, mixture: Mixture, device, dtype, backend: str, group: Group = ONE_PROCESS) -> float:
+def total_loglik(
+    data: DataSource,
+    mixture: Mixture,
+    device,
+    dtype,
+    backend: str,
+    group: Group = ONE_PROCESS,
+    background: Background | None = None,
+) -> float:
     """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
-    accumulated in float64; in a process group each process scores its share of the rows."""
+    accumulated in float64; in a process group each process scores its share of the rows; with a
+    ``background``, under the mixture and the background together."""
     total = 0.0
     rows = group.share(slice(0, len(data)), len(data))
-    for _, ll, _, weights in scored_batches(data, mixture, device, dtype, backend, rows=rows):
+    for _, ll, _, weights in scored_batches(data, mixture, device, dtype, backend, rows=rows, background=background):
         total += float(summed_loglik(ll, weights))
     return reduce_sum(total, group, device)

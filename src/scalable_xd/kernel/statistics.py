@@ -43,6 +43,7 @@ class Statistics:
     P: torch.Tensor  # (K, D, D)
     loglik: torch.Tensor | None = None  # () sum over the batch of (weighted) log p(x_i) under the E-step's model
     criteria: Criteria | None = None
+    background: torch.Tensor | None = None  # () sum of (weighted) background responsibilities (``background``)
 
     @classmethod
     def zeros(cls, k: int, d: int, device, with_criteria: bool = False) -> Statistics:
@@ -61,6 +62,7 @@ class Statistics:
             self.P.to(dtype),
             None if self.loglik is None else self.loglik.double(),
             None if self.criteria is None else self.criteria.to(dtype),
+            self.background,
         )
 
     def double(self) -> Statistics:
@@ -78,6 +80,7 @@ class Statistics:
             self.P + other.P,
             loglik,
             criteria,
+            None if self.background is None or other.background is None else self.background + other.background,
         )
 
 
