@@ -18,7 +18,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 from .errors import FitDivergedError, NotPositiveDefiniteError
 
 # Imported on first use, so that `scalable-xd --help` and the light modules do not load torch.
-_LAZY = {"XDGMM": "estimator", "CompactCovariance": "data.noise"}
+_LAZY = {"XDGMM": "estimator", "CompactCovariance": "data.noise", "NoiseMixture": "data.noise_mixture"}
 
 
 def __getattr__(name: str):
@@ -32,4 +32,4 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-__all__ = ["XDGMM", "CompactCovariance", "FitDivergedError", "NotPositiveDefiniteError", "__version__"]
+__all__ = ["XDGMM", "CompactCovariance", "NoiseMixture", "FitDivergedError", "NotPositiveDefiniteError", "__version__"]

@@ -1,9 +1,9 @@
 """A uniform background component over a box of the data space, for catalogues with outliers (the
 background of Melchior & Goulding 2018, pygmmis).
 
-With background weight beta and box [lower, upper] of volume |box|, each point's likelihood is
+With background weight beta and box [lower, upper], each point's likelihood is
 
-    p(x_i) = (1 - beta) sum_j alpha_j N(x_i | m_j, V_j + S_i) + beta U(x_i),    U = 1 / |box| inside, 0 outside,
+    p(x_i) = (1 - beta) sum_j alpha_j N(x_i | m_j, V_j + S_i) + beta U(x_i),    U = 1 / volume inside, 0 outside,
 
 and its background responsibility r_i = beta U(x_i) / p(x_i). EM weights each point's part in the Gaussian
 sums by 1 - r_i (so the alpha_j stay the Gaussian part's own weights, summing to 1) and sets beta to the
@@ -61,7 +61,7 @@ class Background:
         return Background(self.lower, self.upper, weight)
 
     def log_density(self, x: torch.Tensor) -> torch.Tensor:
-        """log U(x_i) (B,), float64: -log |box| inside the box (its faces included), -inf outside."""
+        """log U(x_i) (B,), float64: minus the log of the box's volume inside it (its faces included), -inf outside."""
         lower = torch.tensor(self.lower, dtype=torch.float64, device=x.device)
         upper = torch.tensor(self.upper, dtype=torch.float64, device=x.device)
         values = x.to(torch.float64)

@@ -187,7 +187,8 @@ class XDGMM(DensityMixin, BaseEstimator):
         selection=None,
     ) -> XDGMM:
         """Fit to X (N, d) with noise covariances Xcov: (N, d, d), diagonal variances (N, d), a
-        ``CompactCovariance``, or None for noiseless data. X (and X_val) may instead be a
+        ``CompactCovariance``, a ``NoiseMixture`` (each point's noise a Gaussian mixture, or samples:
+        docs/user-guide/noise-mixtures.md), or None for noiseless data. X (and X_val) may instead be a
         ``stream.ParquetSource``, data read from disk a window at a time; an iterable of ``(X, Xcov)`` or
         ``(X, Xcov, weights)`` batches, such as a PyTorch ``DataLoader``, read once per epoch in its own
         order and batch sizes (``iterable``); or any other ``source.DataSource``. Each carries its own noise

@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from .kernel.dispatch import chunks, patterns
+from .data.noise_mixture import NoiseMixture
+from .kernel.dispatch import chunks, log_densities, patterns
 from .kernel.linalg import convolved_terms
 from .mixture import Mixture
 
@@ -32,6 +33,10 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
     term of the mixture with weight r_i."""
     if background is not None and (R is not None or observed is not None):
         raise ValueError("posterior: a model with a background takes data without R or missing entries")
+    if isinstance(S, NoiseMixture):
+        if quantiles is not None or background is not None:
+            raise ValueError("posterior: noise mixtures give the posterior's moments, not quantiles, and no background")
+        return (*_mixture_noise_moments(x, S, mixture, R), None)
     probs = None if quantiles is None else torch.as_tensor(quantiles, dtype=torch.float64, device=x.device)
     if observed is not None:
         mean = torch.empty(x.shape[0], mixture.dim, dtype=x.dtype, device=x.device)
@@ -80,6 +85,22 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
             sds = torch.diagonal(B, dim1=-2, dim2=-1).clamp_min(0.0).sqrt()
             quants.append(marginal_quantiles(resp, b, sds, probs).to(x.dtype))
     return torch.cat(means), torch.cat(covs), (torch.cat(quants) if probs is not None else None)
+
+
+def _mixture_noise_moments(x, S: NoiseMixture, mixture: Mixture, R=None):
+    """(mean (B, D), covariance (B, D, D)) of p(v_i | x_i) where the noise is a mixture: the moments of each
+    of a point's rows (x_i - o_im, S_im), mixed with the rows' shares beta_im p_im / p(x_i)
+    (``kernel.noise_mixtures``)."""
+    rows_x, rows_S, rows_R, log_beta = S.rows(x, R)
+    b, m = log_beta.shape
+    row_loglik, _ = log_densities(rows_x, rows_S, mixture, rows_R, backend="linalg")
+    shares = torch.softmax(log_beta + row_loglik.view(b, m).double(), dim=1).to(x.dtype)
+    row_mean, row_cov, _ = posterior_summary(rows_x, rows_S, mixture, rows_R)
+    row_mean, row_cov = row_mean.view(b, m, -1), row_cov.view(b, m, mixture.dim, mixture.dim)
+    mean = (shares.unsqueeze(-1) * row_mean).sum(1)
+    centred = row_mean - mean.unsqueeze(1)
+    cov = (shares[..., None, None] * (row_cov + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)
+    return mean, 0.5 * (cov + cov.mT)
 
 
 def marginal_quantiles(weights, means, sds, probs, iterations: int = 64) -> torch.Tensor:

@@ -15,6 +15,7 @@ from ..settings import MISSING_MODES
 from .batching import batch_views, epoch_order
 from .missing import MISSING_VARIANCE
 from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
+from .noise_mixture import NoiseMixture
 
 # Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of
 # dense float64 noise are 26 MB
@@ -52,7 +53,7 @@ class Dataset:
             raise ValueError(f"{name} is empty")
         if d == 0:
             raise ValueError(f"{name} has no columns (shape {tuple(self.X.shape)})")
-        self.noise = as_noise(Xcov, n, d)
+        self.noise = _noise(Xcov, n, d)
         self.R = None
         if R is not None:
             self.R = as_float_tensor(R, "R")
@@ -61,6 +62,8 @@ class Dataset:
         self.weights = None if sample_weight is None else _checked_weights(sample_weight, n, name)
         self.observed = None
         if missing == "marginalise":
+            if isinstance(self.noise, NoiseMixture):
+                raise ValueError("missing='marginalise' takes Gaussian noise: not a NoiseMixture")
             if self.R is not None:
                 raise ValueError("missing='marginalise' marginalises through its own projections: R cannot be given")
             self.observed = self.observed_entries()
@@ -74,7 +77,11 @@ class Dataset:
         parts = []
         for start in range(0, len(self), CHECK_CHUNK):
             rows = slice(start, start + CHECK_CHUNK)
-            variances = torch.diagonal(self.noise.batch(rows, "cpu", torch.float64), dim1=1, dim2=2)
+            S = self.noise.batch(rows, "cpu", torch.float64)
+            if isinstance(S, NoiseMixture):  # an entry is a placeholder where every noise component says so
+                variances = torch.diagonal(S.covariances, dim1=-2, dim2=-1).amin(1)
+            else:
+                variances = torch.diagonal(S, dim1=1, dim2=2)
             parts.append(~torch.isnan(self.X[rows]) & (variances < MISSING_VARIANCE))
         observed = torch.cat(parts)
         return None if bool(observed.all()) else observed
@@ -116,6 +123,7 @@ class Dataset:
         )
         for start in range(0, len(self), CHECK_CHUNK):
             S = self.noise.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64)
+            S = S.covariances if isinstance(S, NoiseMixture) else S
             bad = S.abs() > limit**2
             if bad.any():
                 raise ValueError(
@@ -203,12 +211,31 @@ class Dataset:
         and of R, a block at a time (one pass: a digest sees all the data it vouches for), the rows
         ``rows`` in full and every weight."""
         for start in range(0, len(self), CHECK_CHUNK):
-            for part in self.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64):
-                if part is not None:
-                    yield part.sum(dim=0).numpy().tobytes()
-        for part in (*self.batch(rows, "cpu", torch.float64), self.weights):
-            if part is not None:
-                yield part.contiguous().numpy().tobytes()
+            for part in _tensors(self.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64)):
+                yield part.sum(dim=0).numpy().tobytes()
+        for part in _tensors((*self.batch(rows, "cpu", torch.float64), self.weights)):
+            yield part.contiguous().numpy().tobytes()
+
+
+def _noise(Xcov, n: int, dim: int):
+    """The noise container for ``Xcov``: a ``NoiseMixture`` as it is (of N points and d features), any other
+    form through ``noise.as_noise``."""
+    if not isinstance(Xcov, NoiseMixture):
+        return as_noise(Xcov, n, dim)
+    if len(Xcov) != n or Xcov.dim != dim:
+        raise ValueError(
+            f"the noise mixture describes {len(Xcov)} points of dimension {Xcov.dim}, but X has {n} of dimension {dim}"
+        )
+    return Xcov
+
+
+def _tensors(parts):
+    """The tensors among ``parts`` (x, S, R, ...: None skipped, a noise mixture's three in its place)."""
+    for part in parts:
+        if isinstance(part, NoiseMixture):
+            yield from part.tensors()
+        elif part is not None:
+            yield part
 
 
 def _as_rows(index) -> torch.Tensor:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .dataset import Dataset
+from .noise_mixture import NoiseMixture
 
 
 class IterableSource:
@@ -52,6 +53,11 @@ class IterableSource:
         """The opening pass: every batch checked; N, d, the total weight and order-free sums for the digest."""
         self._n, self._dim, total, summary = 0, None, 0.0, 0.0
         for _, first, data in self._pass():
+            if isinstance(data.noise, NoiseMixture):
+                raise ValueError(
+                    f"{self.name}: noise mixtures are fitted from arrays (X and Xcov=NoiseMixture(...)), not from "
+                    "an iterable of batches"
+                )
             self._n = first + len(data)
             total += data.total_weight
             x = data.X.to(torch.float64)

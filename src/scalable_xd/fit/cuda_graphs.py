@@ -54,7 +54,8 @@ class GraphedStep:
         """Take the batch's step; False where the ordinary step must take it instead: checks not deferred
         to this step's flag (an epoch run again with every test made), projections or missing entries,
         or a batch of another size or kind than the static buffers'."""
-        if deferred_checks.active() is not self.checks or batch.R is not None or batch.observed is not None:
+        plain = batch.R is None and batch.observed is None and isinstance(batch.S, torch.Tensor)  # not noise mixtures
+        if deferred_checks.active() is not self.checks or not plain:
             return False
         layout = (batch.size, batch.weights is not None, uniforms is not None)
         if self.layout is None:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..data.batching import Batch, generator
+from ..data.noise_mixture import NoiseMixture
 from ..mixture import Mixture
 
 SELECTED_ON = ("observed", "true")
@@ -224,6 +225,10 @@ def check_fit(selection: Selection, train, settings) -> None:
     if settings.split_merge:
         raise ValueError("selection: not with split_merge (its trial fits see no removed points)")
     refuse_unsupported(train)
+    if isinstance(getattr(train, "noise", None), NoiseMixture):
+        raise ValueError(
+            "selection: not with noise mixtures (the points drawn for what it removed have Gaussian noise)"
+        )
     if isinstance(getattr(train, "X", None), torch.Tensor):
         check_kept_data(selection, train.X)
 

@@ -39,9 +39,10 @@ from functools import cache
 
 import torch
 
+from ..data.noise_mixture import NoiseMixture
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
-from . import TABLE, check_backend
+from . import TABLE, check_backend, noise_mixtures
 from .statistics import Statistics, assign, n_points
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,10 @@ def log_densities(
     x, S, mixture: Mixture, R=None, *, backend: str = "auto", max_pairs: int | None = None, observed=None
 ):
     """Per-point log-likelihood (B,) and log alpha_j N(x_i | R_i m_j, T_ij) (B, K) for one batch (of the
-    ``observed`` entries only, where given)."""
+    ``observed`` entries only, where given); noise given as mixtures (``S`` a ``NoiseMixture``) through
+    ``noise_mixtures``."""
+    if isinstance(S, NoiseMixture):
+        return noise_mixtures.log_densities(x, S, mixture, R, log_densities, backend=backend, max_pairs=max_pairs)
     if observed is not None:
         loglik = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         log_dens = mixture.log_weights.to(x.dtype).expand(x.shape[0], -1).clone()  # nothing observed: alpha_j
@@ -249,7 +253,18 @@ def batch_statistics(
     """The per-component sums q, U, UU, P for one batch; ``point_weights`` (B,) weight each point's
     responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``);
     ``with_criteria`` adds the split-and-merge sums (``statistics.Criteria``); ``observed`` (B, d)
-    marginalises the other entries (see the module)."""
+    marginalises the other entries (see the module). Noise given as mixtures (``S`` a ``NoiseMixture``) runs
+    through ``noise_mixtures``, which takes neither ``uniforms`` nor criteria."""
+    if isinstance(S, NoiseMixture):
+        if uniforms is not None or with_criteria or observed is not None:
+            raise ValueError(
+                "noise mixtures: not with stochastic EM, split_merge or missing entries (their draws and criteria "
+                "are over components, not (component, noise component) pairs)"
+            )
+        options = dict(backend=backend, max_pairs=max_pairs)
+        return noise_mixtures.batch_statistics(
+            x, S, mixture, R, point_weights, log_densities, batch_statistics, **options
+        )
     if observed is not None:
         return _marginalised_statistics(
             x, S, mixture, backend, max_pairs, point_weights, uniforms, with_criteria, observed
