@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the worker
-from parallel_worker import problem  # noqa: E402
+from parallel_worker import as_noise_mixture, problem  # noqa: E402
 
 from scalable_xd import XDGMM
 
@@ -81,6 +81,20 @@ def test_two_processes_give_the_one_process_fit(tmp_path, method, options):
     if "background" in options:  # the background's weight, from the reduced sums of its responsibilities
         weights_two = [h["background_weight"] for h in history_two[1:]]
         np.testing.assert_allclose(weights_two, [h["background_weight"] for h in one.history_[1:]], rtol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em"])
+def test_two_processes_with_noise_mixtures_give_the_one_process_fit(tmp_path, method):
+    """Each process expands its share of a batch into noise components; the reduced sums are the
+    one-process fit's, to summation order."""
+    settings = {**BASE, "method": method}
+    output, results = _run_two(tmp_path, settings, NOISE_MIXTURE="1")
+    assert all(code == 0 for code, _ in results), results
+    two = np.load(output)
+    x, S = problem()
+    one = XDGMM(**settings).fit(x, Xcov=as_noise_mixture(S))
+    for name in ("weights", "means", "covariances"):
+        np.testing.assert_allclose(two[name], getattr(one, f"{name}_"), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em"])

@@ -120,6 +120,24 @@ def test_the_denoised_catalogue_and_its_calibration(smoke):
         assert len(np.unique(np.asarray(image.convert("L")))) > 50
 
 
+def test_the_parameter_errors_of_the_smallest_k(smoke):
+    """The DAG's jackknife output: every component of the grid's smallest K with finite, positive standard
+    errors, heaviest first, the centre a refit of the figure method's model of that K."""
+    k = min(KS)
+    result = json.loads((smoke / "tables" / f"parameter_errors_K{k}.json").read_text())
+    assert result["model"].endswith(
+        f"fits/{SMOKE['report']['sky_method']}/K{k}_seed{SMOKE['report']['seed']}/model.npz"
+    )
+    assert len(result["components"]) == k and result["n_folds"] == 10
+    weights = [c["weight"] for c in result["components"]]
+    assert weights == sorted(weights, reverse=True) and sum(weights) == pytest.approx(1.0)
+    for c in result["components"]:
+        assert c["weight_se"] > 0 and np.all(np.isfinite(c["mean_se"])) and np.all(np.asarray(c["mean_se"]) > 0)
+        assert np.all(np.isfinite(c["covariance_se"]))
+    table = (smoke / "tables" / f"parameter_errors_K{k}.md").read_text()
+    assert table.startswith("Jackknife standard errors (10 groups") and table.count("±") > k
+
+
 def test_metrics_are_complete(smoke):
     for method in METHODS:
         for k in KS:

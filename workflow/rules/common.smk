@@ -19,6 +19,7 @@ KS = config["fit"]["n_components"]
 SEEDS = config["fit"]["seeds"]
 FIGURE_K = config["report"]["figure_K"]
 FIGURE_SEED = config["report"]["seed"]
+ERRORS_K = config["report"]["errors_K"] or min(config["fit"]["n_components"])  # the parameter errors' model
 ENV = "../envs/scalable_xd.yaml"
 # Optional settings are filled in from the schema's defaults by validate() in the Snakefile.
 
@@ -35,6 +36,8 @@ if _unknown:
     raise ValueError(f"fit.methods {_unknown} are neither methods nor names of fit.variants {sorted(VARIANTS)}")
 if FIGURE_K not in KS:
     raise ValueError(f"report.figure_K = {FIGURE_K} is not one of fit.n_components {KS}")
+if ERRORS_K not in KS:
+    raise ValueError(f"report.errors_K = {ERRORS_K} is not one of fit.n_components {KS}")
 if FIGURE_SEED not in SEEDS:
     raise ValueError(f"report.seed = {FIGURE_SEED} is not one of fit.seeds {SEEDS}")
 if config["report"]["sky_method"] not in METHODS:
@@ -197,4 +200,5 @@ def final_outputs():
     denoised = [f"{RESULTS}/denoised/test.parquet", f"{RESULTS}/tables/calibration.json",
                 f"{RESULTS}/tables/calibration.md"] + [f"{RESULTS}/figures/denoised.{ext}" for ext in ("png", "pdf")]
     selection = [f"{RESULTS}/figures/selection.{ext}" for ext in ("png", "pdf")] if SELECTION_PAIR else []
-    return fits + tables + figures + corners + denoised + selection
+    errors = [f"{RESULTS}/tables/parameter_errors_K{ERRORS_K}.{ext}" for ext in ("json", "md")]
+    return fits + tables + figures + corners + denoised + selection + errors

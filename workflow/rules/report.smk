@@ -193,3 +193,31 @@ rule selection_figure:
         "{params.cli} plot-selection --naive {input.naive} --aware {input.aware} --data {input.data} "
         "--selection {params.selection} --n-samples {params.samples} --seed {params.seed} "
         "--output {output.png} {output.pdf} 2> {log}"
+
+
+rule parameter_errors:
+    """The jackknife standard errors of one model of the grid (report.errors_K, the figure method and seed)
+    over the training split it was fitted to, every refit warm-started from it."""
+    input:
+        model=f"{fit_dir(config['report']['sky_method'], ERRORS_K, FIGURE_SEED)}/model.npz",
+        train=f"{DATA}/train.parquet",
+    output:
+        json=f"{RESULTS}/tables/parameter_errors_K{ERRORS_K}.json",
+        md=report(
+            f"{RESULTS}/tables/parameter_errors_K{ERRORS_K}.md",
+            caption="../report/parameter_errors.rst",
+            category="Parameter errors",
+        ),
+    params:
+        cli=CLI,
+        folds=config["report"]["errors_folds"],
+        max_iter=config["report"]["errors_max_iter"],
+        seed=FIGURE_SEED,
+    log:
+        f"{RESULTS}/logs/report/parameter_errors.log",
+    conda:
+        ENV
+    shell:
+        "{params.cli} errors --model {input.model} --train {input.train} --n-folds {params.folds} "
+        "--max-iter {params.max_iter} --seed {params.seed} --output-json {output.json} --output-md {output.md} "
+        "2> {log}"
