@@ -83,6 +83,9 @@ class XDGMM(DensityMixin, BaseEstimator):
     """
 
     # The settings' entries are written from ``settings.FitSettings``, where each default is declared.
+    _online: OnlineFit | None  # partial_fit's running state (None after fit)
+    _background: Background | None  # the fitted background, where the model has one
+
     __doc__ = __doc__.replace(
         "    {fit_settings}", numpydoc_parameters(FitSettings, choices=SETTING_CHOICES, help_of=setting_help)
     ).replace("    {kmeans_settings}", numpydoc_parameters(KMeansSettings, prefix="kmeans_"))
@@ -340,7 +343,7 @@ class XDGMM(DensityMixin, BaseEstimator):
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
             online = OnlineFit(batch, settings, kmeans, self.random_state, start)
-            self.history_ = []
+            self.history_: list[dict] = []
         elif batch.obs_dim != self.n_features_in_:
             raise ValueError(
                 f"partial_fit: this batch has {batch.obs_dim} features, the earlier ones {self.n_features_in_}"
@@ -412,7 +415,7 @@ class XDGMM(DensityMixin, BaseEstimator):
             )
         return X, sample_weight
 
-    def _data_for_model(self, X, y, Xcov, R, method: str, sample_weight=None) -> Dataset:
+    def _data_for_model(self, X, y, Xcov, R, method: str, sample_weight=None) -> DataSource:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
         X, sample_weight = self._checked_input(X, y, R, sample_weight, method, reset=False)
@@ -579,6 +582,7 @@ class XDGMM(DensityMixin, BaseEstimator):
 
     def save(self, path) -> None:
         """Write parameters, settings and history to one ``.npz`` file, atomically (see ``model_file``)."""
+        online = getattr(self, "_online", None)
         write_model(
             path,
             self._fitted(),
@@ -597,7 +601,7 @@ class XDGMM(DensityMixin, BaseEstimator):
                 "n_features_in": getattr(self, "n_features_in_", None),
                 "background": None if self._background is None else self._background.as_dict(),
             },
-            None if getattr(self, "_online", None) is None else self._online.state_dict(),
+            None if online is None else online.state_dict(),
         )
 
     @classmethod
@@ -616,7 +620,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         try:
             model = cls(**params)
             settings, kmeans = model._validated()
-            device = resolve_device(settings.device)
+            on = resolve_device(settings.device)
         except (TypeError, ValueError) as err:
             raise ValueError(f"model {path} has invalid settings: {err}") from None
         if model.n_components != mixture.n_components:
@@ -628,11 +632,11 @@ class XDGMM(DensityMixin, BaseEstimator):
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"model {path} holds an invalid background: {err}") from None
         history, converged = meta.get("history", []), meta.get("converged", False)
-        model._set_fitted(mixture.to(device), history, converged, settings, kmeans, background)
+        model._set_fitted(mixture.to(on), history, converged, settings, kmeans, background)
         model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
         if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
             start = Start(model.n_components, model._fixed_masks())
-            state = read_online_state(path, device)
+            state = read_online_state(path, on)
             what = f"model {path}: its online_state"
             model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state, what)
         return model

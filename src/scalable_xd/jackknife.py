@@ -22,11 +22,22 @@ data say, and ``converged`` tells which replicates reached ``tol``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from .settings import check_count, resolve_seed
+
+
+class FittedMixture(Protocol):
+    """What the jackknife reads of a fitted model (an ``XDGMM``; a protocol, so no import of the estimator)."""
+
+    weights_: np.ndarray
+    means_: np.ndarray
+    covariances_: np.ndarray
+    n_iter_: int
+    converged_: bool
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class ParameterErrors:
     weights: np.ndarray
     means: np.ndarray
     covariances: np.ndarray
-    centre: object
+    centre: FittedMixture
     fold: np.ndarray
     replicate_weights: np.ndarray
     replicate_means: np.ndarray

@@ -36,6 +36,7 @@ class IterableSource:
                 "__iter__)"
             )
         self.batches, self.name, self.missing = batches, name, missing
+        self._n, self._dim = 0, 0  # set by the opening pass (``_survey``)
         self._epoch_setters = [
             part
             for part in _parts(batches)
@@ -51,7 +52,7 @@ class IterableSource:
 
     def _survey(self) -> None:
         """The opening pass: every batch checked; N, d, the total weight and order-free sums for the digest."""
-        self._n, self._dim, total, summary = 0, None, 0.0, 0.0
+        total, summary = 0.0, None
         for _, first, data in self._pass():
             if isinstance(data.noise, NoiseMixture):
                 raise ValueError(
@@ -62,8 +63,9 @@ class IterableSource:
             total += data.total_weight
             x = data.X.to(torch.float64)
             S = data.noise.batch(slice(None), "cpu", torch.float64)
-            summary = summary + torch.stack([x.nansum(0), (x * x).nansum(0), torch.diagonal(S, dim1=1, dim2=2).sum(0)])
-        if self._n == 0:
+            sums = torch.stack([x.nansum(0), (x * x).nansum(0), torch.diagonal(S, dim1=1, dim2=2).sum(0)])
+            summary = sums if summary is None else summary + sums
+        if summary is None:
             raise ValueError(f"{self.name} gave no batches")
         self._total_weight = total
         # rounded, so that the digest does not change with the order in which the iterable gives the points
@@ -87,7 +89,7 @@ class IterableSource:
                     )
                 x, cov, weights = (*item, None)[:3]
                 data = Dataset(x, cov, sample_weight=weights, name="X", missing=self.missing)
-                if self._dim is None:
+                if self._dim == 0:  # the opening pass's first batch (no batch has 0 features)
                     self._dim = data.obs_dim
                 elif data.obs_dim != self._dim:
                     raise ValueError(f"it has {data.obs_dim} features, the first batch {self._dim}")
@@ -174,7 +176,7 @@ def _parts(batches) -> list:
         part = getattr(batches, attribute, None)
         if part is not None:
             parts += [part, getattr(part, "sampler", None)]
-    unique = []
+    unique: list = []
     for part in parts:
         if part is not None and all(part is not seen for seen in unique):
             unique.append(part)

@@ -246,13 +246,14 @@ class CompactCovariance:
         return self.batch(slice(None), self.sigma.device, self.sigma.dtype)
 
     def validate(self) -> None:
-        for name, values in (("sigma", self.sigma), ("corr", self.corr)):
+        sigma, corr = torch.as_tensor(self.sigma), torch.as_tensor(self.corr)  # tensors since __post_init__
+        for name, values in (("sigma", sigma), ("corr", corr)):
             check_rows(values, lambda v: ~torch.isfinite(v), name + " {where} contains NaN or inf")
-        check_rows(self.sigma, lambda v: v < 0, "sigma {where} has a negative standard deviation")
-        check_rows(self.corr, lambda v: v.abs() > 1, "corr {where} has a correlation outside [-1, 1]")
+        check_rows(sigma, lambda v: v < 0, "sigma {where} has a negative standard deviation")
+        check_rows(corr, lambda v: v.abs() > 1, "corr {where} has a correlation outside [-1, 1]")
         for start in range(0, len(self), CHECK_CHUNK):
             stop = start + CHECK_CHUNK
-            corr = self._correlation_matrices(self.corr[start:stop].to(torch.float64))
+            corr = self._correlation_matrices(corr[start:stop].to(torch.float64))
             _check_correlation_psd(corr, start, "noise covariance")
 
 

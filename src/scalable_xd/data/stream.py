@@ -29,6 +29,7 @@ import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ import torch
 from .batching import batch_bounds, batch_views, generator
 from .dataset import GATHER_ROWS, Dataset
 from .noise import CompactCovariance
+
+if TYPE_CHECKING:
+    import pyarrow.dataset
 
 # Rows a shuffle window holds by default: about 150 MB of Gaia features.
 DEFAULT_WINDOW = 1 << 20
@@ -45,7 +49,7 @@ DEFAULT_WINDOW = 1 << 20
 class _Piece:
     """One row group: where it is, and which rows of the whole data set it holds."""
 
-    fragment: object  # a pyarrow ParquetFileFragment restricted to this row group
+    fragment: pyarrow.dataset.ParquetFileFragment  # restricted to this row group
     path: str
     group: int  # the row group's number within its file
     start: int
@@ -130,7 +134,7 @@ class ParquetSource:
         if self._n == 0:
             raise ValueError(f"{path} holds no rows")
         self._starts = np.array([piece.start for piece in self._pieces] + [self._n])
-        self._sums = None
+        self._sums: np.ndarray | None = None  # every column's sum (``validate``), for ``digest_bytes``
         if validate:
             self.validate()
 
@@ -206,13 +210,13 @@ class ParquetSource:
         """Check every row (finite values, valid standard deviations and correlations), naming the first
         bad one by its row in the whole data set and its file; also sums every column (x, sigma,
         correlations) for ``digest_bytes``, which vouches for all of them."""
-        sums = 0.0
+        sums = np.zeros(0)
         for piece in self._pieces:
             block = self._read(piece)
             with _rows_named_from(piece):
                 self._dataset(block, validate=True)
             columns = [block[key].astype(np.float64).sum(axis=0) for key in ("x", "sigma", "corr") if key in block]
-            sums = sums + np.concatenate(columns)
+            sums = np.concatenate(columns) + (sums if len(sums) else 0.0)
         self._sums = sums
 
     def check_range(self, dtype: torch.dtype, name: str | None = None) -> None:
@@ -229,16 +233,17 @@ class ParquetSource:
         The window holds the rows carried over from the last one, then whole row groups up to
         ``window_rows``; it is filled in place (its size is known from the metadata), so memory peaks at one
         window plus one row group. Batches are taken in the order of a permutation of the window."""
-        order = range(len(self._pieces))
+        order = list(range(len(self._pieces)))
         if shuffle:
             order = torch.randperm(len(self._pieces), generator=generator(seed, epoch)).tolist()
         pending = collections.deque(order)
-        window, order_in_window, served = None, np.arange(0), 0
+        window: dict[str, np.ndarray] = {}
+        order_in_window, served = np.arange(0), 0
         number = 0
         for start, stop in batch_bounds(self._n, batch_size):
             size = stop - start
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
-                carried = None if window is None else {k: v[order_in_window[served:]] for k, v in window.items()}
+                carried = {k: v[order_in_window[served:]] for k, v in window.items()} if window else None
                 chosen, filled = [], 0
                 while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
@@ -264,9 +269,10 @@ class ParquetSource:
                 yield read(piece)
 
         total = sum(piece.rows for piece in pieces) + (0 if carried is None else len(carried["row"]))
-        window, at = None, 0
+        window: dict[str, np.ndarray] = {}
+        at = 0
         for block in blocks():
-            if window is None:
+            if not window:
                 window = {k: np.empty((total,) + v.shape[1:], dtype=v.dtype) for k, v in block.items()}
             for key, value in block.items():
                 window[key][at : at + len(value)] = value

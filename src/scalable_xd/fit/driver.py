@@ -140,7 +140,7 @@ def fit_mixture(
         record["selection"] = selection_record(selection, train)
     if background is not None:  # likewise
         record["background"] = background.as_dict()
-    digest = data_digest(train) if group.parallel or store is not None else None  # one pass over X
+    digest = data_digest(train) if group.parallel or store is not None else ""  # one pass over X, where needed
     if group.parallel:  # everything the processes must share, checked at once before any other collective
         check_same_fit(
             group, _shared_by_the_processes(train, val, monitored, record, digest, random_state, seed, store)
@@ -159,6 +159,8 @@ def fit_mixture(
         judged = val if val is not None else _training_sample(train, JUDGE_SAMPLE, seed, "split-and-merge judging")
         judge = _judge(judged, device, dtype, backend, group)
     fixed = fixed_parameters(start.fixed, mixture)
+    if settings.epochs is None:
+        raise RuntimeError("methods.for_data resolves the epoch budget for the data")
     fitter = make_fitter(settings, mixture, fixed, judge, data_size=train.total_weight, w=w)
     if background is not None:
         fitter = BackgroundFit(fitter, background)
@@ -296,8 +298,8 @@ def divergence_cures(settings: FitSettings) -> str:
 def fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedParameters:
     """The masks as tensors, with the initial weights the fixed ones keep (all positive, summing to 1,
     so the free ones always have a share left)."""
-    masks = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in masks.items()}
-    return FixedParameters(masks["fix_weights"], masks["fix_means"], masks["fix_covariances"], mixture.weights)
+    fixed = {k: torch.as_tensor(v, device=mixture.means.device) for k, v in masks.items()}
+    return FixedParameters(fixed["fix_weights"], fixed["fix_means"], fixed["fix_covariances"], mixture.weights)
 
 
 def _training_sample(train, size: int | None, seed: int, what: str) -> Dataset:

@@ -12,7 +12,9 @@ rounding left indefinite (``updates.clip_rounding``) runs on the components this
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import numba
 import numpy as np
@@ -23,7 +25,11 @@ from ..mixture import Mixture
 from .adam import Adam
 from .updates import clip_rounding, e_step_covariances, ridge_vector, share_weights
 
-_jit = numba.njit(cache=True, error_model="numpy")
+# Typed as what they make of a function: numba's stubs give a compiled function's call no arguments.
+_jit: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(cache=True, error_model="numpy")
+_jit_parallel: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
+    cache=True, error_model="numpy", parallel=True
+)
 # Components from which online EM's update is shared among threads: ~1 us a component, against ~10-20 us
 # to start a parallel region
 PARALLEL_COMPONENTS = 128
@@ -41,7 +47,7 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
     return out
 
 
-@numba.njit(cache=True, error_model="numpy", parallel=True)
+@_jit_parallel
 def _online_em_loop_parallel(
     weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny, parts
 ):

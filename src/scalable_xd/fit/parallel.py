@@ -79,7 +79,7 @@ def check_same_fit(group: Group, fit: dict) -> None:
     size mismatch) or silently (one model per rank)."""
     if not group.parallel:
         return
-    everyone = [None] * group.size
+    everyone: list[dict] = [{}] * group.size  # filled by the gather
     with _collective(group):
         dist.all_gather_object(everyone, fit)
     differing = [key for key in fit if len({json.dumps(each[key], sort_keys=True) for each in everyone}) > 1]
@@ -140,6 +140,10 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
     if not group.parallel:
         return stats
     k, d = stats.U.shape
+    if stats.loglik is None or (with_criteria and stats.criteria is None):
+        raise ValueError(
+            "reduce_statistics: a fit's statistics carry their log-likelihood (and the criteria asked for)"
+        )
     parts = [
         _as_vector(stats.n_points, stats.q.device),
         stats.q,
@@ -148,11 +152,11 @@ def reduce_statistics(stats: Statistics, group: Group, with_criteria: bool = Fal
         _upper(stats.P),
         stats.loglik.reshape(1),
     ]
-    if with_criteria:
+    if with_criteria and stats.criteria is not None:
         c = stats.criteria
         parts += [c.overlap, c.r_log_r, c.r_log_n]
     with_background = stats.background is not None  # the same on every process: a setting of the fit
-    if with_background:
+    if stats.background is not None:
         parts.append(stats.background.reshape(1))
     flat = torch.cat([p.reshape(-1).double() for p in parts])
     _all_reduce(flat, group)
@@ -229,15 +233,14 @@ def fail_together(group: Group, stage: str):
     if not group.parallel:
         yield
         return
-    failure = None
+    failure: tuple[str, bool, str] | None = None  # (kind, whether a ValueError, message)
+    raised: Exception | None = None
     try:
         yield
     except Exception as err:  # any: shared with the other processes, then raised again
         failure = (type(err).__name__, isinstance(err, ValueError), str(err))
         raised = err
-    else:
-        raised = None
-    everyone = [None] * group.size
+    everyone: list[tuple[str, bool, str] | None] = [None] * group.size
     try:
         with _collective(group):
             dist.all_gather_object(everyone, failure)
@@ -245,7 +248,7 @@ def fail_together(group: Group, stage: str):
         if raised is not None:  # the others are gone: this process's own error says more than a lost contact
             raise raised from None
         raise
-    failed = [(rank, each) for rank, each in enumerate(everyone) if each is not None]
+    failed = [(rank, failure) for rank, failure in enumerate(everyone) if failure is not None]
     if not failed:
         return
     ranks = [rank for rank, _ in failed]

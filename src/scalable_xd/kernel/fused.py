@@ -453,7 +453,8 @@ def fused_chunk(
 
     n, dim = x.shape
     k, at = mixture.n_components, layout(dim)
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba's config is filled at import
+    threads = max(1, min(torch.get_num_threads(), pool))
     # a small chunk runs serially on this thread: a parallel region waits for every thread of the pool
     # (stalling the step where one is descheduled on a shared machine), and the pool's threads spin on a
     # core after each region
@@ -464,9 +465,9 @@ def fused_chunk(
     x_np, S_np = x.detach().contiguous().numpy(), S.detach().contiguous().numpy()
     empty = np.empty(0, x_np.dtype)
     as_array = lambda v: empty if v is None else v.detach().to(x.dtype).contiguous().numpy()  # noqa: E731
-    n_blocks = max(1, min(n, 4 * numba.config.NUMBA_NUM_THREADS))  # not the threads now: the same sums either way
+    n_blocks = max(1, min(n, 4 * pool))  # not the threads now: the same sums either way
     per_pair = with_criteria or not with_stats  # the densities: the scoring pass's result, the criteria's input
-    loglik, log_dens = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
+    loglik_np, log_dens_np = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.empty(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)  # each block zeroes its own
     module = compiled_module(dim, with_stats, str(x_np.dtype), parallel)
@@ -478,8 +479,8 @@ def fused_chunk(
         par,
         as_array(point_weights),
         as_array(uniforms),
-        loglik,
-        log_dens,
+        loglik_np,
+        log_dens_np,
         failed,
         acc,
         n_blocks,
@@ -487,7 +488,7 @@ def fused_chunk(
     bad = np.flatnonzero(failed >= 0)
     if len(bad):
         raise NotPositiveDefiniteError(row_offset + int(bad[0]), int(failed[bad[0]]))
-    loglik, log_dens = torch.from_numpy(loglik), torch.from_numpy(log_dens) if per_pair else None
+    loglik, log_dens = torch.from_numpy(loglik_np), torch.from_numpy(log_dens_np) if per_pair else None
     if not with_stats:
         return loglik, log_dens, None
     q, U, UU, P = (torch.from_numpy(a) for a in module.unpack(acc, n_blocks, k))
