@@ -17,7 +17,7 @@ class PolyakAverage(Capabilities):
 
     def __init__(self, inner: Fitter):
         self.inner = inner
-        self.samples_assignments = inner.samples_assignments
+        self._samples_assignments = inner.samples_assignments
         self.average = inner.result
         self.n_averaged = 0
 

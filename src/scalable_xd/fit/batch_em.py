@@ -71,7 +71,7 @@ class BatchEM(EpochSums):
     out analytically. A component that draws no star is frozen with weight zero, as in batch EM.
     """
 
-    scores_its_pass = True
+    _scores_its_pass = True
 
     def __init__(
         self,
@@ -84,7 +84,7 @@ class BatchEM(EpochSums):
         self.mixture = mixture
         self.w = ridge_vector(w, mixture.means)
         self.fixed = fixed
-        self.samples_assignments = stochastic
+        self._samples_assignments = stochastic
 
     @property
     def result(self) -> Mixture:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.dataset import Dataset
+from ..data.source import DataSource
 from ..errors import brief
 from ..io import atomic_path
 
@@ -213,7 +213,7 @@ class Checkpoint:
         return None if self.saved is None else self.saved["fingerprint"].get("seed")
 
     def bind(
-        self, settings: dict, seed: int, train: Dataset, train_digest: str, val: Dataset | None, init_arrays=()
+        self, settings: dict, seed: int, train: DataSource, train_digest: str, val: DataSource | None, init_arrays=()
     ) -> None:
         """Fingerprint this fit (settings, seed, shapes, digests of the data, ``train_digest`` being
         ``data_digest(train)``, and of explicit initial arrays) and refuse a saved state from any other fit."""

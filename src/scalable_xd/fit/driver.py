@@ -20,6 +20,7 @@ from ..background import Background
 from ..data.batching import random_rows
 from ..data.dataset import Dataset
 from ..data.iterable import IterableSource
+from ..data.source import DataSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, resolve_seed
@@ -98,8 +99,8 @@ def settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings)
 
 
 def fit_mixture(
-    train,
-    val,
+    train: DataSource,
+    val: DataSource | None,
     settings: FitSettings,
     kmeans: KMeansSettings,
     random_state,
@@ -302,7 +303,7 @@ def fixed_parameters(masks: dict[str, np.ndarray], mixture: Mixture) -> FixedPar
     return FixedParameters(fixed["fix_weights"], fixed["fix_means"], fixed["fix_covariances"], mixture.weights)
 
 
-def _training_sample(train, size: int | None, seed: int, what: str) -> Dataset:
+def _training_sample(train: DataSource, size: int | None, seed: int, what: str) -> DataSource:
     """A fixed random sample of the training data (``size`` stars at most; None: all), chosen by the seed,
     in memory: the split-and-merge judge's, or the points a minibatch fit scores after each epoch."""
     if size is None or len(train) <= size:
@@ -310,6 +311,6 @@ def _training_sample(train, size: int | None, seed: int, what: str) -> Dataset:
     return train.sample(random_rows(len(train), size, seed), f"the {what} sample of the training data")
 
 
-def _judge(data: Dataset, device, dtype, backend: str, group: Group):
+def _judge(data: DataSource, device, dtype, backend: str, group: Group):
     """Mean log-likelihood of a mixture on ``data``: what decides a stochastic split-and-merge move."""
     return lambda mixture: total_loglik(data, mixture, device, dtype, backend, group) / data.total_weight

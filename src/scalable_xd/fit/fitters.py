@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from types import ModuleType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -27,13 +27,31 @@ class Fitter(Protocol):
     """What the loop drives: ``mixture`` is the model the E-step uses; ``result`` the one the fit reports
     (the same, except under Polyak averaging)."""
 
-    mixture: Mixture
-    result: Mixture
-    samples_assignments: bool  # stochastic EM: the loop passes uniforms for the S-step
-    wants_criteria: bool  # split-and-merge: the loop asks the kernel for the criteria's sums
-    finished: bool  # split-and-merge: no move left to try, so the fit is done
-    shadow: Mixture | None  # stochastic split-and-merge: a trial model that gets its own statistics pass
-    scores_its_pass: bool  # batch EM: an epoch's sums hold the training log-likelihood of its starting model
+    @property
+    def mixture(self) -> Mixture: ...
+
+    @property
+    def result(self) -> Mixture: ...
+
+    @property
+    def samples_assignments(self) -> bool:
+        """Stochastic EM: the loop passes uniforms for the S-step."""
+
+    @property
+    def wants_criteria(self) -> bool:
+        """Split-and-merge: the loop asks the kernel for the criteria's sums."""
+
+    @property
+    def finished(self) -> bool:
+        """Split-and-merge: no move left to try, so the fit is done."""
+
+    @property
+    def shadow(self) -> Mixture | None:
+        """Stochastic split-and-merge: a trial model that gets its own statistics pass."""
+
+    @property
+    def scores_its_pass(self) -> bool:
+        """Batch EM: an epoch's sums hold the training log-likelihood of its starting model."""
 
     def step_size(self, epoch: int) -> float:
         """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
@@ -65,6 +83,7 @@ class Fitter(Protocol):
         """(Called where ``shadow`` is not None.) The statistics of the trial model's pass over the batch."""
 
 
+@runtime_checkable
 class TrialFitter(Fitter, Protocol):
     """What stochastic split-and-merge asks of a minibatch fitter to run a trial copy beside it."""
 
@@ -83,13 +102,42 @@ class Capabilities:
     """``Fitter``'s capability flags at their common values, which a fitter overrides where it differs: it
     takes the assignments' expected values (stochastic EM samples them), asks for no split-and-merge
     criteria, runs until its budget or ``tol``, has no trial model beside it, and its pass does not score
-    the model it started from (batch EM's does)."""
+    the model it started from (batch EM's does); the methods the loop calls only where a flag says so
+    refuse to be called elsewhere."""
 
-    samples_assignments = False
-    wants_criteria = False
-    finished = False
-    shadow: Mixture | None = None
-    scores_its_pass = False
+    # The flags' values, which a fitter sets (or overrides the property of) where it differs.
+    _samples_assignments = False
+    _wants_criteria = False
+    _scores_its_pass = False
+
+    @property
+    def samples_assignments(self) -> bool:
+        return self._samples_assignments
+
+    @property
+    def wants_criteria(self) -> bool:
+        return self._wants_criteria
+
+    @property
+    def finished(self) -> bool:
+        return False
+
+    @property
+    def shadow(self) -> Mixture | None:
+        return None
+
+    @property
+    def scores_its_pass(self) -> bool:
+        return self._scores_its_pass
+
+    def pass_loglik(self) -> float:
+        raise TypeError(f"{type(self).__name__}'s pass does not score the model it started from (scores_its_pass)")
+
+    def pass_objective(self) -> float | None:
+        raise TypeError(f"{type(self).__name__}'s pass does not score the model it started from (scores_its_pass)")
+
+    def observe_shadow(self, stats: Statistics) -> None:
+        raise TypeError(f"{type(self).__name__} has no trial model beside it (shadow)")
 
 
 def fused_updates(device: torch.device) -> ModuleType | None:

@@ -29,6 +29,7 @@ from .. import deferred_checks
 from .._torch import one_thread, synchronize
 from ..background import Background
 from ..data.batching import Batch, generator
+from ..data.source import DataSource
 from ..errors import FitDivergedError, NotPositiveDefiniteError
 from ..kernel.dispatch import batch_statistics, log_densities
 from ..kernel.fused import PARALLEL_PAIRS
@@ -155,7 +156,15 @@ def _imputed_sums(selection: Selection, batch: Batch, mixture: Mixture, cfg: Loo
     return stats
 
 
-def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | None = None, monitored=None, scored=None):
+def run(
+    fitter: Fitter,
+    train: DataSource,
+    val: DataSource | None,
+    cfg: LoopConfig,
+    checkpoint: Checkpoint | None = None,
+    monitored: dict[str, DataSource] | None = None,
+    scored: DataSource | None = None,
+):
     """Fit until ``cfg.epochs`` epochs are done (or batch EM converges), continuing from the checkpoint's
     saved state when there is one and saving to it after every epoch (and every ``cfg.checkpoint_every``
     batches); returns (history, converged). ``monitored`` ({name: data}) are scored after every epoch as
@@ -172,7 +181,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         return {
             "epoch": epoch,
             "seconds": seconds,
-            "train_loglik": _mean_loglik(scored, fitter, cfg) if score_train else None,
+            "train_loglik": _mean_loglik(scored_data, fitter, cfg) if score_train else None,
             "val_loglik": None if val is None else _mean_loglik(val, fitter, cfg),
             **{f"{name}_loglik": _mean_loglik(data, fitter, cfg) for name, data in (monitored or {}).items()},
             "step_size": fitter.step_size(max(epoch - 1, 0)),
@@ -180,7 +189,7 @@ def run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint: Checkpoint | No
         }
 
     one_pass = fitter.scores_its_pass
-    scored = train if scored is None or one_pass else scored
+    scored_data = train if scored is None or one_pass else scored
     store = checkpoint if checkpoint is not None and cfg.group.writes else None  # what this process saves to
     done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
     resumed: dict = {}  # the fitter's state the checkpoint holds
@@ -318,7 +327,7 @@ def last_gain(history: list) -> float | None:
     return None
 
 
-def _mean_loglik(data, fitter: Fitter, cfg: LoopConfig) -> float:
+def _mean_loglik(data: DataSource, fitter: Fitter, cfg: LoopConfig) -> float:
     """The mean log-likelihood of ``data`` under the fitter's result (and its background, where it has one)."""
     total = total_loglik(data, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group, background_of(fitter))
     return total / data.total_weight
@@ -331,7 +340,7 @@ def background_of(fitter: Fitter) -> Background | None:
 
 def _train_epoch(
     fitter: Fitter,
-    train,
+    train: DataSource,
     cfg: LoopConfig,
     epoch: int,
     done: int,

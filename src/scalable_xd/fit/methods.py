@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..mixture import Mixture
     from ..settings import FitSettings
     from .batch_em import BatchEM
-    from .fitters import Fitter
+    from .fitters import Fitter, TrialFitter
     from .online_em import MinibatchEM
     from .sgd import SGD
     from .squarem import SquaremEM
@@ -90,7 +90,7 @@ def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, dat
         step_size=s.step_size,
         schedule=s.step_schedule,
         step_decay=s.step_decay,
-        decay_epoch=s.decay_epoch,
+        decay_epoch=_resolved(s.decay_epoch, "decay_epoch"),
         kappa=s.kappa,
         covariance_update=s.covariance_update,
         fixed=fixed,
@@ -104,7 +104,13 @@ def _adam(s: FitSettings, mixture: Mixture, fixed, data_size: float, w) -> SGD:
     from .sgd import SGD
 
     return SGD(
-        mixture, w=w, lr=s.lr, lr_decay=s.lr_decay, decay_epoch=s.decay_epoch, scaling=s.sgd_scaling, fixed=fixed
+        mixture,
+        w=w,
+        lr=s.lr,
+        lr_decay=s.lr_decay,
+        decay_epoch=_resolved(s.decay_epoch, "decay_epoch"),
+        scaling=s.sgd_scaling,
+        fixed=fixed,
     )
 
 
@@ -196,6 +202,23 @@ def for_data(s: FitSettings, n_points: int) -> FitSettings:
     return replace(s, epochs=epochs, decay_epoch=decay_epoch)
 
 
+def _resolved(value, name: str):
+    """A setting that is None until resolved (``for_data``'s budget; ``tol`` where ``check_settings`` asks
+    for one), once it has been."""
+    if value is None:
+        raise ValueError(f"{name} must be resolved before a fitter is built (methods.for_data, check_settings)")
+    return value
+
+
+def _trial(fitter: Fitter) -> TrialFitter:
+    """``fitter`` as what stochastic split-and-merge runs trials of (``fitters.TrialFitter``)."""
+    from .fitters import TrialFitter
+
+    if not isinstance(fitter, TrialFitter):
+        raise ValueError(f"split_merge cannot run trials beside a {type(fitter).__name__}")
+    return fitter
+
+
 def _methods_where(fact: str) -> str:
     """The names of the methods whose row has ``fact``, for error messages."""
     return ", ".join(m.name for m in METHODS.values() if getattr(m, fact))
@@ -231,16 +254,19 @@ def make_fitter(
 
     s, row = settings, method(settings.method)
     if s.split_merge and row.split_merge == "converged":
-        return SplitMergeEM(mixture, w=w, tol=s.tol, tries=s.split_merge_tries, fixed=fixed)
+        tol = _resolved(s.tol, "tol")  # check_settings asks split_merge of this kind for one
+        return SplitMergeEM(mixture, w=w, tol=tol, tries=s.split_merge_tries, fixed=fixed)
     if s.split_merge:
         if fixed is not None and fixed.any():
             raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
+        if judge is None:
+            raise ValueError("split_merge judged each epoch needs a judge: a fixed sample to score its trials on")
         plain = dataclasses.replace(s, split_merge=False)
         return StochasticSplitMerge(
-            row.build(plain, mixture, None, data_size, w),
+            _trial(row.build(plain, mixture, None, data_size, w)),
             judge=judge,
             tries=s.split_merge_tries,
-            make_fitter=lambda start, held: make_fitter(plain, start, held, data_size=data_size, w=w),
+            make_fitter=lambda start, held: _trial(make_fitter(plain, start, held, data_size=data_size, w=w)),
         )
     fitter = row.build(s, mixture, fixed, data_size, w)
     return PolyakAverage(fitter) if s.averaging == "polyak" else fitter

@@ -72,7 +72,7 @@ class MinibatchEM(Capabilities):
         self.decay_epoch = decay_epoch
         self.kappa = kappa
         self.fixed = fixed
-        self.samples_assignments = stochastic
+        self._samples_assignments = stochastic
         self.truncation = truncation
         self.data_size = data_size
         self.naive = covariance_update == "naive"  # the paper's eq. 7, kept for study

@@ -116,7 +116,7 @@ class SplitMergeEM(EpochSums):
         self.move: tuple | None = None
         self.partial_left = 0
         self.tried = self.accepted = 0
-        self.wants_criteria = False  # asked for once EM has converged (see ``end_epoch``)
+        self._wants_criteria = False  # asked for once EM has converged (see ``end_epoch``)
 
     @property
     def finished(self) -> bool:
@@ -128,17 +128,27 @@ class SplitMergeEM(EpochSums):
         E-step; EM and partial EM only raise it) beats the incumbent's, so that a fit whose epochs run out
         mid-trial reports the better of the two. Otherwise the current model."""
         if self.phase in ("partial", "full") and self.trial_loglik <= self.incumbent_loglik:
-            return self.incumbent
+            return self._incumbent()[0]
         return self.mixture
+
+    def _incumbent(self) -> tuple[Mixture, torch.Tensor]:
+        """The incumbent and its q, which exist once EM first converged (every phase after "em")."""
+        if self.incumbent is None or self.incumbent_q is None:
+            raise RuntimeError(f"split_merge in phase {self.phase!r} has no incumbent")
+        return self.incumbent, self.incumbent_q
 
     def end_epoch(self) -> None:
         sums, self._sums = self._sums, None
         if self.phase == "done":
             return
-        loglik = float(sums.loglik) / sums.n_points  # of self.mixture, the E-step's model
+        if sums is None or sums.loglik is None:
+            raise RuntimeError("split_merge's epoch ended without statistics (or their log-likelihood)")
+        loglik = float(sums.loglik) / float(sums.n_points)  # of self.mixture, the E-step's model
         if self.phase in ("partial", "full"):
             self.trial_loglik = loglik
         if self.phase == "partial":
+            if self.move is None:
+                raise RuntimeError("split_merge's partial phase has no move")
             self.mixture = em_update(self.mixture, sums, self.w, others_fixed(self.mixture, self.move))
             self.partial_left -= 1
             if self.partial_left == 0:
@@ -146,27 +156,29 @@ class SplitMergeEM(EpochSums):
             return
         if self.previous is not None and loglik - self.previous < self.tol:
             if sums.criteria is None:  # the criteria cost K^2 per star: computed only at convergence, so
-                self.wants_criteria = True  # the next epoch's pass repeats this one's at the same parameters
+                self._wants_criteria = True  # the next epoch's pass repeats this one's at the same parameters
                 return
-            self.wants_criteria = False
-            self._converged(loglik, sums)
+            self._wants_criteria = False
+            self._converged(loglik, sums.q, sums.criteria)
             return
         self.previous = loglik
         self.mixture = em_update(self.mixture, sums, self.w)
 
-    def _converged(self, loglik: float, sums: Statistics) -> None:
-        """EM (or a move's full EM) converged at ``self.mixture``: judge the move, then try the next one."""
+    def _converged(self, loglik: float, q: torch.Tensor, criteria: Criteria) -> None:
+        """EM (or a move's full EM) converged at ``self.mixture``, where the responsibilities sum to ``q``
+        and the criteria's sums are ``criteria``: judge the move, then try the next one."""
         if self.phase == "full":
             self.tried += 1
         if self.phase == "em" or loglik > self.incumbent_loglik:
             self.accepted += self.phase == "full"
-            self.incumbent, self.incumbent_loglik, self.incumbent_q = self.mixture, loglik, sums.q
-            self.moves = ranked_moves(sums.criteria, sums.q, self.tries - self.tried)
+            self.incumbent, self.incumbent_loglik, self.incumbent_q = self.mixture, loglik, q
+            self.moves = ranked_moves(criteria, q, self.tries - self.tried)
+        incumbent, incumbent_q = self._incumbent()
         if self.tried >= self.tries or not self.moves:
-            self.phase, self.mixture = "done", self.incumbent
+            self.phase, self.mixture = "done", incumbent
             return
         self.move = self.moves.pop(0)
-        self.mixture = apply_move(self.incumbent, self.incumbent_q, self.move)
+        self.mixture = apply_move(incumbent, incumbent_q, self.move)
         self.phase, self.partial_left, self.previous = "partial", PARTIAL_EPOCHS, None
         self.trial_loglik = -float("inf")
 
@@ -202,7 +214,7 @@ class SplitMergeEM(EpochSums):
         self.moves = [tuple(m) for m in state["moves"]]
         self.move = None if state["move"] is None else tuple(state["move"])
         self.partial_left, self.tried, self.accepted = (int(state[k]) for k in ("partial_left", "tried", "accepted"))
-        self.wants_criteria = bool(state["wants_criteria"])
+        self._wants_criteria = bool(state["wants_criteria"])
 
 
 class StochasticSplitMerge(Capabilities):
@@ -231,9 +243,9 @@ class StochasticSplitMerge(Capabilities):
         partial_fraction: float = 0.1,
     ):
         self.incumbent, self.make_fitter, self.judge = incumbent, make_fitter, judge
-        self.samples_assignments = incumbent.samples_assignments
+        self._samples_assignments = incumbent.samples_assignments
         self.tries, self.partial_fraction = tries, partial_fraction
-        self.trial = None
+        self.trial: TrialFitter | None = None
         self.move: tuple | None = None
         self.partial_left = 0
         self.tried = self.accepted = 0
@@ -282,6 +294,8 @@ class StochasticSplitMerge(Capabilities):
 
     def observe_shadow(self, stats: Statistics) -> None:
         """The trial's update from its own statistics of the same batch (partial for the first batches)."""
+        if self.trial is None:
+            raise RuntimeError("a trial's statistics came while no move is being tried")
         self.trial.observe(stats)
         self.partial_left -= 1
         if self.partial_left == 0:
@@ -298,16 +312,17 @@ class StochasticSplitMerge(Capabilities):
                 self.incumbent, self.accepted = self.trial, self.accepted + 1
             self.trial = None
             return  # the next move is ranked from an epoch of the kept model's own criteria
-        if self.tried < self.tries and self._criteria is not None:
+        if self.tried < self.tries and self._criteria is not None and self._q is not None:
             moves = ranked_moves(self._criteria, self._q, 1)
             if moves:
-                self._start_trial(moves[0])
+                self._start_trial(moves[0], self._q)
 
-    def _start_trial(self, move: tuple[int, int, int]) -> None:
-        moved = apply_move(self.incumbent.starting_point, self._q, move)
-        self.trial = self.make_fitter(moved, others_fixed(moved, move))
-        self.trial.continue_schedule(self.incumbent)
-        self.trial.start_epoch(self._epoch + 1)
+    def _start_trial(self, move: tuple[int, int, int], q: torch.Tensor) -> None:
+        moved = apply_move(self.incumbent.starting_point, q, move)
+        trial = self.make_fitter(moved, others_fixed(moved, move))
+        trial.continue_schedule(self.incumbent)
+        trial.start_epoch(self._epoch + 1)
+        self.trial = trial
         self.move = move
         self.partial_left = max(1, math.ceil(self.partial_fraction * self._batches))
 
@@ -318,13 +333,13 @@ class StochasticSplitMerge(Capabilities):
     def state_dict(self) -> dict:
         """Checkpoints are written after ``end_epoch``: a trial then has just been proposed and has taken no
         batch yet, so the move and the q it was built with recreate it exactly."""
-        pending = self.trial is not None
+        pending = self.trial is not None and self.move is not None
         return {
             "incumbent": self.incumbent.state_dict(),
             "tried": self.tried,
             "accepted": self.accepted,
             "last_scores": None if self.last_scores is None else list(self.last_scores),
-            "move": list(self.move) if pending else None,
+            "move": list(self.move) if pending and self.move is not None else None,
             "q": self._q if pending else torch.zeros(0),
             "batches": self._batches,
             "epoch": self._epoch,
@@ -338,4 +353,4 @@ class StochasticSplitMerge(Capabilities):
         self.trial = None
         if state["move"] is not None:
             self._q = state["q"].to(self.incumbent.mixture.means)
-            self._start_trial(tuple(state["move"]))
+            self._start_trial(tuple(state["move"]), self._q)

@@ -45,7 +45,7 @@ STEP_FACTOR = 4.0  # step_max grows (and shrinks) by this factor: Varadhan & Rol
 class SquaremEM(EpochSums):
     """Batch EM (``BatchEM``'s update) with SQUAREM's extrapolation and monotone safeguard (see above)."""
 
-    scores_its_pass = True
+    _scores_its_pass = True
     _SCALARS = ("phase", "objective0", "step_max", "em_step", "extrapolations", "rejections")  # in state_dict
 
     def __init__(self, mixture: Mixture, *, w: float | torch.Tensor | None, fixed: FixedParameters | None = None):

@@ -36,8 +36,9 @@ def _cholesky(V: torch.Tensor, S: torch.Tensor):
     """Lower Cholesky factors of T = V_j + S_i for all pairs: L[i][j] (K, B) for j <= i, and 1 / L[j][j];
     S is (D, D, B), S[i, j] one entry across the chunk's points."""
     dim = V.shape[-1]
-    L = [[None] * dim for _ in range(dim)]
-    inv_diag = [None] * dim
+    above = V.new_empty(0)  # the entries above the diagonal, never read
+    L = [[above] * dim for _ in range(dim)]
+    inv_diag = [above] * dim
     for j in range(dim):
         for i in range(j, dim):
             s = V[:, i, j, None] + S[i, j][None]
@@ -114,12 +115,12 @@ def unrolled_terms(
     resp = assign(torch.exp(log_dens - loglik), point_weights, uniforms, dim=0)  # (K, B)
     W = _triangular_inverse(L, inv_diag)
     # u = T^-1 d = W^T z, and T^-1 = W^T W, entry by entry.
-    u = []
+    u_rows = []
     for i in range(dim):
         s = W[i][i] * z[i]
         for k in range(i + 1, dim):
             s = torch.addcmul(s, W[k][i], z[k])
-        u.append(s)
+        u_rows.append(s)
     t_inv = []
     for i in range(dim):
         for j in range(i + 1):
@@ -128,10 +129,10 @@ def unrolled_terms(
                 s = torch.addcmul(s, W[k][i], W[k][j])
             t_inv.append(s)
 
-    u = torch.stack(u, dim=1)  # (K, D, B)
+    u = torch.stack(u_rows, dim=1)  # (K, D, B)
     ru = u * resp[:, None, :]
     p_lower = torch.bmm(torch.stack(t_inv, dim=1), resp.unsqueeze(-1)).squeeze(-1)
-    out = (failed, loglik, log_dens, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), p_lower)
+    out: tuple = (failed, loglik, log_dens, resp.sum(1), ru.sum(2), torch.bmm(ru, u.mT), p_lower)
     if with_criteria:
         out = out + criteria_sums(log_dens, loglik, log_weights, point_weights, dim=0)
     return out
