@@ -13,7 +13,7 @@ from scalable_xd.pipeline.features_file import read_features, split_of
 from scalable_xd.pipeline.gaia.features import compute_features
 from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.schema import ASTROMETRY, CORRELATIONS, FEATURES
-from scalable_xd.pipeline.gaia.storage import write_feature_splits
+from scalable_xd.pipeline.steps import features
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 
@@ -149,14 +149,15 @@ def test_feature_files_hold_every_row_once(mock, tmp_path):
     raw.mkdir()
     for k, start in enumerate(range(0, len(mock), 40_000)):  # three download chunks
         mock.iloc[start : start + 40_000].to_parquet(raw / f"chunk{k}.parquet")
-    summary = write_feature_splits(raw, tmp_path / "features", mode="corrected", split_seed=0, progress=False)
+    features(raw, tmp_path / "features", mode="corrected", split_seed=0)  # the step: Gaia's module, its summary
     assert sorted(p.name for p in (tmp_path / "features").iterdir()) == [
         "features.json",
         "test.parquet",
         "train.parquet",
         "val.parquet",
     ]
-    assert json.loads((tmp_path / "features" / "features.json").read_text()) == summary
+    summary = json.loads((tmp_path / "features" / "features.json").read_text())
+    assert summary["survey"] == "gaia_dr2" and summary["mode"] == "corrected"
     parts = {name: read_features(tmp_path / "features" / f"{name}.parquet") for name in ("train", "val", "test")}
     assert {k: len(v) for k, v in parts.items()} == summary["rows"]
     ids = np.concatenate([p.source_id for p in parts.values()])

@@ -88,8 +88,10 @@ HATS_CATALOGUE = "resources/gaia_dr2_hats/gaia_dr2"
 
 
 def raw_catalogue():
-    """The raw DR2-schema catalogue: the archive query's manifest, a mock Parquet file, or the HATS
-    catalogue of the bulk files."""
+    """The raw catalogue: the archive query's manifest, a mock Parquet file, the HATS catalogue of the bulk
+    files, or a file of another survey (data.raw)."""
+    if config["data"]["source"] == "file":
+        return config["data"]["raw"]
     if config["data"]["source"] == "bulk":
         return HATS_CATALOGUE
     n = config["data"]["n_rows"]

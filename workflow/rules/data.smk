@@ -35,7 +35,7 @@ rule mock_catalogue:
 
 
 rule features:
-    """Seven features and per-star noise (7 sigmas + 10 correlations), split 80/10/10."""
+    """The survey's features and per-star noise (Gaia: 7 sigmas + 10 correlations), split 80/10/10."""
     input:
         raw=raw_catalogue(),
     output:
@@ -48,10 +48,11 @@ rule features:
         out_dir=lambda wildcards, output: os.path.dirname(output.summary),
         mode=config["data"]["covariance_mode"],
         split_seed=config["data"]["split_seed"],
+        survey=config["data"]["survey"],
     log:
         f"{RESULTS}/logs/features.log",
     conda:
         ENV
     shell:
         "{params.cli} features --input {input.raw} --out-dir {params.out_dir} --mode {params.mode} "
-        "--split-seed {params.split_seed} 2> {log}"
+        "--split-seed {params.split_seed} --survey {params.survey} 2> {log}"

@@ -320,11 +320,17 @@ def commands() -> list[Command]:
                 option("--out-dir", required=True, help="folder for train/val/test.parquet and features.json"),
                 option(
                     "--mode",
-                    choices=["corrected", "paper"],
                     default="corrected",
-                    help="corrected units and missing colours, or what the paper's code did (default: corrected)",
+                    help="the survey's noise mode; Gaia: corrected units and missing colours, or what the paper's "
+                    "code did, paper (default: corrected)",
                 ),
                 option("--split-seed", type=NON_NEGATIVE, default=0, help="seed of the 80/10/10 split (default: 0)"),
+                option(
+                    "--survey",
+                    default="gaia_dr2",
+                    help="the survey's module: gaia_dr2, or an importable module with write_feature_splits "
+                    "(default: gaia_dr2)",
+                ),
             ),
             step="features",
             rename={"input": "raw"},

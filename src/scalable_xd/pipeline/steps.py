@@ -112,11 +112,14 @@ def hats_catalogue(index, csv_dir, output, *, pixel_threshold: int, highest_orde
     log.info("HATS catalogue of %d bulk files written to %s", len(files), output)
 
 
-def features(raw, out_dir, mode: str, split_seed: int) -> None:
-    from .gaia.storage import write_feature_splits
+def features(raw, out_dir, mode: str, split_seed: int, survey: str = "gaia_dr2") -> None:
+    """The features file of ``survey``'s raw catalogue (``surveys``), split 80/10/10, and the survey's
+    summary of it beside the splits (``features.json``)."""
+    from .surveys import survey_module
 
-    summary = write_feature_splits(raw, out_dir, mode=mode, split_seed=split_seed)
-    log.info("features: %s rows, bad rows repaired: %s", summary["rows"], summary["bad_rows"])
+    summary = survey_module(survey).write_feature_splits(raw, out_dir, mode=mode, split_seed=split_seed)
+    write_json(Path(out_dir) / "features.json", {"survey": survey, **summary})
+    log.info("features of %s: %s", survey, summary)
 
 
 # ------------------------------------------------------------------------------------------- fitting

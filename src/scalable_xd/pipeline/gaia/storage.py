@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...io import write_json
 from ..features_file import require_columns, write_splits
 from .features import REPAIRS, TRUE_COLUMNS, compute_features
 from .schema import GAIA_DR2, QUERY_COLUMNS
@@ -44,7 +43,8 @@ def read_raw(path) -> pd.DataFrame:
 
 
 def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_seed: int = 0, progress=True) -> dict:
-    """Features of a raw catalogue written as ``train/val/test.parquet`` plus a ``features.json`` summary.
+    """Features of a raw catalogue written as ``train/val/test.parquet``, and their summary (the survey
+    module of ``surveys``: ``steps.features`` writes the summary beside them).
 
     Reads the raw data one Parquet fragment (download chunk) at a time, so memory holds one chunk; every
     output file is written atomically. Returns the summary (rows per split, missing entries, bad rows).
@@ -76,5 +76,4 @@ def write_feature_splits(raw_path, out_dir, *, mode: str = "corrected", split_se
         "missing_entries": missing_entries,
         "bad_rows": counts,
     }
-    write_json(Path(out_dir) / "features.json", summary)
     return summary
