@@ -6,6 +6,7 @@ import torch
 from helpers import draw_xd_data, random_spd
 
 from scalable_xd import XDGMM, CompactCovariance
+from scalable_xd.data.noise import CHECK_CHUNK
 
 PAIRS = [(0, 1), (0, 2), (1, 2)]
 
@@ -63,4 +64,16 @@ def test_compact_covariance_rejects_inconsistent_correlations():
     compact, _ = _compact(np.random.default_rng(53), 20)
     compact.corr[11] = torch.tensor([0.99, 0.99, -0.99], dtype=compact.corr.dtype)  # no such 3x3 correlation
     with pytest.raises(ValueError, match="noise covariance row 11 is not positive semi-definite"):
+        compact.validate()
+
+
+def test_compact_covariance_checks_every_chunk_of_many_rows():
+    """Rows are checked CHECK_CHUNK at a time: a catalogue of several chunks passes, and an inconsistent
+    correlation in a later chunk is named by its row in the whole catalogue."""
+    n = 2 * CHECK_CHUNK + 5
+    rng = np.random.default_rng(54)
+    compact = CompactCovariance(rng.uniform(0.1, 2.0, (n, 4)), rng.uniform(-0.4, 0.4, (n, 3)), PAIRS)
+    compact.validate()
+    compact.corr[CHECK_CHUNK + 7] = torch.tensor([0.99, 0.99, -0.99], dtype=compact.corr.dtype)
+    with pytest.raises(ValueError, match=f"noise covariance row {CHECK_CHUNK + 7} is not positive semi-definite"):
         compact.validate()

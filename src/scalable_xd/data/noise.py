@@ -253,8 +253,8 @@ class CompactCovariance:
         check_rows(corr, lambda v: v.abs() > 1, "corr {where} has a correlation outside [-1, 1]")
         for start in range(0, len(self), CHECK_CHUNK):
             stop = start + CHECK_CHUNK
-            corr = self._correlation_matrices(corr[start:stop].to(torch.float64))
-            _check_correlation_psd(corr, start, "noise covariance")
+            matrices = self._correlation_matrices(corr[start:stop].to(torch.float64))
+            _check_correlation_psd(matrices, start, "noise covariance")
 
 
 def as_noise(Xcov, n: int, dim: int):

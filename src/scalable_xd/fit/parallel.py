@@ -248,7 +248,7 @@ def fail_together(group: Group, stage: str):
         if raised is not None:  # the others are gone: this process's own error says more than a lost contact
             raise raised from None
         raise
-    failed = [(rank, failure) for rank, failure in enumerate(everyone) if failure is not None]
+    failed = [(rank, each) for rank, each in enumerate(everyone) if each is not None]
     if not failed:
         return
     ranks = [rank for rank, _ in failed]
