@@ -88,7 +88,8 @@ def test_a_fit_with_a_background_finds_the_outlier_share_and_the_stars_density(m
     """With 20% of the points uniform outliers, every method finds a background weight near their share
     (a few points of it fall on the stars, where they count as theirs) and closes at least 80% of the gap
     between the fit without a background and the oracle (a fit to the stars' noise-free values), in
-    held-out log-likelihood of the stars' density. Measured: 97-98% for each method."""
+    held-out log-likelihood of the stars' density. Measured: 97% (batch and minibatch EM) and 93% (SGD);
+    the background takes 83% of the outliers and 0.4% of the stars."""
     x, S, outlier, held_out = mock
     settings = dict(n_components=3, method=method, random_state=0, acceleration="none")
     plain = XDGMM(**settings).fit(x, Xcov=S)
