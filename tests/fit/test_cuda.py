@@ -108,3 +108,23 @@ def test_a_fit_under_a_selection_on_cuda_matches_the_cpu(method):
     gpu = XDGMM(device="cuda", **settings).fit(x[kept], Xcov=S)
     for attr in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_a_background_and_noise_mixtures_on_cuda_match_the_cpu(method):
+    """The background's density pass and the noise components' rows run on the device: the CPU's model."""
+    from scalable_xd import NoiseMixture
+
+    rng = np.random.default_rng(72)
+    x = np.concatenate([rng.normal(size=(3000, 2)), rng.normal(size=(3000, 2)) + [3, 0], rng.uniform(-8, 8, (600, 2))])
+    S = np.full((len(x), 2), 0.05)
+    noise = NoiseMixture(
+        np.full((len(x), 2), 0.5), np.stack([S, S], 1), np.stack([-0.1 * np.ones_like(x), 0.1 * np.ones_like(x)], 1)
+    )
+    settings = dict(n_components=2, method=method, epochs=3, dtype="float64", random_state=0, tol=None)
+    settings.update(acceleration="none", means_init=[[0, 0], [3, 0]])
+    for extra, Xcov in ((dict(background="auto"), S), ({}, noise)):
+        cpu = XDGMM(device="cpu", **settings, **extra).fit(x, Xcov=Xcov)
+        gpu = XDGMM(device="cuda", **settings, **extra).fit(x, Xcov=Xcov)
+        for attr in ("weights_", "means_", "covariances_", "background_weight_"):
+            np.testing.assert_allclose(getattr(gpu, attr), getattr(cpu, attr), rtol=1e-6, atol=1e-8)
