@@ -314,8 +314,8 @@ def commands() -> list[Command]:
                 option(
                     "--input",
                     required=True,
-                    help="raw catalogue: a Parquet file, a directory of chunks, a HATS catalogue or a query manifest "
-                    "(.json)",
+                    help="raw catalogue: for Gaia a Parquet file, a directory of chunks, a HATS catalogue or a query "
+                    "manifest (.json); for another survey what its module reads",
                 ),
                 option("--out-dir", required=True, help="folder for train/val/test.parquet and features.json"),
                 option(
