@@ -122,12 +122,10 @@ def test_the_denoised_catalogue_and_its_calibration(smoke):
 
 def test_the_parameter_errors_of_the_smallest_k(smoke):
     """The DAG's jackknife output: every component of the grid's smallest K with finite, positive standard
-    errors, heaviest first, the centre a refit of the figure method's model of that K."""
+    errors, heaviest first, the centre a refit of batch EM's model of that K (the smoke run has em)."""
     k = min(KS)
     result = json.loads((smoke / "tables" / f"parameter_errors_K{k}.json").read_text())
-    assert result["model"].endswith(
-        f"fits/{SMOKE['report']['sky_method']}/K{k}_seed{SMOKE['report']['seed']}/model.npz"
-    )
+    assert result["model"].endswith(f"fits/em/K{k}_seed{SMOKE['report']['seed']}/model.npz")
     assert len(result["components"]) == k and result["n_folds"] == 10
     weights = [c["weight"] for c in result["components"]]
     assert weights == sorted(weights, reverse=True) and sum(weights) == pytest.approx(1.0)

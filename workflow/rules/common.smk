@@ -20,6 +20,7 @@ SEEDS = config["fit"]["seeds"]
 FIGURE_K = config["report"]["figure_K"]
 FIGURE_SEED = config["report"]["seed"]
 ERRORS_K = config["report"]["errors_K"] or min(config["fit"]["n_components"])  # the parameter errors' model
+ERRORS_METHOD = config["report"]["errors_method"] or ("em" if "em" in METHODS else config["report"]["sky_method"])
 ENV = "../envs/scalable_xd.yaml"
 # Optional settings are filled in from the schema's defaults by validate() in the Snakefile.
 
@@ -38,6 +39,8 @@ if FIGURE_K not in KS:
     raise ValueError(f"report.figure_K = {FIGURE_K} is not one of fit.n_components {KS}")
 if ERRORS_K not in KS:
     raise ValueError(f"report.errors_K = {ERRORS_K} is not one of fit.n_components {KS}")
+if ERRORS_METHOD not in METHODS:
+    raise ValueError(f"report.errors_method = {ERRORS_METHOD} is not one of fit.methods {METHODS}")
 if FIGURE_SEED not in SEEDS:
     raise ValueError(f"report.seed = {FIGURE_SEED} is not one of fit.seeds {SEEDS}")
 if config["report"]["sky_method"] not in METHODS:

@@ -196,10 +196,10 @@ rule selection_figure:
 
 
 rule parameter_errors:
-    """The jackknife standard errors of one model of the grid (report.errors_K, the figure method and seed)
-    over the training split it was fitted to, every refit warm-started from it."""
+    """The jackknife standard errors of one model of the grid (report.errors_method and errors_K, the figure
+    seed) over the training split it was fitted to, every refit warm-started from it."""
     input:
-        model=f"{fit_dir(config['report']['sky_method'], ERRORS_K, FIGURE_SEED)}/model.npz",
+        model=f"{fit_dir(ERRORS_METHOD, ERRORS_K, FIGURE_SEED)}/model.npz",
         train=f"{DATA}/train.parquet",
     output:
         json=f"{RESULTS}/tables/parameter_errors_K{ERRORS_K}.json",
