@@ -69,10 +69,14 @@ class Background:
         density = torch.full(inside.shape, -self.log_volume, dtype=torch.float64, device=x.device)
         return density.masked_fill(~inside, -math.inf)
 
+    def log_weighted_density(self, x: torch.Tensor) -> torch.Tensor:
+        """log (beta U(x_i)) (B,), float64: the background's term of each point's likelihood."""
+        return (math.log(self.weight) if self.weight > 0 else -math.inf) + self.log_density(x)
+
     def combine(self, gaussian_loglik: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log p(x_i), log r_i) (B,) in float64, from the Gaussian mixture's log-likelihood (B,) of x (B, D)."""
         gaussian = math.log1p(-self.weight) + gaussian_loglik.to(torch.float64)
-        background = (math.log(self.weight) if self.weight > 0 else -math.inf) + self.log_density(x)
+        background = self.log_weighted_density(x)
         loglik = torch.logaddexp(gaussian, background)
         return loglik, background - loglik
 

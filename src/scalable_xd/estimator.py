@@ -452,7 +452,7 @@ class XDGMM(DensityMixin, BaseEstimator):
 
     def background_proba(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """The probability that each point is the background's (an outlier), shape (N,); zeros without one."""
-        return np.clip(1.0 - self.predict_proba(X, y, Xcov=Xcov, R=R).sum(axis=1), 0.0, 1.0)
+        return _background_share(self.predict_proba(X, y, Xcov=Xcov, R=R))
 
     def predict(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """The most probable component of each point, shape (N,); -1 where the background is more probable
@@ -461,7 +461,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         proba = self.predict_proba(X, Xcov=Xcov, R=R)
         labels = proba.argmax(axis=1)
         if self._background is not None:
-            labels[1.0 - proba.sum(axis=1) > proba.max(axis=1)] = -1
+            labels[_background_share(proba) > proba.max(axis=1)] = -1
         return labels
 
     def posterior(self, X, y=None, *, Xcov=None, R=None, q=None) -> tuple[np.ndarray, ...]:
@@ -640,6 +640,11 @@ class XDGMM(DensityMixin, BaseEstimator):
             what = f"model {path}: its online_state"
             model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state, what)
         return model
+
+
+def _background_share(proba: np.ndarray) -> np.ndarray:
+    """Each point's background probability: what its components' probabilities (``predict_proba``) leave."""
+    return np.clip(1.0 - proba.sum(axis=1), 0.0, 1.0)
 
 
 def _array_like(X) -> bool:

@@ -17,6 +17,7 @@ import torch
 from .data.noise_mixture import NoiseMixture
 from .kernel.dispatch import chunks, log_densities, patterns
 from .kernel.linalg import convolved_terms
+from .kernel.noise_mixtures import row_shares
 from .mixture import Mixture
 
 # Pairs per chunk: the (pairs, D, D) temporaries stay near 10 MB in float64 at D = 7.
@@ -59,9 +60,8 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
         Rp = None if R is None else R[part]
         chol, u, log_dens = convolved_terms(x[part], S[part], mixture, Rp, part.start)
         if background is not None:  # the background's term beside the components'
-            log_background = math.log(background.weight) if background.weight > 0 else -math.inf
-            log_background = log_background + background.log_density(x[part])
-            log_dens = torch.cat([log_dens + math.log1p(-background.weight), log_background[:, None].to(x.dtype)], 1)
+            log_background = background.log_weighted_density(x[part])[:, None].to(x.dtype)
+            log_dens = torch.cat([log_dens + math.log1p(-background.weight), log_background], 1)
         resp = torch.softmax(log_dens, dim=1)
         if Rp is None:
             v_rt = V.unsqueeze(0).expand(u.shape[0], -1, -1, -1)  # V R^T with R = I
@@ -76,11 +76,9 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
             B = V - v_rt @ torch.cholesky_solve(v_rt.mT, chol)  # V - V R^T T^-1 R V
         if background is not None:
             b, B = torch.cat([b, x[part].unsqueeze(1)], 1), torch.cat([B, S[part].unsqueeze(1)], 1)
-        mean = (resp.unsqueeze(-1) * b).sum(1)
-        centred = b - mean.unsqueeze(1)
-        cov = (resp[..., None, None] * (B + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)
+        mean, cov = mixed_moments(resp, b, B)
         means.append(mean)
-        covs.append(0.5 * (cov + cov.mT))
+        covs.append(cov)
         if probs is not None:
             sds = torch.diagonal(B, dim1=-2, dim2=-1).clamp_min(0.0).sqrt()
             quants.append(marginal_quantiles(resp, b, sds, probs).to(x.dtype))
@@ -91,15 +89,19 @@ def _mixture_noise_moments(x, S: NoiseMixture, mixture: Mixture, R=None):
     """(mean (B, D), covariance (B, D, D)) of p(v_i | x_i) where the noise is a mixture: the moments of each
     of a point's rows (x_i - o_im, S_im), mixed with the rows' shares beta_im p_im / p(x_i)
     (``kernel.noise_mixtures``)."""
-    rows_x, rows_S, rows_R, log_beta = S.rows(x, R)
-    b, m = log_beta.shape
-    row_loglik, _ = log_densities(rows_x, rows_S, mixture, rows_R, backend="linalg")
-    shares = torch.softmax(log_beta + row_loglik.view(b, m).double(), dim=1).to(x.dtype)
+    (rows_x, rows_S, rows_R), _, shares = row_shares(x, S, mixture, R, log_densities, backend="linalg")
+    b, m = shares.shape
     row_mean, row_cov, _ = posterior_summary(rows_x, rows_S, mixture, rows_R)
     row_mean, row_cov = row_mean.view(b, m, -1), row_cov.view(b, m, mixture.dim, mixture.dim)
-    mean = (shares.unsqueeze(-1) * row_mean).sum(1)
-    centred = row_mean - mean.unsqueeze(1)
-    cov = (shares[..., None, None] * (row_cov + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)
+    return mixed_moments(shares.to(x.dtype), row_mean, row_cov)
+
+
+def mixed_moments(weights, means, covariances):
+    """Mean (B, D) and covariance (B, D, D) of mixtures of Gaussians with ``weights`` (B, P), ``means``
+    (B, P, D) and ``covariances`` (B, P, D, D): sum_p w_p mu_p, and sum_p w_p [C_p + (mu_p - mean)(..)^T]."""
+    mean = (weights.unsqueeze(-1) * means).sum(1)
+    centred = means - mean.unsqueeze(1)
+    cov = (weights[..., None, None] * (covariances + centred.unsqueeze(-1) * centred.unsqueeze(-2))).sum(1)
     return mean, 0.5 * (cov + cov.mT)
 
 

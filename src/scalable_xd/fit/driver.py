@@ -27,7 +27,7 @@ from ..settings import FitSettings, KMeansSettings, resolve_seed
 from .background_fit import BackgroundFit
 from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
-from .loop import LoopConfig, last_gain, run
+from .loop import LoopConfig, background_of, last_gain, run
 from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .scoring import EVAL_BATCH, total_loglik
@@ -185,7 +185,7 @@ def fit_mixture(
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
-    return Fitted(fitter.result, history, converged, settings, getattr(fitter, "background", None))
+    return Fitted(fitter.result, history, converged, settings, background_of(fitter))
 
 
 def defers_checks(device: torch.device) -> bool:

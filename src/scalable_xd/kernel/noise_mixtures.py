@@ -28,17 +28,24 @@ def log_densities(x, S: NoiseMixture, mixture: Mixture, R, gaussian_log_densitie
     return loglik.to(x.dtype), log_dens.to(x.dtype)
 
 
-def batch_statistics(
-    x, S: NoiseMixture, mixture: Mixture, R, point_weights, gaussian_log_densities, gaussian_statistics, **options
-) -> Statistics:
-    """The per-component sums of a batch whose noise is a mixture (see the module), with the batch's
-    log-likelihood sum_i w_i log p(x_i); ``gaussian_*`` are ``dispatch``'s passes, run with ``options``."""
+def row_shares(x, S: NoiseMixture, mixture: Mixture, R, gaussian_log_densities, **options):
+    """The rows of each point (``NoiseMixture.rows``: x, S, R), log p(x_i) (B,) and each row's share
+    w_im = beta_im p_im / p(x_i) (B, M), each point's summing to 1, in float64, from the first pass
+    (``gaussian_log_densities``, ``dispatch.log_densities``, run with ``options``)."""
     rows_x, rows_S, rows_R, log_beta = S.rows(x, R)
     b, m = log_beta.shape
     row_loglik, _ = gaussian_log_densities(rows_x, rows_S, mixture, rows_R, **options)
     joint = log_beta + row_loglik.view(b, m).double()
     loglik = torch.logsumexp(joint, dim=1)
-    shares = torch.exp(joint - loglik.unsqueeze(1))  # w_im, each point's summing to 1
+    return (rows_x, rows_S, rows_R), loglik, torch.exp(joint - loglik.unsqueeze(1))
+
+
+def batch_statistics(
+    x, S: NoiseMixture, mixture: Mixture, R, point_weights, gaussian_log_densities, gaussian_statistics, **options
+) -> Statistics:
+    """The per-component sums of a batch whose noise is a mixture (see the module), with the batch's
+    log-likelihood sum_i w_i log p(x_i); ``gaussian_*`` are ``dispatch``'s passes, run with ``options``."""
+    (rows_x, rows_S, rows_R), loglik, shares = row_shares(x, S, mixture, R, gaussian_log_densities, **options)
     if point_weights is not None:
         shares = shares * point_weights.double().unsqueeze(1)
     stats = gaussian_statistics(
