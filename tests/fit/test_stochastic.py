@@ -191,3 +191,25 @@ def test_truncation_and_averaging_are_recorded_in_the_history(data):
     ).fit(x * 1.5, Xcov=S)
     restarts = [h["truncation_restarts"] for h in model.history_]
     assert restarts[0] == 0 and restarts == sorted(restarts) and restarts[-1] > 0
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method, monkeypatch):
+    """The loop hands plain batches to ``fused.PlainPass`` (where it can) and the rest to the general
+    pass: the fitted model is the same to the bit either way, shuffled batches of 250, float32."""
+    from scalable_xd.fit import loop
+
+    rng = np.random.default_rng(11)
+    weights, means = np.array([0.6, 0.4]), np.array([[0.0, 0.0, 0.0], [4.0, 1.0, -2.0]])
+    covs = random_spd(rng, 2, 3)
+    X, S = draw_xd_data(rng, 3000, weights, means, covs, 0.1, 0.5)[:2]
+    settings = dict(method=method, epochs=2, batch_size=250, tol=None, dtype="float32", random_state=0)
+    taken = []
+    plain_pass = loop._plain_pass
+    monkeypatch.setattr(loop, "_plain_pass", lambda *args: taken.append(plain_pass(*args)) or taken[-1])
+    fast = XDGMM(2, **settings).fit(X, Xcov=S)
+    monkeypatch.setattr(loop, "_plain_pass", lambda *args: None)
+    general = XDGMM(2, **settings).fit(X, Xcov=S)
+    assert taken and all(p is not None for p in taken)
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(fast, name), getattr(general, name)), name

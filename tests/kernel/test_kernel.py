@@ -275,3 +275,36 @@ def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, ca
     covs[2] = np.diag([1.0, -1.0, 1, 1, 1, 1, 1])
     with pytest.raises(NotPositiveDefiniteError):
         batch_statistics(x32, S32, _mixture(weights, means, covs), backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_plain_pass_equals_the_general_pass_to_the_bit_and_declines_what_it_does_not_take(dtype):
+    """``fused.PlainPass`` is ``fused_chunk`` with its set-up settled once: the same kernel on the same
+    arrays, so the same sums to the bit, on one thread or two (6,400 x 5 pairs: past ``PARALLEL_PAIRS``). It
+    returns None, so that the general pass takes the batch, for a weighted, projected or too large batch and
+    for one in which float32 cannot factorise a pair (which the general pass computes in float64)."""
+    rng = np.random.default_rng(3)
+    x, S, weights, means, covs = kernel_problem(rng, n=6400, k=5, d=7)
+    mixture = _mixture(weights, means, covs)
+    xt, St = torch.tensor(x, dtype=dtype), torch.tensor(S, dtype=dtype)
+    plain = fused.PlainPass(7, 5, dtype, max_pairs=1 << 20)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            want = batch_statistics(xt, St, mixture, backend="fused")
+            got = plain.statistics(xt, St, None, None, None, mixture)
+            assert got is not None and got.n_points == want.n_points
+            for name in ("q", "U", "UU", "P", "loglik"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
+    finally:
+        torch.set_num_threads(before)
+    ones = torch.ones(6400, dtype=dtype)
+    assert plain.statistics(xt, St, None, ones, None, mixture) is None
+    assert plain.statistics(xt, St, torch.eye(7, dtype=dtype).expand(6400, 7, 7), None, None, mixture) is None
+    assert fused.PlainPass(7, 5, dtype, max_pairs=1000).statistics(xt, St, None, None, None, mixture) is None
+    if dtype == torch.float32:
+        q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
+        covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
+        tiny = torch.eye(7, dtype=dtype) * torch.tensor(rng.uniform(1e-10, 1e-8, size=(6400, 1, 1)), dtype=dtype)
+        assert plain.statistics(xt, tiny, None, None, None, _mixture(weights, means, covs)) is None

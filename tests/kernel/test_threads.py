@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import scalable_xd.fit.init
-import scalable_xd.fit.loop
+import scalable_xd.kernel.fused
 from scalable_xd import XDGMM
 
 
@@ -53,7 +53,7 @@ def test_cpu_k_means_runs_on_one_thread(two_threads, monkeypatch):
 def test_minibatch_steps_use_the_pool_only_above_parallel_pairs(two_threads, monkeypatch, k, threads):
     """500 stars x K pairs: below ``PARALLEL_PAIRS`` (30,000) a step runs on one thread, above on all."""
     seen = []
-    _recording(monkeypatch, scalable_xd.fit.loop, "batch_statistics", seen)
+    _recording(monkeypatch, scalable_xd.kernel.fused.PlainPass, "statistics", seen)  # the loop's pass of plain batches
     x = np.random.default_rng(1).normal(size=(1000, 2))
     XDGMM(n_components=k, method="minibatch_em", epochs=1, batch_size=500, device="cpu").fit(
         x, Xcov=np.zeros((1000, 2))

@@ -14,7 +14,7 @@ import torch
 from ..settings import MISSING_MODES
 from .batching import batch_views, epoch_order
 from .missing import MISSING_VARIANCE
-from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad
+from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad, take_rows
 from .noise_mixture import NoiseMixture
 
 # Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of
@@ -141,7 +141,7 @@ class Dataset:
 
     def batch_weights(self, index, device, dtype):
         """The weights of the rows ``index`` on ``device`` in ``dtype``, or None when unweighted."""
-        return None if self.weights is None else self.weights[index].to(device=device, dtype=dtype)
+        return None if self.weights is None else take_rows(self.weights, index, device, dtype)
 
     @property
     def obs_dim(self) -> int:
@@ -154,16 +154,16 @@ class Dataset:
     def batch(self, index, device, dtype):
         """(x, S, R) of the rows ``index`` (a slice or an index tensor) on ``device`` in ``dtype``; missing
         entries of x (``observed``) as 0, which no pass reads."""
-        x = self.X[index].to(device=device, dtype=dtype, non_blocking=True)
+        x = take_rows(self.X, index, device, dtype)
         if self.missing == "marginalise":
             x = torch.nan_to_num(x, nan=0.0)
         S = self.noise.batch(index, device, dtype)
-        R = None if self.R is None else self.R[index].to(device=device, dtype=dtype, non_blocking=True)
+        R = None if self.R is None else take_rows(self.R, index, device, dtype)
         return x, S, R
 
     def batch_observed(self, index, device):
         """The rows' ``observed`` mask on ``device``, or None when every entry is observed."""
-        return None if self.observed is None else self.observed[index].to(device)
+        return None if self.observed is None else take_rows(self.observed, index, device)
 
     def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
         """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``) after the first ``skip``:

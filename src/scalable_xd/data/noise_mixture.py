@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .noise import CHECK_CHUNK, as_float_tensor
+from .noise import CHECK_CHUNK, as_float_tensor, take_rows
 
 # How far a point's noise weights may sum from 1 (they are checked, not normalised: a typo should not fit).
 WEIGHT_SUM_TOL = 1e-6
@@ -68,9 +68,9 @@ class NoiseMixture:
     def batch(self, index, device, dtype) -> NoiseMixture:
         """The rows ``index`` on ``device``, offsets and covariances in ``dtype``, weights in float64."""
         return NoiseMixture(
-            self.weights[index].to(device=device, dtype=torch.float64),
-            self.covariances[index].to(device=device, dtype=dtype),
-            self.offsets[index].to(device=device, dtype=dtype),
+            take_rows(self.weights, index, device, torch.float64),
+            take_rows(self.covariances, index, device, dtype),
+            take_rows(self.offsets, index, device, dtype),
         )
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -31,8 +31,9 @@ from ..background import Background
 from ..data.batching import Batch, generator
 from ..data.source import DataSource
 from ..errors import FitDivergedError, NotPositiveDefiniteError
-from ..kernel.dispatch import batch_statistics, log_densities
-from ..kernel.fused import PARALLEL_PAIRS
+from ..kernel import TABLE
+from ..kernel.dispatch import batch_statistics, choose_backend, log_densities
+from ..kernel.fused import PARALLEL_PAIRS, PlainPass
 from ..kernel.statistics import Statistics, summed_loglik
 from ..mixture import Mixture
 from .background_fit import refuse_unsupported as refuse_background_data
@@ -206,6 +207,7 @@ def run(
             _log(cfg, history[0])
     epoch = start + 1
     graphed = _graphed_step(fitter, cfg)
+    plain = _plain_pass(fitter, cfg) if graphed is None else None
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
         tick = time.perf_counter()
@@ -224,6 +226,7 @@ def run(
             store,
             history,
             graphed,
+            plain,
         )
         with one_thread(_small_steps(cfg, fitter)):
             if cfg.defer_checks and not cfg.checkpoint_every:
@@ -269,6 +272,21 @@ def _graphed_step(fitter: Fitter, cfg: LoopConfig) -> GraphedStep | None:
     if cfg.graph_steps and cfg.defer_checks and not cfg.checkpoint_every and not cfg.group.parallel and graphable:
         return GraphedStep(fitter, cfg.device, cfg.backend)
     return None
+
+
+def _plain_pass(fitter: Fitter, cfg: LoopConfig) -> PlainPass | None:
+    """The fused kernel's pass with its set-up settled once (``fused.PlainPass``), where the fit's batches
+    need nothing else: on the CPU with the fused kernel, one process, no draws, criteria, trial model,
+    selection or background. Batches it does not take (projected, weighted, with missing entries, or in
+    which a pair fails to factorise) still take the general pass."""
+    mixture = fitter.mixture
+    if cfg.device.type != "cpu" or choose_backend(cfg.backend, None, cfg.device) != "fused" or cfg.group.parallel:
+        return None
+    if fitter.samples_assignments or fitter.wants_criteria or fitter.shadow is not None or cfg.selection is not None:
+        return None
+    if background_of(fitter) is not None:
+        return None
+    return PlainPass(mixture.dim, mixture.n_components, cfg.dtype, TABLE["fused"].max_pairs["cpu"])
 
 
 def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
@@ -349,6 +367,7 @@ def _train_epoch(
     checkpoint: Checkpoint | None,
     history: list,
     graphed: GraphedStep | None,
+    plain: PlainPass | None,
     converged: bool,
 ) -> None:
     """One epoch's batches from batch ``done`` on (those before it are in the checkpoint): the kernel's
@@ -374,9 +393,13 @@ def _train_epoch(
             continue  # graphs run only without mid-epoch checkpoints (``_graphed_step``)
         try:
             keys = (epoch, number)
-            stats = _global_sums(
-                batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)
-            )
+            stats = None
+            if plain is not None:
+                stats = plain.statistics(batch.x, batch.S, batch.R, batch.weights, batch.observed, fitter.mixture)
+            if stats is None:
+                stats = _global_sums(
+                    batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)
+                )
             shadow = None  # a split-and-merge trial: its own pass over the same batch
             if fitter.shadow is not None:
                 shadow = _global_sums(batch, uniforms, fitter.shadow, cfg, False)

@@ -56,7 +56,7 @@ def choose_backend(name: str, R, device: torch.device | None = None) -> str:
     check_backend(name)
     if R is not None:
         return next(b.name for b in TABLE.values() if b.projections)
-    kind = "cpu" if device is None else torch.device(device).type
+    kind = "cpu" if device is None else device.type if isinstance(device, torch.device) else torch.device(device).type
     if name != "auto" and kind not in TABLE[name].max_pairs:
         runs_on = " and ".join(k.upper() for k in TABLE[name].max_pairs)
         raise ValueError(f"the {name} kernel runs on the {runs_on} only; the data are on {device}")
@@ -95,7 +95,9 @@ def _have_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@cache
 def _have_numba() -> bool:
+    """Whether numba is installed (asked once, as for triton)."""
     return importlib.util.find_spec("numba") is not None
 
 
