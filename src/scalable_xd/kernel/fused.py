@@ -340,12 +340,14 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     return "\n".join(head + indent(point, 3)) + "\n"
 
 
-def _pack_source(dim: int) -> list[str]:
+def _pack_source(dim: int, dtype: str) -> list[str]:
     """``pack(weights, means, covariances, par)``: the mixture written into ``par`` as the kernel reads it,
     per tile of TILE components the rows of ``layout``, flat. Components that pad K to whole tiles have
-    V = I, m = 0 and log alpha = -inf, so responsibility 0. (Compiled, as the kernel: it runs once a batch,
-    where numpy's dozen calls cost ~50 us, a tenth of a step at K = 64. Loops over D, so that its source
-    does not grow with D.)"""
+    V = I, m = 0 and log alpha = -inf, so responsibility 0. The parameters may come in float64 for a float32
+    kernel: each is rounded to ``dtype`` first, as ``Mixture.to`` would (log alpha too), so the packed
+    numbers are the same either way. (Compiled, as the kernel: it runs once a batch, where numpy's dozen
+    calls cost ~50 us, a tenth of a step at K = 64. Loops over D, so that its source does not grow with
+    D.)"""
     at = layout(dim)
     row = lambda name, offset="": f"par[t * {at['n_params'] * TILE} + ({at[name]}{offset}) * TILE + c]"  # noqa: E731
     return [
@@ -360,7 +362,7 @@ def _pack_source(dim: int) -> list[str]:
         f"                    {row('V', ' + i * (i + 1) // 2 + j')} = "
         "covariances[k, i, j] if real else (1.0 if i == j else 0.0)",
         f"                {row('means', ' + i')} = means[k, i] if real else 0.0",
-        f"            {row('log_weights')} = math.log(weights[k]) if real else -math.inf",
+        f"            {row('log_weights')} = math.log(np.{dtype}(weights[k])) if real else -math.inf",
     ]
 
 
@@ -408,7 +410,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         "",
         helpers_source(EXP_CUTOFF),
         "",
-        *_pack_source(dim),
+        *_pack_source(dim, dtype),
         "",
         "",
         *(_unpack_source(dim, dtype) + ["", ""] if with_stats else []),
@@ -525,7 +527,7 @@ class PlainPass:
         if parallel and numba.get_num_threads() != threads:
             numba.set_num_threads(threads)
         module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
-        weights_, means, covariances = mixture.to(dtype=self.dtype).tensors()
+        weights_, means, covariances = mixture.tensors()  # float64 or the data's dtype: pack rounds them
         module.pack(_array(weights_), _array(means), _array(covariances), self.par)
         loglik, failed = np.empty(n, self.par.dtype), np.empty(n, np.int64)
         module.kernel(
