@@ -6,7 +6,8 @@
 For minibatch EM and SGD, three times per step, each the best of ``--rounds`` runs of ``--steps`` steps
 back to back (one device synchronisation per run, so a GPU's queue stays full as in a fit):
 
-* ``pass_s``: the statistics pass alone (``batch_statistics`` on a batch already on the device);
+* ``pass_s``: the statistics pass alone, as the loop takes it, on a batch already on the device: on the CPU
+  with the fused kernel ``fused.PlainPass`` (``pass`` "plain"), elsewhere ``batch_statistics`` ("general");
 * ``step_s``: the pass and the fitter's float64 update (``fitter.observe``);
 * ``loop_step_s``: a whole fit's training seconds per batch (``XDGMM.fit``, evaluation excluded): batch
   gathering, the pass, the update and the loop's Python; on CUDA also ``graphed_loop_step_s``, the same
@@ -35,7 +36,9 @@ from scalable_xd.data.dataset import Dataset
 from scalable_xd.fit import fitters
 from scalable_xd.fit.driver import regularisation
 from scalable_xd.fit.methods import for_data, make_fitter
-from scalable_xd.kernel.dispatch import batch_statistics
+from scalable_xd.kernel import TABLE
+from scalable_xd.kernel.dispatch import batch_statistics, choose_backend
+from scalable_xd.kernel.fused import PlainPass
 from scalable_xd.settings import FitSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,14 +72,21 @@ def measure(
     fitter = make_fitter(settings, start, data_size=len(x), w=w)
     fitter.start_epoch(0)
     rows = [slice(i * batch, (i + 1) * batch) for i in range(steps)]
+    plain = None
+    if device.type == "cpu" and choose_backend(backend, None, device) == "fused":
+        plain = PlainPass(x.shape[1], k, dtype, TABLE["fused"].max_pairs["cpu"])
+
+    def statistics(i: int):
+        stats = None if plain is None else plain.statistics(x[rows[i]], S[rows[i]], None, None, None, fitter.mixture)
+        return batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend) if stats is None else stats
 
     def passes(n):
         for i in range(n):
-            batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend)
+            statistics(i)
 
     def passes_and_updates(n):
         for i in range(n):
-            fitter.observe(batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend))
+            fitter.observe(statistics(i))
 
     pass_s = best_per_step(passes, steps, rounds, device)
     step_s = best_per_step(passes_and_updates, steps, rounds, device)
@@ -112,6 +122,7 @@ def measure(
         "dtype": str(dtype).removeprefix("torch."),
         "backend": backend,
         "updates": updates,
+        "pass": "general" if plain is None else "plain",
         "pass_s": pass_s,
         "step_s": step_s,
         "overhead_s": step_s - pass_s,
