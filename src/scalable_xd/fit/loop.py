@@ -275,16 +275,15 @@ def _graphed_step(fitter: Fitter, cfg: LoopConfig) -> GraphedStep | None:
 
 
 def _plain_pass(fitter: Fitter, cfg: LoopConfig) -> PlainPass | None:
-    """The fused kernel's pass with its set-up settled once (``fused.PlainPass``), where the fit's batches
-    need nothing else: on the CPU with the fused kernel, one process, no draws, criteria, trial model,
-    selection or background. Batches it does not take (projected, weighted, with missing entries, or in
-    which a pair fails to factorise) still take the general pass."""
+    """The fused kernel's pass with its set-up settled once (``fused.PlainPass``), where the fit can take
+    it: on the CPU with the fused kernel, one process, no selection or background. It takes a batch only
+    when the step needs nothing else (``_train_epoch``: no draws, criteria or trial model at that batch, as
+    split-and-merge asks for at some epochs); batches it does not take (projected, weighted, with missing
+    entries, or in which a pair fails to factorise) still take the general pass."""
     mixture = fitter.mixture
     if cfg.device.type != "cpu" or choose_backend(cfg.backend, None, cfg.device) != "fused" or cfg.group.parallel:
         return None
-    if fitter.samples_assignments or fitter.wants_criteria or fitter.shadow is not None or cfg.selection is not None:
-        return None
-    if background_of(fitter) is not None:
+    if cfg.selection is not None or background_of(fitter) is not None:
         return None
     return PlainPass(mixture.dim, mixture.n_components, cfg.dtype, TABLE["fused"].max_pairs["cpu"])
 
@@ -394,7 +393,7 @@ def _train_epoch(
         try:
             keys = (epoch, number)
             stats = None
-            if plain is not None:
+            if plain is not None and uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
                 stats = plain.statistics(batch.x, batch.S, batch.R, batch.weights, batch.observed, fitter.mixture)
             if stats is None:
                 stats = _global_sums(

@@ -479,7 +479,7 @@ def fused_chunk(
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
     module.kernel(x_np, S_np, par, point_weights_np, uniforms_np, loglik_np, log_dens_np, failed, acc, n_blocks)
-    if failed.max() >= 0:  # the component of the pair that failed, -1 for none
+    if n and failed.max() >= 0:  # the component of the pair that failed, -1 for none
         row = int(np.flatnonzero(failed >= 0)[0])
         raise NotPositiveDefiniteError(row_offset + row, int(failed[row]))
     loglik, log_dens = torch.from_numpy(loglik_np), torch.from_numpy(log_dens_np) if per_pair else None
@@ -521,6 +521,8 @@ class PlainPass:
         n = x.shape[0]
         plain = R is None and weights is None and observed is None and isinstance(S, torch.Tensor)
         if not plain or x.dtype != self.dtype or n < self.n_blocks or n * self.k > self.max_pairs:
+            return None
+        if mixture.n_components != self.k or x.shape[1] != self.dim:
             return None
         threads = max(1, min(torch.get_num_threads(), self.pool))
         parallel = threads > 1 and n * self.k >= PARALLEL_PAIRS
