@@ -457,13 +457,7 @@ def fused_chunk(
     n, dim = x.shape
     k, at = mixture.n_components, layout(dim)
     pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba's config is filled at import
-    threads = max(1, min(torch.get_num_threads(), pool))
-    # a small chunk runs serially on this thread: a parallel region waits for every thread of the pool
-    # (stalling the step where one is descheduled on a shared machine), and the pool's threads spin on a
-    # core after each region
-    parallel = threads > 1 and n * k >= PARALLEL_PAIRS
-    if parallel and numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
+    parallel = _threads_for(n * k, pool)
     n_tiles = -(-k // TILE)
     x_np, S_np = _array(x), _array(S)
     empty = np.empty(0, x_np.dtype)
@@ -485,11 +479,10 @@ def fused_chunk(
     loglik, log_dens = torch.from_numpy(loglik_np), torch.from_numpy(log_dens_np) if per_pair else None
     if not with_stats:
         return loglik, log_dens, None
-    q, U, UU, P = module.unpack(acc, n_blocks, k)
+    sums = _unpacked(module, acc, n_blocks, k)
     criteria = None
     if with_criteria:
         criteria = Criteria(*criteria_sums(log_dens, loglik, mixture.log_weights.to(x.dtype), point_weights, dim=1))
-    sums = torch.from_numpy(q), torch.from_numpy(U), torch.from_numpy(UU), torch.from_numpy(P)
     stats = Statistics(n_points(x, point_weights), *sums, summed_loglik(loglik, point_weights), criteria)
     return loglik, log_dens, stats
 
@@ -516,19 +509,13 @@ class PlainPass:
     def statistics(self, x: torch.Tensor, S, R, weights, observed, mixture: Mixture) -> Statistics | None:
         """The batch's Statistics, or None where it is not plain (the general pass takes it) or a pair of it
         could not be factorised (the general pass retries it in float64, or names it)."""
-        import numba
-
         n = x.shape[0]
         plain = R is None and weights is None and observed is None and isinstance(S, torch.Tensor)
         if not plain or x.dtype != self.dtype or n < self.n_blocks or n * self.k > self.max_pairs:
             return None
         if mixture.n_components != self.k or x.shape[1] != self.dim:
             return None
-        threads = max(1, min(torch.get_num_threads(), self.pool))
-        parallel = threads > 1 and n * self.k >= PARALLEL_PAIRS
-        if parallel and numba.get_num_threads() != threads:
-            numba.set_num_threads(threads)
-        module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
+        module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], _threads_for(n * self.k, self.pool))
         weights_, means, covariances = mixture.tensors()  # float64 or the data's dtype: pack rounds them
         module.pack(_array(weights_), _array(means), _array(covariances), self.par)
         loglik, failed = np.empty(n, self.par.dtype), np.empty(n, np.int64)
@@ -538,9 +525,31 @@ class PlainPass:
         )  # fmt: skip
         if failed.max() >= 0:
             return None
-        q, U, UU, P = module.unpack(self.acc, self.n_blocks, self.k)
-        sums = torch.from_numpy(q), torch.from_numpy(U), torch.from_numpy(UU), torch.from_numpy(P)
-        return Statistics(n, *sums, summed_loglik(torch.from_numpy(loglik)))
+        return Statistics(
+            n, *_unpacked(module, self.acc, self.n_blocks, self.k), summed_loglik(torch.from_numpy(loglik))
+        )
+
+
+def _threads_for(n_pairs: int, pool: int) -> bool:
+    """Whether a pass of ``n_pairs`` pairs runs on numba's threads (their count set to torch's, at most the
+    pool) or serially on this thread: a small chunk runs serially, since a parallel region waits for every
+    thread of the pool (stalling the step where one is descheduled on a shared machine), and the pool's
+    threads spin on a core after each region."""
+    import numba
+
+    threads = max(1, min(torch.get_num_threads(), pool))
+    parallel = threads > 1 and n_pairs >= PARALLEL_PAIRS
+    if parallel and numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return parallel
+
+
+def _unpacked(
+    module, acc: np.ndarray, n_blocks: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, U, UU, P) from the blocks' sums (``unpack``), as tensors."""
+    q, U, UU, P = module.unpack(acc, n_blocks, k)
+    return torch.from_numpy(q), torch.from_numpy(U), torch.from_numpy(UU), torch.from_numpy(P)
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
