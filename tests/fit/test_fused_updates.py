@@ -1,6 +1,8 @@
 """The compiled CPU updates (fit/fused_updates.py) against the torch updates they replace on the CPU."""
 
 import dataclasses
+import pickle
+from copy import deepcopy
 
 import numpy as np
 import pytest
@@ -78,6 +80,28 @@ def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(m
             assert torch.equal(getattr(serial, name), getattr(shared, name)), name
 
 
+def test_online_em_components_are_independent_lanes_to_the_bit():
+    """The update runs LANES components side by side: a component's result does not depend on which lane
+    or block of lanes it lands in, or on its neighbours, so the components updated in any group are
+    those of the whole update, bit for bit; and the whole agrees with the torch update."""
+    k = fused_updates.LANES + 5
+    state, x, S = _problem(32, k=k, d=4, n=3000)
+    fixed = _fixed(k, means=[1], covariances=[fused_updates.LANES + 1], values=state.weights)
+    stats = batch_statistics(x, S, regularised(state, 0.3, fixed, 5000.0))
+    whole, whole_e_step = fused_updates.online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
+    expected = online_em_update(state, stats.double(), 0.2, 0.3, fixed, 5000.0)
+    _assert_mixtures_close(whole, expected, rtol=1e-12)
+    for rows in (torch.tensor([0, 1, 2]), torch.arange(fused_updates.LANES - 2, k), torch.tensor([k - 1, 4])):
+        part_stats = Statistics(stats.n_points, *(getattr(stats, name)[rows] for name in ("q", "U", "UU", "P")))
+        part, part_e_step = fused_updates.online_em_step(
+            fused_updates._rows(state, rows), part_stats, 0.2, 0.3, fused_updates._rows(fixed, rows), 5000.0
+        )
+        for name in ("weights", "means", "covariances"):
+            assert torch.equal(getattr(part, name), getattr(whole, name)[rows]), (rows, name)
+        # the E-step's weights are shared out over all the components (``share_weights``): not compared
+        assert torch.equal(part_e_step.covariances, whole_e_step.covariances[rows]), rows
+
+
 def test_online_em_step_clips_rounding_as_the_torch_update_does():
     """Covariance updates built to land exactly on an indefinite matrix: one whose negative eigenvalue is
     rounding-sized (clipped), one whose is not (left for the divergence check), and a healthy one."""
@@ -127,6 +151,21 @@ def test_sgd_step_equals_the_torch_gradient_and_adam(scaling, fixed_rows):
     for key in ("exp_avg", "exp_avg_sq"):
         for a, b in zip(mine[key], theirs[key]):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-300)
+
+
+def test_array_views_are_made_again_for_replaced_tensors_and_in_copies():
+    """The compiled SGD step keeps numpy views of the tensors that live from step to step
+    (``ArrayViews``): made once, made again where a tensor was replaced, and made afresh in a copy, whose
+    tensors and arrays would otherwise be copies sharing no memory (the step would write to neither)."""
+    views, make = fused_updates.ArrayViews(), lambda tensors: (tensors[0].numpy(),)
+    a = torch.zeros(3)
+    first = views((a, None), make)
+    assert views((a, None), make) is first
+    b = torch.zeros(3)
+    assert views((b, None), make)[0] is not first[0]
+    for copied_b, copied_views in (deepcopy((b, views)), pickle.loads(pickle.dumps((b, views)))):
+        copied_views((copied_b, None), make)[0][0] = 5.0  # as the step writes into its arrays
+        assert copied_b[0] == 5.0 and b[0] == 0.0
 
 
 def test_adam_is_torch_adam_to_the_bit():

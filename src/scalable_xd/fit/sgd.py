@@ -55,6 +55,7 @@ class SGD(Capabilities):
         self.optimizer = Adam(self.params.tensors(), lr=lr)
         self.mixture = self.params.mixture()
         self._fused = fitters.fused_updates(mixture.means.device)
+        self._views = None if self._fused is None else self._fused.ArrayViews()  # the compiled step's arrays
         self._corrections: torch.Tensor | None = None  # Adam's, on the device (``prepare_step``)
 
     def step_size(self, epoch: int) -> float:
@@ -65,7 +66,7 @@ class SGD(Capabilities):
 
     def observe(self, stats: Statistics) -> None:
         if self._fused is not None:
-            self.mixture = self._fused.sgd_step(self.params, self.optimizer, stats, self.w)
+            self.mixture = self._fused.sgd_step(self.params, self.optimizer, stats, self.w, self._views)
             return
         self.optimizer.step(self.params.loss_gradients(stats.double(), self.w))
         self.mixture = self.params.mixture()
