@@ -237,30 +237,32 @@ class ParquetSource:
         if shuffle:
             order = torch.randperm(len(self._pieces), generator=generator(seed, epoch)).tolist()
         pending = collections.deque(order)
-        window: dict[str, np.ndarray] = {}
+        window = np.empty(0)
         order_in_window, served = np.arange(0), 0
         number = 0
         for start, stop in batch_bounds(self._n, batch_size):
             size = stop - start
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
-                carried = _take(window, order_in_window[served:]) if window else None
+                carried = _take(window, order_in_window[served:]) if len(window) else None
+                window = np.empty(0)  # freed before the next is filled
                 chosen, filled = [], 0
                 while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
                     filled += self._pieces[chosen[-1]].rows
                 window = self._fill([self._pieces[i] for i in chosen], carried, read)
-                rows = len(window["row"])
-                order_in_window = np.arange(rows)
+                order_in_window = np.arange(len(window))
                 if shuffle:
-                    order_in_window = torch.randperm(rows, generator=generator(seed, epoch, number, 2)).numpy()
+                    order_in_window = torch.randperm(len(window), generator=generator(seed, epoch, number, 2)).numpy()
                 served, number = 0, number + 1
             take = order_in_window[served : served + size]
             served += size
             yield _take(window, take)
 
     @staticmethod
-    def _fill(pieces, carried: dict | None, read) -> dict:
-        """The carried rows followed by the row groups ``pieces``, read into arrays allocated once."""
+    def _fill(pieces, carried: dict | None, read) -> np.ndarray:
+        """The carried rows followed by the row groups ``pieces``, read into one array of records (a row's
+        columns side by side: a batch's rows, taken from anywhere in the window, are then a few cache lines
+        each, ~23 against ~42 us for 500 rows of a window of 1,048,576 as four arrays), allocated once."""
 
         def blocks():
             if carried is not None:
@@ -269,11 +271,11 @@ class ParquetSource:
                 yield read(piece)
 
         total = sum(piece.rows for piece in pieces) + (0 if carried is None else len(carried["row"]))
-        window: dict[str, np.ndarray] = {}
+        window = np.empty(0)
         at = 0
         for block in blocks():
-            if not window:
-                window = {k: np.empty((total,) + v.shape[1:], dtype=v.dtype) for k, v in block.items()}
+            if not len(window):
+                window = np.empty(total, np.dtype([(k, v.dtype, v.shape[1:]) for k, v in block.items()]))
             for key, value in block.items():
                 window[key][at : at + len(value)] = value
             at += len(block["row"])
@@ -286,7 +288,7 @@ class ParquetSource:
             return {"row": np.arange(piece.start, piece.start + piece.rows)}
 
         for block in self._epoch_blocks(batch_size, epoch, seed, shuffle, rows_only):
-            yield block["row"]
+            yield np.ascontiguousarray(block["row"])
 
     def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
         """Yield a ``Batch`` per global batch of an epoch after the first ``skip`` (whose windows are still
@@ -353,10 +355,11 @@ class ParquetSource:
         yield S.numpy().tobytes()
 
 
-def _take(block: dict, rows: np.ndarray) -> dict:
-    """The rows ``rows`` of every array of ``block``: ``np.take`` gathers 500 random rows of a window's four
-    arrays in ~27 us, where indexing with the row numbers takes ~75 us (a minibatch's whole update costs ~35)."""
-    return {key: np.take(value, rows, axis=0) for key, value in block.items()}
+def _take(window: np.ndarray, rows: np.ndarray) -> dict:
+    """The rows ``rows`` of a window of records (``ParquetSource._fill``), as a dict of one array a column.
+    ``np.take`` gathers rows ~3x faster than indexing with the row numbers."""
+    records = np.take(window, rows)
+    return {key: records[key] for key in window.dtype.names}
 
 
 @contextlib.contextmanager
