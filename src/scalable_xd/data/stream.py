@@ -359,7 +359,7 @@ def _take(window: np.ndarray, rows: np.ndarray) -> dict:
     """The rows ``rows`` of a window of records (``ParquetSource._fill``), as a dict of one array a column.
     ``np.take`` gathers rows ~3x faster than indexing with the row numbers."""
     records = np.take(window, rows)
-    return {key: records[key] for key in window.dtype.names}
+    return {key: records[key] for key in window.dtype.names or ()}
 
 
 @contextlib.contextmanager

@@ -370,7 +370,7 @@ class ArrayViews:
     (a state loaded, fixed parameters released): the step updates them in place, so the views stay theirs.
     SGD's step reads 17 of them; made at every step they cost ~20 us, half its compiled loop."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._held: tuple[tuple, tuple] = ((), ())
 
     def __getstate__(self) -> dict:
