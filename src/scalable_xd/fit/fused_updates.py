@@ -368,7 +368,7 @@ class ArrayViews:
     """The arrays a compiled step reads from tensors that live from step to step (SGD's parameters, Adam's
     moments, the fixed parameters), made once and made again only where one of those tensors was replaced
     (a state loaded, fixed parameters released): the step updates them in place, so the views stay theirs.
-    SGD's step reads 17 of them; made at every step they cost ~20 us, half its compiled loop."""
+    SGD's step reads 17 of them: made at every step, they took its call from ~40 to ~54 us (K = 64)."""
 
     def __init__(self) -> None:
         self._held: tuple[tuple, tuple] = ((), ())
