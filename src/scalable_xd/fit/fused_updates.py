@@ -124,7 +124,7 @@ def _online_em_lanes(first, last, args, out, dims):
         for j in range(D):
             w_ij = w[i] if i == j else 0.0
             for c in range(L):
-                unprior_V = C[i, j, c] + (free[c] * w[i] if i == j else 0.0)
+                unprior_V = C[i, j, c] + free[c] * w_ij  # free is 0 or 1: free * 0 adds +0, as 0.0 would
                 prior_V = (count[c] * C[i, j, c] + w_ij) / (count[c] + 1.0)
                 V[i, j, c] = unprior_V if unprior[c] else prior_V
                 inner[i, j, c] = step * inner[i, j, c] / nq[c] - (g[i, c] * g[j, c] if centre[c] else 0.0)
@@ -157,7 +157,7 @@ def _online_em_lanes(first, last, args, out, dims):
             for c in range(L):
                 value = 0.5 * (a[i, j, c] + a[j, i, c]) if update_cov[c] else C[i, j, c]
                 t[i, j, c] = value  # t now holds the new covariances
-                unprior_V = value + (free[c] * w[i] if i == j else 0.0)
+                unprior_V = value + free[c] * w_ij
                 prior_V = (new_count[c] * value + w_ij) / (new_count[c] + 1.0)
                 e[i, j, c] = unprior_V if unprior[c] else prior_V
                 finite[c] = finite[c] and np.isfinite(value)
