@@ -12,6 +12,8 @@ import torch
 from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error, xd_log_densities, xd_pair_posteriors
 
 from scalable_xd import XDGMM, kernel
+from scalable_xd.data.batching import Batch, RowsInMemory
+from scalable_xd.data.noise import CompactCovariance
 from scalable_xd.errors import NotPositiveDefiniteError
 from scalable_xd.kernel import dispatch, fused
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
@@ -293,18 +295,58 @@ def test_the_plain_pass_equals_the_general_pass_to_the_bit_and_declines_what_it_
         for threads in (1, 2):
             torch.set_num_threads(threads)
             want = batch_statistics(xt, St, mixture, backend="fused")
-            got = plain.statistics(xt, St, None, None, None, mixture)
+            got = plain.statistics(Batch(6400, xt, St, None, None), mixture)
             assert got is not None and got.n_points == want.n_points
             for name in ("q", "U", "UU", "P", "loglik"):
                 assert torch.equal(getattr(got, name), getattr(want, name)), name
     finally:
         torch.set_num_threads(before)
     ones = torch.ones(6400, dtype=dtype)
-    assert plain.statistics(xt, St, None, ones, None, mixture) is None
-    assert plain.statistics(xt, St, torch.eye(7, dtype=dtype).expand(6400, 7, 7), None, None, mixture) is None
-    assert fused.PlainPass(7, 5, dtype, max_pairs=1000).statistics(xt, St, None, None, None, mixture) is None
+    assert plain.statistics(Batch(6400, xt, St, None, ones), mixture) is None
+    assert plain.statistics(Batch(6400, xt, St, torch.eye(7, dtype=dtype).expand(6400, 7, 7), None), mixture) is None
+    assert fused.PlainPass(7, 5, dtype, max_pairs=1000).statistics(Batch(6400, xt, St, None, None), mixture) is None
     if dtype == torch.float32:
         q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
         covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
         tiny = torch.eye(7, dtype=dtype) * torch.tensor(rng.uniform(1e-10, 1e-8, size=(6400, 1, 1)), dtype=dtype)
-        assert plain.statistics(xt, tiny, None, None, None, _mixture(weights, means, covs)) is None
+        assert plain.statistics(Batch(6400, xt, tiny, None, None), _mixture(weights, means, covs)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_plain_pass_reads_rows_in_memory_in_place_as_it_reads_them_gathered(dtype):
+    """A batch of rows of arrays in memory (``Batch.in_memory``: shuffled row numbers, the data in float64
+    or float32) is read in place, cast to the pass's dtype as it is read: the same numbers as the batch
+    gathered and converted first, so for dense noise the same sums to the bit. Diagonal variances and
+    compact noise (sigma and correlations, S built in the pass's dtype either way) give the same sums to
+    rounding: the kernel, seeing how S is made, folds the zeros away or fuses S's products into its own
+    sums (float32's 1e-6 at most, against the 1e-3 it would take to be another row's)."""
+    rng = np.random.default_rng(5)
+    x, S, weights, means, covs = kernel_problem(rng, n=3000, k=5, d=7)
+    mixture = _mixture(weights, means, covs)
+    rows = rng.permutation(3000)[:700]
+    plain = fused.PlainPass(7, 5, dtype, max_pairs=1 << 20)
+    pairs = [(1, 0), (2, 1), (6, 3)]
+    sigma = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
+    corr = rng.uniform(-0.5, 0.5, size=(3000, len(pairs)))
+    for data_dtype in (np.float64, np.float32):
+        X = x.astype(data_dtype)
+        compact = CompactCovariance(sigma.astype(data_dtype), corr.astype(data_dtype), pairs)
+        variances = np.ascontiguousarray(sigma**2, data_dtype)
+        forms = {  # the noise as the kernel reads it in place, and the batch's S gathered in the pass's dtype
+            "dense": (S.astype(data_dtype), torch.tensor(S.astype(data_dtype)[rows], dtype=dtype)),
+            "diagonal": (variances, torch.diag_embed(torch.tensor(variances[rows], dtype=dtype))),
+            "compact": (
+                (compact.sigma.numpy(), compact.corr.numpy(), compact.correlation_columns()),
+                compact.batch(torch.as_tensor(rows), "cpu", dtype),
+            ),
+        }
+        for form, (noise, gathered) in forms.items():
+            want = plain.statistics(Batch(700, torch.tensor(X[rows], dtype=dtype), gathered, None, None), mixture)
+            got = plain.statistics(Batch(700, None, None, None, None, None, RowsInMemory(X, noise, rows)), mixture)
+            assert got is not None and want is not None and got.n_points == 700
+            for name in ("q", "U", "UU", "P", "loglik"):
+                a, b = getattr(got, name), getattr(want, name)
+                if form == "dense":
+                    assert torch.equal(a, b), (data_dtype, name)
+                else:
+                    assert torch.allclose(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0), (form, name)

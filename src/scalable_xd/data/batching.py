@@ -7,6 +7,7 @@ position in the fit (epoch, window, batch), never on the device or on how the fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,10 +50,23 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
 
 
 @dataclass
+class RowsInMemory:
+    """Where a batch's points lie in memory: rows ``rows`` (int64 row numbers) of X (N, d) and of the
+    noise: (N, d, d) covariances, (N, d) variances, or compact noise as (sigma (N, d), corr (N, P), the
+    (d, d) columns of corr of each pair, ``CompactCovariance.correlation_columns``); C-contiguous numpy
+    arrays of any float dtype."""
+
+    X: np.ndarray
+    noise: np.ndarray | tuple
+    rows: np.ndarray
+
+
+@dataclass
 class Batch:
     """This process's share of one global batch: ``size`` rows in the global batch, of which this process
     holds x (B, d), S (B, d, d), R (B, d, D) or None, weights (B,) or None and the observed entries (B, d)
-    or None (all of them), on the fitting device."""
+    or None (all of them), on the fitting device; ``in_memory`` where x and S are rows of arrays in memory
+    (``GatheredOnRead``)."""
 
     size: int
     x: torch.Tensor
@@ -60,6 +74,32 @@ class Batch:
     R: torch.Tensor | None
     weights: torch.Tensor | None
     observed: torch.Tensor | None = None
+    in_memory: RowsInMemory | None = None
+
+
+class GatheredOnRead(Batch):
+    """A ``Batch`` of plain rows held in memory (no R, weights or missing entries), whose x and S are
+    gathered by ``gather()`` -> (x, S) only when first read: the CPU's statistics pass reads the rows where
+    they lie (``in_memory``; ``kernel.fused.PlainPass``), hiding the wait for scattered rows behind its
+    arithmetic (``kernel.row_access``)."""
+
+    def __init__(self, size: int, in_memory: RowsInMemory, gather: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
+        self.size, self.R, self.weights, self.observed, self.in_memory = size, None, None, None, in_memory
+        self._gather = gather
+        self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._gathered is None:
+            self._gathered = self._gather()
+        return self._gathered
+
+    @property
+    def x(self) -> torch.Tensor:  # type: ignore[override]  # a field of Batch, gathered here
+        return self._tensors()[0]
+
+    @property
+    def S(self) -> torch.Tensor:  # type: ignore[override]
+        return self._tensors()[1]
 
 
 def batch_views(parts, tensors):

@@ -7,14 +7,26 @@ It is one of the sources a fit reads through the ``source.DataSource`` protocol.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 
 from ..settings import MISSING_MODES
-from .batching import batch_views, epoch_order
+from .batching import GatheredOnRead, RowsInMemory, batch_views, epoch_order
 from .missing import MISSING_VARIANCE
-from .noise import CHECK_CHUNK, as_float_tensor, as_noise, check_rows, first_bad, take_rows
+from .noise import (
+    CHECK_CHUNK,
+    CompactCovariance,
+    DenseNoise,
+    DiagonalNoise,
+    as_float_tensor,
+    as_noise,
+    check_rows,
+    first_bad,
+    take_rows,
+)
 from .noise_mixture import NoiseMixture
 
 # Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of
@@ -174,6 +186,12 @@ class Dataset:
         for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
             shares.append((size, _as_rows(group.share(index, size))))
+        in_place = self._in_place(device)
+        if in_place is not None:  # each batch's rows read where they lie, or gathered when asked for
+            for size, rows in shares:
+                gather = functools.partial(self._x_and_S, rows, device, dtype)
+                yield GatheredOnRead(size, RowsInMemory(*in_place, rows.numpy()), gather)
+            return
         per_window = max(1, GATHER_ROWS // batch_size)
         for first in range(0, len(shares), per_window):
             window = shares[first : first + per_window]
@@ -181,6 +199,31 @@ class Dataset:
             x, S, R = self.batch(rows, device, dtype)
             weights, observed = self.batch_weights(rows, device, dtype), self.batch_observed(rows, device)
             yield from batch_views([(size, len(part)) for size, part in window], (x, S, R, weights, observed))
+
+    def _in_place(self, device) -> tuple[np.ndarray, np.ndarray | tuple] | None:
+        """(X, the noise as ``RowsInMemory`` holds it) as numpy arrays, where a batch of rows can be read in
+        place (``batching.GatheredOnRead``): on the CPU, plain rows (no R, weights or missing entries) of
+        dense, diagonal or compact noise, C-contiguous; None otherwise."""
+        plain = self.R is None and self.weights is None and self.observed is None
+        if torch.device(device).type != "cpu" or not plain:
+            return None
+        noise = self.noise
+        if isinstance(noise, (DenseNoise, DiagonalNoise)):
+            arrays = [self.X, noise.values]
+        elif isinstance(noise, CompactCovariance):
+            arrays = [self.X, torch.as_tensor(noise.sigma), torch.as_tensor(noise.corr)]
+        else:
+            return None
+        if not all(array.is_contiguous() for array in arrays):
+            return None
+        X, *values = (array.numpy() for array in arrays)
+        if isinstance(noise, CompactCovariance):
+            return X, (*values, noise.correlation_columns())
+        return X, values[0]
+
+    def _x_and_S(self, rows: torch.Tensor, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        x, S, _ = self.batch(rows, device, dtype)
+        return x, S
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, R, weights, observed) over ``rows`` in order, ``batch_size`` rows at a time."""

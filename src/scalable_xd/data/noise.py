@@ -252,6 +252,14 @@ class CompactCovariance:
             S[:, i, j] = S[:, j, i] = corr[:, p] * (sigma[:, i] * sigma[:, j])
         return S
 
+    def correlation_columns(self) -> np.ndarray:
+        """(d, d) int64: the column of ``corr`` holding the correlation of dimensions (i, j), -1 for
+        uncorrelated pairs (the last column naming a pair, as ``batch`` writes it)."""
+        where = np.full((self.dim, self.dim), -1, np.int64)
+        for p, (i, j) in enumerate(self.pairs):
+            where[i, j] = where[j, i] = p
+        return where
+
     def dense(self) -> torch.Tensor:
         """All covariances at once, (N, d, d); for data that fits in memory."""
         return self.batch(slice(None), self.sigma.device, self.sigma.dtype)

@@ -325,25 +325,29 @@ def online_em_step(
     w: float | torch.Tensor | None,
     fixed,
     data_size: float | None = None,
+    views: ArrayViews | None = None,
 ) -> tuple[Mixture, Mixture]:
     """``updates.online_em_update`` and ``updates.regularised`` in one compiled call: (the new running
-    state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``."""
+    state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``; ``views`` keeps the arrays of W
+    and of the fixed masks from step to step (a fitter's own, or made afresh)."""
     w = ridge_vector(w, state.means)
     threads = torch.get_num_threads()
     parallel = state.n_components >= PARALLEL_COMPONENTS and threads > 1
     loop = partial(_online_em_loop_parallel, parts=4 * threads) if parallel else _online_em_loop
+    w_array, fixed_means, fixed_cov = (views or ArrayViews())((w, fixed.means, fixed.covariances), _em_arrays)
+    dim = state.means.shape[1]
     weights, means, cov, e_step_cov, suspect = loop(
         state.weights.numpy(),
         state.means.numpy(),
         state.covariances.numpy(),
         *_arrays(stats),
         step,
-        np.zeros(state.means.shape[1]) if w is None else w.numpy(),
+        np.zeros(dim) if w_array is None else w_array,
         0.0 if data_size is None or w is None else float(data_size),  # 0: V = Vr + W (see e_step_covariances)
-        fixed.means.numpy(),
-        fixed.covariances.numpy(),
+        fixed_means,
+        fixed_cov,
         TINY,
-        dimensions(state.means.shape[1]),
+        dimensions(dim),
     )
     weights, means, cov, e_step_cov = map(torch.from_numpy, (weights, means, cov, e_step_cov))
     if suspect.any():
@@ -357,6 +361,13 @@ def online_em_step(
     if fixed.any():
         e_step_weights = share_weights(weights, fixed.weight_values, fixed.weights)
     return Mixture(weights, means, cov), Mixture(e_step_weights, means, e_step_cov)
+
+
+def _em_arrays(tensors: tuple) -> tuple:
+    """``online_em_step``'s long-lived tensors (W's diagonal or None, the fixed means' and covariances'
+    masks) as arrays."""
+    w, fixed_means, fixed_cov = tensors
+    return None if w is None else w.numpy(), fixed_means.numpy(), fixed_cov.numpy()
 
 
 def _rows(parameters, rows: torch.Tensor):

@@ -394,7 +394,7 @@ def _train_epoch(
             keys = (epoch, number)
             stats = None
             if plain is not None and uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
-                stats = plain.statistics(batch.x, batch.S, batch.R, batch.weights, batch.observed, fitter.mixture)
+                stats = plain.statistics(batch, fitter.mixture)
             if stats is None:
                 stats = _global_sums(
                     batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)

@@ -77,6 +77,7 @@ class MinibatchEM(Capabilities):
         self.data_size = data_size
         self.naive = covariance_update == "naive"  # the paper's eq. 7, kept for study
         self._fused = fitters.fused_updates(mixture.means.device) if covariance_update == "stable" else None
+        self._views = None if self._fused is None else self._fused.ArrayViews()  # its arrays of W and the masks
         self._graph_update = fitters.graph_updates(mixture.means.device)
         self._constants: torch.Tensor | None = None  # (data_size or 0, float64's tiny) on the device
         self._no_fixed = FixedParameters.none(mixture.n_components, mixture.means.device)
@@ -130,7 +131,9 @@ class MinibatchEM(Capabilities):
         step = self.step_size(self._epoch)
         fixed, data_size = self.fixed or self._no_fixed, self.data_size
         if self._fused is not None:
-            self.state, e_step = self._fused.online_em_step(self.state, stats, step, self.w, fixed, data_size)
+            self.state, e_step = self._fused.online_em_step(
+                self.state, stats, step, self.w, fixed, data_size, self._views
+            )
             self._e_step = e_step
         elif self.naive:
             self.state = online_em_update_naive(self.state, stats.double(), step, self.w, data_size)

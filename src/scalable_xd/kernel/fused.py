@@ -11,6 +11,11 @@ nothing of size (K, B) is written but the log-densities, and those only where as
 kernels stream ~40 such intermediates through memory. On two cores at D = 7, K = 64 this is 3-4x
 torch.compile's code (``benchmarks/bench_fit.py``).
 
+The kernel reads a point's x and S from the batch, or, given ``rows``, from row ``rows[p]`` of the whole
+data set in memory, dense covariances or diagonal variances in any float dtype, cast as they are read
+(``row_access``): a shuffled minibatch is then never gathered, and each row is fetched while the point
+before it is computed.
+
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
 compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
 unrolled source grows as D^3, and numba's compile time with it: 5 s at D = 2, 9 s at 7, 22 s at 12, 83 s
@@ -22,14 +27,18 @@ dispatcher falls back to the torch kernel with a message (``dispatch.choose_back
 
 from __future__ import annotations
 
+import hashlib
 import types
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.batching import Batch
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
+from . import row_access
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
 from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
 from .vector_math import helpers_source
@@ -46,6 +55,7 @@ UNROLLED_MAX_DIM = 12
 # builds 2^n as a normal float, which it no longer is below -708
 EXP_CUTOFF = -700.0
 DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # numpy's str(dtype) costs ~2.5 us a call
+NO_ROWS = np.empty(0, np.int64)  # the kernel's ``rows`` where x and S are the batch itself
 
 
 @cache
@@ -121,12 +131,12 @@ def _component_loop_looped(dim: int, with_stats: bool, real: str) -> list[str]:
     lines = [
         f"par2, scr2 = tile_par.reshape({at['n_params']}, TILE), tile_scr.reshape({at['n_scratch']}, TILE)",
         "for i in range(D):",
-        "    xi = x[p, i]",
+        f"    xi = {real}(x[r, i])",
         "    for c in range(TILE):",
         f"        dv[i, c] = xi - par2[{at['means']} + i, c]",
         "for j in range(D):",
         "    for i in range(j, D):",
-        "        sij, vij = S[p, i, j], i * (i + 1) // 2 + j",
+        f"        sij, vij = noise_entry(S, r, i, j, {real}), i * (i + 1) // 2 + j",
         "        for c in range(TILE):",
         "            av[c] = par2[vij, c] + sij",
         "        for m in range(j):",
@@ -212,8 +222,8 @@ def _accumulate_looped(dim: int) -> list[str]:
 def _loop_work(dim: int) -> list[str]:
     """The looped kernel's per-block work rows (``_component_loop_looped``), in the block's prologue."""
     rows = {"lf": dim * dim, "wf": dim * dim, "dv": dim, "zv": dim, "pv": dim}
-    work = [f"        {name} = np.empty(({n}, TILE), x.dtype)" for name, n in rows.items()]
-    return [f"        D = {dim}", *work, "        av = np.empty(TILE, x.dtype)"]
+    work = [f"        {name} = np.empty(({n}, TILE), par.dtype)" for name, n in rows.items()]
+    return [f"        D = {dim}", *work, "        av = np.empty(TILE, par.dtype)"]
 
 
 def _density_loop(dim: int, real: str) -> list[str]:
@@ -281,11 +291,18 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         return ["for t in range(n_tiles):", *indent([views[v] for v in names] + inner)]
 
     looped = dim > UNROLLED_MAX_DIM
+    # the point's row: its own, or row rows[p] of the data in place, the next point's row asked for ahead
+    point = [
+        "r = rows[p] if in_place else p",
+        "if in_place and p + 1 < n:",
+        "    prefetch_row(x, rows[p + 1])",
+        "    prefetch_row(S, rows[p + 1])",
+    ]
     if looped:
-        point = tiles(_component_loop_looped(dim, with_stats, real), ["par", "scr"], loop=False)
+        point += tiles(_component_loop_looped(dim, with_stats, real), ["par", "scr"], loop=False)
     else:
-        point = [f"x{i} = x[p, {i}]" for i in range(dim)]
-        point += [f"s{i}_{j} = S[p, {i}, {j}]" for i in range(dim) for j in range(i + 1)]
+        point += [f"x{i} = {real}(x[r, {i}])" for i in range(dim)]
+        point += [f"s{i}_{j} = noise_entry(S, r, {i}, {j}, {real})" for i in range(dim) for j in range(i + 1)]
         point += tiles(_component_loop(dim, with_stats, real), ["par", "scr"])
     point += ["n_failed = 0", *tiles(_density_loop(dim, real), ["par", "scr"]), *_first_failure(dim)]
     # the point's log-likelihood, log sum_k exp(dens_k - top) + top; exp(dens_k - top) / the sum are its
@@ -321,16 +338,18 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
             *tiles(_accumulate_looped(dim) if looped else _accumulate_loops(dim), ["scr", "acc", "resp"], loop=False),
         ]
     head = [
-        "def kernel(x, S, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
-        f"    n, n_comp, n_tiles = x.shape[0], out_dens.shape[1], par.shape[0] // {at['n_params'] * TILE}",
+        "def kernel(x, S, rows, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
+        "    in_place = rows.shape[0] > 0",
+        "    n = rows.shape[0] if in_place else x.shape[0]",
+        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // {at['n_params'] * TILE}",
         "    for blk in prange(n_blocks):",
         *(
             [f"        acc[blk * n_tiles * {at['n_sums'] * TILE}:(blk + 1) * n_tiles * {at['n_sums'] * TILE}] = 0.0"]
             if with_stats
             else []
         ),
-        f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, x.dtype)",
-        "        dens = np.empty(n_tiles * TILE, x.dtype)",
+        f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, par.dtype)",
+        "        dens = np.empty(n_tiles * TILE, par.dtype)",
         "        bits = np.empty(n_tiles * TILE, np.int64)  # one lane each for exp_lane and log_lane",
         "        bits_f = bits.view(np.float64)",
         *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
@@ -400,10 +419,13 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
     another on the calling thread)."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
+        f"# Reads rows through scalable_xd.kernel.row_access of digest {_row_access_digest()}.",
         "import math",
         "",
         "import numpy as np",
         "from numba import njit, prange",
+        "",
+        "from scalable_xd.kernel.row_access import noise_entry, prefetch_row",
         "",
         f"TILE = {TILE}",
         "",
@@ -419,6 +441,13 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         + "}, error_model='numpy', cache=True)",
     ]
     return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}")
+
+
+@cache
+def _row_access_digest() -> str:
+    """A digest of ``row_access``'s source, written into each kernel's source: numba's cache keys a kernel
+    by its own file alone, so a change there must change the file."""
+    return hashlib.sha1(Path(row_access.__file__).read_bytes()).hexdigest()[:12]
 
 
 @cache
@@ -472,7 +501,9 @@ def fused_chunk(
     module.pack(_array(weights), _array(means), _array(covariances), par)
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
-    module.kernel(x_np, S_np, par, point_weights_np, uniforms_np, loglik_np, log_dens_np, failed, acc, n_blocks)
+    module.kernel(
+        x_np, S_np, NO_ROWS, par, point_weights_np, uniforms_np, loglik_np, log_dens_np, failed, acc, n_blocks
+    )
     if n and failed.max() >= 0:  # the component of the pair that failed, -1 for none
         row = int(np.flatnonzero(failed >= 0)[0])
         raise NotPositiveDefiniteError(row_offset + row, int(failed[row]))
@@ -489,10 +520,11 @@ def fused_chunk(
 
 class PlainPass:
     """The statistics pass over plain batches (R = I; no weights, draws, criteria or missing entries; one
-    chunk) of one fit on the CPU, as ``fused_chunk`` computes it to the bit, with its module, thread count
-    and buffers settled once: a minibatch step's pass with ~50 us less around the kernel's ~0.33 ms (K = 64,
-    batch 500, 2 threads), where ``dispatch`` and ``fused_chunk`` settle them at every call. Its buffers
-    are reused from call to call: one fit loop calls it, from one thread."""
+    chunk) of one fit on the CPU, as ``fused_chunk`` computes it, with its module, thread count and buffers
+    settled once: a minibatch step's pass with ~50 us less around the kernel's ~0.33 ms (K = 64, batch 500,
+    2 threads), where ``dispatch`` and ``fused_chunk`` settle them at every call. A batch whose rows lie in
+    memory (``Batch.in_memory``) is read in place (``row_access``), never gathered. Its buffers are reused
+    from call to call: one fit loop calls it, from one thread."""
 
     def __init__(self, dim: int, n_components: int, dtype: torch.dtype, max_pairs: int):
         import numba
@@ -505,24 +537,34 @@ class PlainPass:
         self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
         self.acc = np.empty(self.n_blocks * n_tiles * at["n_sums"] * TILE)
         self.empty, self.no_densities = np.empty(0, real), np.empty((0, n_components), real)
+        self.modules: dict[bool, types.ModuleType] = {}  # serial and threaded, compiled when first asked for
 
-    def statistics(self, x: torch.Tensor, S, R, weights, observed, mixture: Mixture) -> Statistics | None:
+    def statistics(self, batch: Batch, mixture: Mixture) -> Statistics | None:
         """The batch's Statistics, or None where it is not plain (the general pass takes it) or a pair of it
         could not be factorised (the general pass retries it in float64, or names it)."""
-        n = x.shape[0]
-        plain = R is None and weights is None and observed is None and isinstance(S, torch.Tensor)
-        if not plain or x.dtype != self.dtype or n < self.n_blocks or n * self.k > self.max_pairs:
+        place = batch.in_memory
+        if place is not None:
+            x, S, rows = place.X, place.noise, place.rows
+        else:
+            plain = batch.R is None and batch.weights is None and batch.observed is None
+            if not plain or not isinstance(batch.S, torch.Tensor) or batch.x.dtype != self.dtype:
+                return None
+            x, S, rows = _array(batch.x), _array(batch.S), NO_ROWS
+        n = len(rows) if len(rows) else len(x)
+        if n < self.n_blocks or n * self.k > self.max_pairs:
             return None
         if mixture.n_components != self.k or x.shape[1] != self.dim:
             return None
-        module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], _threads_for(n * self.k, self.pool))
+        parallel = _threads_for(n * self.k, self.pool)
+        module = self.modules.get(parallel)
+        if module is None:
+            module = self.modules[parallel] = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
         weights_, means, covariances = mixture.tensors()  # float64 or the data's dtype: pack rounds them
         module.pack(_array(weights_), _array(means), _array(covariances), self.par)
         loglik, failed = np.empty(n, self.par.dtype), np.empty(n, np.int64)
         module.kernel(
-            _array(x), _array(S), self.par, self.empty, self.empty, loglik, self.no_densities, failed, self.acc,
-            self.n_blocks,
-        )  # fmt: skip
+            x, S, rows, self.par, self.empty, self.empty, loglik, self.no_densities, failed, self.acc, self.n_blocks
+        )
         if failed.max() >= 0:
             return None
         return Statistics(

@@ -1,0 +1,65 @@
+"""The in-memory data set's batches: read in place where the CPU's pass can, gathered otherwise, the same rows."""
+
+import numpy as np
+import pytest
+import torch
+
+from scalable_xd.data.batching import epoch_order
+from scalable_xd.data.dataset import Dataset
+from scalable_xd.data.noise import CompactCovariance
+from scalable_xd.fit.parallel import ONE_PROCESS
+
+CPU = torch.device("cpu")
+
+
+def _data(rng, n=1300, d=3):
+    X = rng.normal(size=(n, d))
+    a = rng.normal(size=(n, d, d)) * 0.3
+    return X, a @ a.transpose(0, 2, 1) + 0.1 * np.eye(d)
+
+
+@pytest.mark.parametrize("form", ["dense", "diagonal", "compact"])
+def test_batches_of_plain_rows_name_them_in_place_and_gather_them_when_read(form):
+    """Shuffled batches of plain rows on the CPU say where their rows lie (``in_memory``: the epoch's row
+    numbers, the arrays themselves, not copies), and hold the rows gathered and converted, as the batches of
+    a data set that cannot be read in place (weighted by ones) hold them."""
+    rng = np.random.default_rng(0)
+    X, S = _data(rng)
+    sigma = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
+    noise = {
+        "dense": S,
+        "diagonal": np.ascontiguousarray(sigma**2),
+        "compact": CompactCovariance(sigma, rng.uniform(-0.5, 0.5, size=(len(X), 2)), [(1, 0), (2, 0)]),
+    }[form]
+    data = Dataset(X, noise)
+    weighted = Dataset(X, noise, sample_weight=np.ones(len(X)))
+    order = epoch_order(len(X), 200, 2, 7, True)
+    batches = list(data.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32))
+    gathered = list(weighted.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32))
+    assert len(batches) == len(gathered) == len(order) == 6
+    for rows, batch, other in zip(order, batches, gathered, strict=True):
+        assert other.in_memory is None and batch.in_memory is not None
+        assert np.array_equal(batch.in_memory.rows, rows.numpy())
+        held = batch.in_memory.noise[0] if form == "compact" else batch.in_memory.noise
+        assert np.shares_memory(batch.in_memory.X, X) and np.shares_memory(held, sigma if form == "compact" else noise)
+        assert batch.size == len(rows) and batch.R is None and batch.weights is None and batch.observed is None
+        assert batch.x.dtype == torch.float32 and torch.equal(batch.x, other.x) and torch.equal(batch.S, other.S)
+        if form == "dense":
+            assert torch.equal(batch.S, torch.tensor(S[rows.numpy()], dtype=torch.float32))
+
+
+def test_batches_that_cannot_be_read_in_place_are_gathered():
+    """Projections, missing entries, no noise or rows not C-contiguous: gathered."""
+    rng = np.random.default_rng(1)
+    X, S = _data(rng, n=400)
+    X_missing = X.copy()
+    X_missing[3, 1] = np.nan
+    cases = [
+        Dataset(X, S, R=np.broadcast_to(np.eye(3), (400, 3, 3)).copy()),
+        Dataset(X_missing, S, missing="marginalise"),
+        Dataset(np.asfortranarray(X), S),
+        Dataset(X),  # no noise: nothing to read in place
+    ]
+    for data in cases:
+        batch = next(iter(data.epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64)))
+        assert batch.in_memory is None and batch.x.shape == (100, 3)
