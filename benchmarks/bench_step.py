@@ -32,6 +32,7 @@ import torch
 
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
+from scalable_xd.data.batching import Batch
 from scalable_xd.data.dataset import Dataset
 from scalable_xd.fit import fitters
 from scalable_xd.fit.driver import regularisation
@@ -77,7 +78,11 @@ def measure(
         plain = PlainPass(x.shape[1], k, dtype, TABLE["fused"].max_pairs["cpu"])
 
     def statistics(i: int):
-        stats = None if plain is None else plain.statistics(x[rows[i]], S[rows[i]], None, None, None, fitter.mixture)
+        stats = (
+            None
+            if plain is None
+            else plain.statistics(Batch(batch, x[rows[i]], S[rows[i]], None, None), fitter.mixture)
+        )
         return batch_statistics(x[rows[i]], S[rows[i]], fitter.mixture, backend=backend) if stats is None else stats
 
     def passes(n):

@@ -34,8 +34,8 @@ def test_batches_of_plain_rows_name_them_in_place_and_gather_them_when_read(form
     data = Dataset(X, noise)
     weighted = Dataset(X, noise, sample_weight=np.ones(len(X)))
     order = epoch_order(len(X), 200, 2, 7, True)
-    batches = list(data.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32))
-    gathered = list(weighted.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32))
+    batches = list(data.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32, in_place=True))
+    gathered = list(weighted.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32, in_place=True))
     assert len(batches) == len(gathered) == len(order) == 6
     for rows, batch, other in zip(order, batches, gathered, strict=True):
         assert other.in_memory is None and batch.in_memory is not None
@@ -49,7 +49,8 @@ def test_batches_of_plain_rows_name_them_in_place_and_gather_them_when_read(form
 
 
 def test_batches_that_cannot_be_read_in_place_are_gathered():
-    """Projections, missing entries, no noise or rows not C-contiguous: gathered."""
+    """Projections, missing entries, no noise or rows not C-contiguous, or a pass that does not read rows
+    in place (``in_place`` False: the GPU's, the torch kernels', stochastic EM's): gathered."""
     rng = np.random.default_rng(1)
     X, S = _data(rng, n=400)
     X_missing = X.copy()
@@ -61,5 +62,12 @@ def test_batches_that_cannot_be_read_in_place_are_gathered():
         Dataset(X),  # no noise: nothing to read in place
     ]
     for data in cases:
-        batch = next(iter(data.epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64)))
+        batch = next(iter(data.epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64, in_place=True)))
         assert batch.in_memory is None and batch.x.shape == (100, 3)
+    batch = next(iter(Dataset(X, S).epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64)))
+    assert batch.in_memory is None and torch.equal(batch.x, torch.tensor(X[batch_rows(400, 100, 1, 0)]))
+
+
+def batch_rows(n, batch_size, epoch, seed):
+    """The first batch's row numbers of a shuffled epoch (``batching.epoch_order``)."""
+    return epoch_order(n, batch_size, epoch, seed, True)[0].numpy()

@@ -12,7 +12,7 @@ import scalable_xd.data.dataset
 import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 from scalable_xd import XDGMM, CompactCovariance
-from scalable_xd.data.batching import batch_bounds
+from scalable_xd.data.batching import Batch, batch_bounds
 from scalable_xd.data.stream import ParquetSource
 from scalable_xd.fit.checkpoint import CheckpointError
 
@@ -89,6 +89,42 @@ def test_served_batches_hold_the_rows_they_name(shards):
         np.testing.assert_array_equal(batch.x.numpy(), x[rows])
         np.testing.assert_allclose(batch.S.numpy(), S_all[rows], rtol=1e-15)
         assert batch.size == len(rows) and batch.R is None and batch.weights is None
+
+
+def test_served_batches_are_read_in_place_from_their_window_but_none_holds_a_window_being_refilled(shards):
+    """On the CPU a batch names its rows in the window (``in_memory``), and the statistics pass reads them
+    there as it reads them gathered (to rounding: the kernel fuses S's products into its sums); the last
+    batch of each window is gathered, so that the window a fit's loop still holds is never one being
+    replaced (memory stays at one window, the carried rows and one row group)."""
+    from scalable_xd.fit.parallel import ONE_PROCESS
+    from scalable_xd.kernel.fused import PlainPass
+    from scalable_xd.mixture import Mixture
+
+    folder, _ = shards
+    source = _source(folder)
+    batches = list(source.epoch_batches(130, 2, 4, True, ONE_PROCESS, "cpu", torch.float32, in_place=True))
+    rows = list(source.epoch_rows(130, 2, seed=4))
+    windows = [None if b.in_memory is None else b.in_memory.X.base for b in batches]
+    assert sum(w is not None for w in windows) > len(batches) // 2
+    for before, after in zip(windows, windows[1:]):
+        assert before is None or after is None or after is before, "a batch in place, then one from a new window"
+    mixture = Mixture(
+        torch.full((3,), 1 / 3.0), torch.tensor([[0.0, 0, 0], [4, 0, 1], [0, 5, -2]]), torch.eye(3).expand(3, 3, 3)
+    )
+    plain = PlainPass(3, 3, torch.float32, 1 << 20)
+    for batch, named in zip(batches, rows, strict=True):
+        if batch.in_memory is None:
+            continue
+        assert np.array_equal(
+            batch.in_memory.X[batch.in_memory.rows],
+            source.sample(torch.as_tensor(np.sort(named)), "x").X.numpy()[np.argsort(np.argsort(named))],
+        )
+        read, gathered = (
+            plain.statistics(batch, mixture),
+            plain.statistics(Batch(batch.size, batch.x, batch.S, None, None), mixture),
+        )
+        for name in ("q", "U", "UU", "P", "loglik"):
+            assert torch.allclose(getattr(read, name), getattr(gathered, name), rtol=1e-5, atol=0), name
 
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd", "stochastic_minibatch_em"])

@@ -53,8 +53,8 @@ def epoch_order(n: int, batch_size: int, epoch: int, seed: int, shuffle: bool):
 class RowsInMemory:
     """Where a batch's points lie in memory: rows ``rows`` (int64 row numbers) of X (N, d) and of the
     noise: (N, d, d) covariances, (N, d) variances, or compact noise as (sigma (N, d), corr (N, P), the
-    (d, d) columns of corr of each pair, ``CompactCovariance.correlation_columns``); C-contiguous numpy
-    arrays of any float dtype."""
+    (d, d) columns of corr of each pair, ``noise.correlation_columns``); numpy arrays of any float dtype,
+    C-contiguous, or fields of a streamed window's records (``stream``)."""
 
     X: np.ndarray
     noise: np.ndarray | tuple

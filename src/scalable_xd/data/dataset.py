@@ -177,7 +177,9 @@ class Dataset:
         """The rows' ``observed`` mask on ``device``, or None when every entry is observed."""
         return None if self.observed is None else take_rows(self.observed, index, device)
 
-    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
+    def epoch_batches(
+        self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip=0, in_place=False
+    ):
         """Yield a ``Batch`` per global batch of an epoch (``batching.epoch_order``) after the first ``skip``:
         this process's share of it in a process group, the whole of it otherwise. The rows of many batches
         are gathered at once (``GATHER_ROWS``) and each batch is a view of them: the same rows, with a dozen
@@ -186,11 +188,11 @@ class Dataset:
         for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
             shares.append((size, _as_rows(group.share(index, size))))
-        in_place = self._in_place(device)
-        if in_place is not None:  # each batch's rows read where they lie, or gathered when asked for
+        arrays = self._in_place(device) if in_place else None
+        if arrays is not None:  # each batch's rows read where they lie, or gathered when asked for
             for size, rows in shares:
                 gather = functools.partial(self._x_and_S, rows, device, dtype)
-                yield GatheredOnRead(size, RowsInMemory(*in_place, rows.numpy()), gather)
+                yield GatheredOnRead(size, RowsInMemory(*arrays, rows.numpy()), gather)
             return
         per_window = max(1, GATHER_ROWS // batch_size)
         for first in range(0, len(shares), per_window):

@@ -124,10 +124,13 @@ class IterableSource:
             with _named(self.name, number):
                 data.check_range(dtype, "X")
 
-    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
+    def epoch_batches(
+        self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip=0, in_place=False
+    ):
         """Yield a ``Batch`` per batch the iterable gives in epoch ``epoch`` (after telling it the epoch, where
         it can be told), from batch ``skip`` on. ``batch_size``, ``seed`` and ``shuffle`` are the iterable's
-        business; one process only (``fit.driver`` refuses a data-parallel fit)."""
+        business; one process only (``fit.driver`` refuses a data-parallel fit). Each batch is in memory
+        already, so ``in_place`` changes nothing."""
         for setter in self._epoch_setters:
             setter.set_epoch(epoch)
         for _, _, data in self._pass(f"epoch {epoch}", skip=skip):  # each batch whole, in order

@@ -253,12 +253,8 @@ class CompactCovariance:
         return S
 
     def correlation_columns(self) -> np.ndarray:
-        """(d, d) int64: the column of ``corr`` holding the correlation of dimensions (i, j), -1 for
-        uncorrelated pairs (the last column naming a pair, as ``batch`` writes it)."""
-        where = np.full((self.dim, self.dim), -1, np.int64)
-        for p, (i, j) in enumerate(self.pairs):
-            where[i, j] = where[j, i] = p
-        return where
+        """The column of ``corr`` of each pair of dimensions (``correlation_columns``)."""
+        return correlation_columns(self.dim, self.pairs)
 
     def dense(self) -> torch.Tensor:
         """All covariances at once, (N, d, d); for data that fits in memory."""
@@ -274,6 +270,15 @@ class CompactCovariance:
             stop = start + CHECK_CHUNK
             matrices = self._correlation_matrices(corr[start:stop].to(torch.float64))
             _check_correlation_psd(matrices, start, "noise covariance")
+
+
+def correlation_columns(dim: int, pairs) -> np.ndarray:
+    """(d, d) int64: the column of compact noise's ``corr`` holding the correlation of dimensions (i, j), -1
+    for uncorrelated pairs (the last column naming a pair, as ``CompactCovariance.batch`` writes it)."""
+    where = np.full((dim, dim), -1, np.int64)
+    for p, (i, j) in enumerate(pairs):
+        where[i, j] = where[j, i] = p
+    return where
 
 
 def as_noise(Xcov, n: int, dim: int):

@@ -44,12 +44,23 @@ class DataSource(Protocol):
         (``Dataset.check_range``)."""
 
     def epoch_batches(
-        self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0
+        self,
+        batch_size: int,
+        epoch: int,
+        seed: int,
+        shuffle: bool,
+        group,
+        device,
+        dtype,
+        skip: int = 0,
+        in_place: bool = False,
     ) -> Iterator[Batch]:
         """Yield a ``batching.Batch`` per batch of training epoch ``epoch`` (1, 2, ...), after the first
         ``skip`` (already done, before a resume): ``group.share(rows, size)`` of each where ``group`` is a
         data-parallel process group (``fit.parallel``). The order is the source's to choose; drawn from
-        (``seed``, ``epoch``) alone, a resumed fit reads the batches an uninterrupted one reads."""
+        (``seed``, ``epoch``) alone, a resumed fit reads the batches an uninterrupted one reads.
+        ``in_place``: the caller's pass reads rows where they lie (``kernel.fused.PlainPass``), so a batch
+        may name its rows in memory and gather them only when read (``batching.GatheredOnRead``)."""
 
     def scan(self, rows: slice, batch_size: int, device, dtype) -> Iterator[tuple]:
         """Yield (first row, x, S, R or None, float64 weights or None, observed or None) over ``rows`` in

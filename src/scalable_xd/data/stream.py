@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .batching import batch_bounds, batch_views, generator
+from .batching import GatheredOnRead, RowsInMemory, batch_bounds, batch_views, generator
 from .dataset import GATHER_ROWS, Dataset
-from .noise import CompactCovariance
+from .noise import CompactCovariance, correlation_columns
 
 if TYPE_CHECKING:
     import pyarrow.dataset
@@ -228,7 +229,8 @@ class ParquetSource:
     # ------------------------------------------------------------------ what a fit asks of its data
 
     def _epoch_blocks(self, batch_size: int, epoch: int, seed: int, shuffle: bool, read):
-        """Yield one dict of arrays per global batch of the epoch, ``read(piece)`` giving a row group's.
+        """Yield (window, the batch's rows in it, whether the window is refilled before the next batch) per
+        global batch of the epoch, the window an array of records filled by ``read(piece)``.
 
         The window holds the rows carried over from the last one, then whole row groups up to
         ``window_rows``; it is filled in place (its size is known from the metadata), so memory peaks at one
@@ -240,8 +242,8 @@ class ParquetSource:
         window = np.empty(0)
         order_in_window, served = np.arange(0), 0
         number = 0
-        for start, stop in batch_bounds(self._n, batch_size):
-            size = stop - start
+        sizes = [stop - start for start, stop in batch_bounds(self._n, batch_size)]
+        for at, size in enumerate(sizes):
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
                 carried = _take(window, order_in_window[served:]) if len(window) else None
                 window = np.empty(0)  # freed before the next is filled
@@ -256,7 +258,7 @@ class ParquetSource:
                 served, number = 0, number + 1
             take = order_in_window[served : served + size]
             served += size
-            yield _take(window, take)
+            yield window, take, at + 1 < len(sizes) and len(order_in_window) - served < sizes[at + 1]
 
     @staticmethod
     def _fill(pieces, carried: dict | None, read) -> np.ndarray:
@@ -287,26 +289,50 @@ class ParquetSource:
         def rows_only(piece):
             return {"row": np.arange(piece.start, piece.start + piece.rows)}
 
-        for block in self._epoch_blocks(batch_size, epoch, seed, shuffle, rows_only):
-            yield np.ascontiguousarray(block["row"])
+        for window, take, _ in self._epoch_blocks(batch_size, epoch, seed, shuffle, rows_only):
+            yield np.take(window["row"], take)
 
-    def epoch_batches(self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip: int = 0):
+    def epoch_batches(
+        self, batch_size: int, epoch: int, seed: int, shuffle: bool, group, device, dtype, skip=0, in_place=False
+    ):
         """Yield a ``Batch`` per global batch of an epoch after the first ``skip`` (whose windows are still
         read: the rows they carry over belong to later batches): this process's share of it (see the
-        module). As ``Dataset.epoch_batches`` does, the shares of many batches are made tensors at once
-        (``GATHER_ROWS``) and each batch is a view of them."""
+        module). ``in_place`` (on the CPU): each batch names its rows in the window
+        (``batching.GatheredOnRead``), which the CPU's pass reads there; the last batch before a refill is
+        gathered, so that no batch holds a window while the next is filled. Otherwise, as
+        ``Dataset.epoch_batches`` does, the shares of many batches are made tensors at once (``GATHER_ROWS``)
+        and each batch is a view of them."""
+        in_place = in_place and self._in_place(device)
+        columns = correlation_columns(self.obs_dim, self.pairs)
         shares, held = [], 0
-        for number, block in enumerate(self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read)):
+        for number, (window, take, refilled) in enumerate(
+            self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read)
+        ):
+            size = len(take)
+            rows = take[group.share(slice(0, size), size)]
             if number < skip:
-                continue
-            size = len(block["row"])
-            share = group.share(slice(0, size), size)
-            shares.append((size, {k: v[share] for k, v in block.items()}))
-            held += len(shares[-1][1]["row"])
-            if held >= GATHER_ROWS:
-                yield from self._batches(shares, device, dtype)
-                shares, held = [], 0
+                pass
+            elif in_place and not refilled:
+                gather = functools.partial(self._x_and_S, window, rows, device, dtype)
+                noise = (window["sigma"], window["corr"], columns)
+                yield GatheredOnRead(size, RowsInMemory(window["x"], noise, rows), gather)
+            else:
+                shares.append((size, _take(window, rows)))
+                held += len(rows)
+                if in_place or held >= GATHER_ROWS:
+                    yield from self._batches(shares, device, dtype)
+                    shares, held = [], 0
+            window = None  # not held here while the next window is filled
         yield from self._batches(shares, device, dtype)
+
+    def _in_place(self, device) -> bool:
+        """Whether batches can be read in place from the window (``epoch_batches``): on the CPU, with noise
+        columns and every entry measured (``missing="variance"``)."""
+        return torch.device(device).type == "cpu" and self.sigma_columns is not None and self.missing == "variance"
+
+    def _x_and_S(self, window: np.ndarray, rows: np.ndarray, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        x, S, _, _ = self._tensors(_take(window, rows), device, dtype)
+        return x, S
 
     def _batches(self, shares: list, device, dtype):
         """A ``Batch`` for each (size, block) of ``shares``, from the tensors of all their rows."""

@@ -372,8 +372,9 @@ def _train_epoch(
     """One epoch's batches from batch ``done`` on (those before it are in the checkpoint): the kernel's
     statistics of each, observed by the fitter (or the graphed step, where it takes the batch); a
     checkpoint every ``cfg.checkpoint_every`` batches."""
+    in_place = plain is not None and not fitter.samples_assignments  # the plain pass will read the batches
     batches = train.epoch_batches(
-        cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype, skip=done
+        cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype, skip=done, in_place=in_place
     )
     progress = tqdm(
         batches,
