@@ -350,3 +350,5 @@ def test_the_plain_pass_reads_rows_in_memory_in_place_as_it_reads_them_gathered(
                     assert torch.equal(a, b), (data_dtype, name)
                 else:
                     assert torch.allclose(a, b, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0), (form, name)
+    empty = RowsInMemory(x, S, rows[:0])  # no rows to read (a batch a data-parallel share left empty): declined
+    assert plain.statistics(Batch(0, None, None, None, None, None, empty), mixture) is None

@@ -12,9 +12,9 @@ kernels stream ~40 such intermediates through memory. On two cores at D = 7, K =
 torch.compile's code (``benchmarks/bench_fit.py``).
 
 The kernel reads a point's x and S from the batch, or, given ``rows``, from row ``rows[p]`` of the whole
-data set in memory, dense covariances or diagonal variances in any float dtype, cast as they are read
-(``row_access``): a shuffled minibatch is then never gathered, and each row is fetched while the point
-before it is computed.
+data set in memory or of a streamed window: dense covariances, diagonal variances or compact noise, in any
+float dtype, cast as they are read (``row_access``). A shuffled minibatch is then never gathered, and each
+row is fetched while the point before it is computed.
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
 compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
@@ -550,7 +550,7 @@ class PlainPass:
             if not plain or not isinstance(batch.S, torch.Tensor) or batch.x.dtype != self.dtype:
                 return None
             x, S, rows = _array(batch.x), _array(batch.S), NO_ROWS
-        n = len(rows) if len(rows) else len(x)
+        n = len(rows) if place is not None else len(x)
         if n < self.n_blocks or n * self.k > self.max_pairs:
             return None
         if mixture.n_components != self.k or x.shape[1] != self.dim:

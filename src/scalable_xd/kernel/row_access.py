@@ -23,7 +23,7 @@ CACHE_LINE = 64  # bytes: what one prefetch brings in
 @intrinsic
 def _prefetch(typingctx, array, row, offset):
     """A hint (LLVM's prefetch, for reading, kept in every cache level) that the byte ``offset`` of row
-    ``row`` of the C-contiguous ``array`` will be read soon; it never faults, so no bounds to check."""
+    ``row`` of ``array`` (any strides) will be read soon; it never faults, so no bounds to check."""
 
     def codegen(context, builder, signature, args):
         array_type = signature.args[0]
@@ -63,8 +63,10 @@ def _prefetch_row(noise, row):
 
 @register_jitable
 def _prefetch_lines(array, row):
+    """Every line of the ``strides[0]`` bytes from the row's start, its last byte's line included."""
     for offset in range(0, array.strides[0], CACHE_LINE):
         _prefetch(array, row, offset)
+    _prefetch(array, row, array.strides[0] - 1)
 
 
 def noise_entry(noise, row, i, j, real):
