@@ -117,6 +117,29 @@ def test_an_invalid_stabilising_step_is_rejected_for_plain_ems_two_steps(data, m
     assert np.all(np.linalg.eigvalsh(fast.covariances_) > 0)
 
 
+def test_an_extrapolation_that_collapses_a_component_is_refused_before_its_pass():
+    """A component whose variance EM shrinks 10x and then ~10x again (not quite geometrically) extrapolates
+    to exp(-2 * 331): a valid float64 matrix that no pass could factorise. SQUAREM refuses it (theta2 goes
+    on, the step bound shrinks) instead of the fit ending as a divergence; a mild step is taken."""
+    import torch
+
+    from scalable_xd.fit.squarem import SquaremEM
+    from scalable_xd.mixture import Mixture
+
+    def model(variance):
+        return Mixture(torch.ones(1, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64),
+                       torch.diag(torch.tensor([1.0, variance], dtype=torch.float64))[None])  # fmt: skip
+
+    fitter = SquaremEM(model(1.0), w=None)
+    fitter.step_max = 1000.0
+    assert fitter._extrapolate(model(1.0), model(0.1), model(0.0101)) is None  # alpha = 288
+    assert fitter.rejections == 1 and fitter.step_max == 250.0
+    fitter.step_max = 2.0
+    mild = fitter._extrapolate(model(1.0), model(0.1), model(0.0101))  # alpha = 2: exp(8 (r + v)), r + v ~ -1.146
+    assert mild is not None and float(mild.covariances[0, 1, 1]) == pytest.approx(1.0406e-4, rel=1e-3)
+    assert fitter.rejections == 1
+
+
 @pytest.mark.parametrize("acceleration", ["squarem", "none"])
 def test_collapsing_noiseless_points_raise_the_named_divergence_with_or_without_squarem(acceleration):
     """Collinear points with almost no noise and w = 0 collapse the components onto their line: SQUAREM

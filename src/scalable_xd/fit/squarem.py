@@ -10,7 +10,8 @@ the fit is past its first few steps; SQUAREM extrapolates along it. A cycle, one
 3. the pass at theta' scores it: if its objective is at least theta0's, the cycle ends at F(theta')
    (the stabilising EM step, Varadhan & Roland's section 6); otherwise, or where F(theta') is not a valid
    mixture (a nearly empty component that float32 sums leave indefinite), at theta2 (the monotone
-   safeguard: the cycle is then plain EM's two steps, one pass wasted).
+   safeguard: the cycle is then plain EM's two steps, one pass wasted). A theta' that collapses a
+   component (its smallest variance below ``COLLAPSE`` of theta2's) is refused before its pass, likewise.
 
 The objective is what EM increases: the log-likelihood, plus, where w > 0, the log of the prior that Bovy et
 al.'s regularisation V = (sum + W) / (q + 1) (W = diag(w), their w I) is the maximum of, sum_j -(log|V_j| +
@@ -40,6 +41,8 @@ from .fitters import mixture_from_state, mixture_state
 from .updates import FixedParameters, component_scale, em_update, ridge_vector, share_weights
 
 STEP_FACTOR = 4.0  # step_max grows (and shrinks) by this factor: Varadhan & Roland's mstep
+# An extrapolation may shrink a component's smallest variance to this fraction of EM's two steps', no further
+COLLAPSE = 1e-6
 
 
 class SquaremEM(EpochSums):
@@ -126,7 +129,13 @@ class SquaremEM(EpochSums):
             return None
         coords = [a + 2 * alpha * dr + alpha**2 * dv for a, dr, dv in zip(c0, r, v)]
         extrapolated = _mixture(coords, theta2, moving, self.fixed, scale)
-        return extrapolated if extrapolated.first_invalid_component() is None else None
+        if extrapolated.first_invalid_component() is not None:
+            return None
+        if _collapses(extrapolated, theta2):  # refused, as a drop in the objective would be
+            self.rejections += 1
+            self.step_max = max(1.0, self.step_max / STEP_FACTOR)
+            return None
+        return extrapolated
 
     def diagnostics(self) -> dict:
         return {"em_step": self.em_step, "extrapolations": self.extrapolations, "rejections": self.rejections}
@@ -146,6 +155,15 @@ class SquaremEM(EpochSums):
         for name in self._SCALARS:
             setattr(self, name, state[name])
         self._load_sums(state["sums"], like.means.device)
+
+
+def _collapses(extrapolated: Mixture, em_steps: Mixture) -> bool:
+    """Whether theta' shrinks some component's smallest variance below ``COLLAPSE`` times theta2's: valid in
+    exact arithmetic (its Cholesky factors' log diagonals far below zero), but no sensible step, and one the
+    pass cannot factorise even in float64. The demo's oracle reference at K = 64 met one (a variance ~1e-17
+    of the component's largest), which ended the fit as a divergence, or not, as the BLAS's rounding fell."""
+    smallest = torch.linalg.eigvalsh(extrapolated.covariances)[:, 0]
+    return bool((smallest < COLLAPSE * torch.linalg.eigvalsh(em_steps.covariances)[:, 0]).any())
 
 
 def _coordinates(mixture: Mixture, moving: torch.Tensor, scale: torch.Tensor) -> list[torch.Tensor]:
