@@ -89,8 +89,7 @@ class SquaremEM(EpochSums):
             self._next(mapped, em_step=False, phase=0)
         else:
             assert self.theta2 is not None  # set with the extrapolation phase 2 scored
-            self.rejections += 1
-            self.step_max = max(1.0, self.step_max / STEP_FACTOR)
+            self._reject()
             self._next(self.theta2, em_step=False, phase=0)
 
     def pass_objective(self) -> float:
@@ -106,6 +105,11 @@ class SquaremEM(EpochSums):
         inverse = torch.linalg.inv(chol)  # tr(W V^-1) = sum_d w_d |column d of L^-1|^2
         trace_inverse = (inverse.square().sum(-2) * self.w).sum()
         return float(sums.loglik - 0.5 * (log_det + trace_inverse))
+
+    def _reject(self) -> None:
+        """Count a refused extrapolation and shrink the step bound (Varadhan & Roland's mstep)."""
+        self.rejections += 1
+        self.step_max = max(1.0, self.step_max / STEP_FACTOR)
 
     def _next(self, mixture: Mixture, em_step: bool, phase: int) -> None:
         self.mixture, self.em_step, self.phase = mixture, em_step, phase
@@ -132,8 +136,7 @@ class SquaremEM(EpochSums):
         if extrapolated.first_invalid_component() is not None:
             return None
         if _collapses(extrapolated, theta2):  # refused, as a drop in the objective would be
-            self.rejections += 1
-            self.step_max = max(1.0, self.step_max / STEP_FACTOR)
+            self._reject()
             return None
         return extrapolated
 

@@ -537,7 +537,6 @@ class PlainPass:
         self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
         self.acc = np.empty(self.n_blocks * n_tiles * at["n_sums"] * TILE)
         self.empty, self.no_densities = np.empty(0, real), np.empty((0, n_components), real)
-        self.modules: dict[bool, types.ModuleType] = {}  # serial and threaded, compiled when first asked for
 
     def statistics(self, batch: Batch, mixture: Mixture) -> Statistics | None:
         """The batch's Statistics, or None where it is not plain (the general pass takes it) or a pair of it
@@ -555,10 +554,7 @@ class PlainPass:
             return None
         if mixture.n_components != self.k or x.shape[1] != self.dim:
             return None
-        parallel = _threads_for(n * self.k, self.pool)
-        module = self.modules.get(parallel)
-        if module is None:
-            module = self.modules[parallel] = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
+        module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], _threads_for(n * self.k, self.pool))
         weights_, means, covariances = mixture.tensors()  # float64 or the data's dtype: pack rounds them
         module.pack(_array(weights_), _array(means), _array(covariances), self.par)
         loglik, failed = np.empty(n, self.par.dtype), np.empty(n, np.int64)
