@@ -37,6 +37,8 @@ def test_batches_of_plain_rows_name_them_in_place_and_gather_them_when_read(form
     batches = list(data.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32, in_place=True))
     gathered = list(weighted.epoch_batches(200, 2, 7, True, ONE_PROCESS, CPU, torch.float32, in_place=True))
     assert len(batches) == len(gathered) == len(order) == 6
+    as_numpy = epoch_order(len(X), 200, 2, 7, True, as_numpy=True)  # the same rows, as numpy arrays
+    assert all(isinstance(a, np.ndarray) and np.array_equal(a, t.numpy()) for a, t in zip(as_numpy, order, strict=True))
     for rows, batch, other in zip(order, batches, gathered, strict=True):
         assert other.in_memory is None and batch.in_memory is not None
         assert np.array_equal(batch.in_memory.rows, rows.numpy())

@@ -136,8 +136,10 @@ def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, met
     )
     streamed = XDGMM(**settings).fit(source, X_val=_source(folder))
 
-    def the_streams_batches(n, batch_size, epoch, seed, shuffle):
-        return [torch.as_tensor(rows) for rows in source.epoch_rows(batch_size, epoch, seed, shuffle)]
+    def the_streams_batches(n, batch_size, epoch, seed, shuffle, as_numpy=False):
+        return [
+            rows if as_numpy else torch.as_tensor(rows) for rows in source.epoch_rows(batch_size, epoch, seed, shuffle)
+        ]
 
     monkeypatch.setattr(scalable_xd.data.dataset, "epoch_order", the_streams_batches)
     noise = CompactCovariance(sigma, corr, PAIRS)

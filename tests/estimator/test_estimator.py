@@ -208,7 +208,7 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
     monkeypatch.setattr(
         scalable_xd.data.dataset,
         "epoch_order",
-        lambda n, b, epoch, *a: (epochs_run.append(epoch), order(n, b, epoch, *a))[1],
+        lambda n, b, epoch, *a, **kw: (epochs_run.append(epoch), order(n, b, epoch, *a, **kw))[1],
     )
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint)
     assert epochs_run == [4, 5, 6]  # only the epochs after the checkpoint ran again

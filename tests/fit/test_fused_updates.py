@@ -46,7 +46,7 @@ def _assert_mixtures_close(a: Mixture, b: Mixture, rtol: float) -> None:
         )
 
 
-@pytest.mark.parametrize("w, data_size", [(0.0, None), (0.3, None), (0.3, 2000.0)])
+@pytest.mark.parametrize("w, data_size", [(0.0, None), (0.3, None), (0.3, 2000.0), (0.0, 2000.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("fixed_rows", [{}, {"means": [0]}, {"weights": [1], "means": [0, 2], "covariances": [2, 3]}])
 def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows):

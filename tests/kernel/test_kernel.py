@@ -299,6 +299,9 @@ def test_the_plain_pass_equals_the_general_pass_to_the_bit_and_declines_what_it_
             assert got is not None and got.n_points == want.n_points
             for name in ("q", "U", "UU", "P", "loglik"):
                 assert torch.equal(getattr(got, name), getattr(want, name)), name
+            unsummed = plain.statistics(Batch(6400, xt, St, None, None), mixture, with_loglik=False)
+            assert unsummed is not None and unsummed.loglik is None  # for updates that do not read it
+            assert all(torch.equal(getattr(unsummed, name), getattr(want, name)) for name in ("q", "U", "UU", "P"))
     finally:
         torch.set_num_threads(before)
     ones = torch.ones(6400, dtype=dtype)

@@ -184,15 +184,15 @@ class Dataset:
         this process's share of it in a process group, the whole of it otherwise. The rows of many batches
         are gathered at once (``GATHER_ROWS``) and each batch is a view of them: the same rows, with a dozen
         small tensor calls a window instead of a batch (~0.25 ms a step at batch 500)."""
-        shares = []
-        for index in epoch_order(len(self), batch_size, epoch, seed, shuffle)[skip:]:
-            size = index.stop - index.start if isinstance(index, slice) else len(index)
-            shares.append((size, _as_rows(group.share(index, size))))
         arrays = self._in_place(device) if in_place else None
+        shares = []  # (the batch's size, this process's rows of it): numpy arrays where read in place
+        for index in epoch_order(len(self), batch_size, epoch, seed, shuffle, as_numpy=arrays is not None)[skip:]:
+            size = index.stop - index.start if isinstance(index, slice) else len(index)
+            shares.append((size, _as_rows(group.share(index, size), arrays is not None)))
         if arrays is not None:  # each batch's rows read where they lie, or gathered when asked for
             for size, rows in shares:
                 gather = functools.partial(self._x_and_S, rows, device, dtype)
-                yield GatheredOnRead(size, RowsInMemory(*arrays, rows.numpy()), gather)
+                yield GatheredOnRead(size, RowsInMemory(*arrays, rows), gather)
             return
         per_window = max(1, GATHER_ROWS // batch_size)
         for first in range(0, len(shares), per_window):
@@ -223,8 +223,8 @@ class Dataset:
             return X, (*values, noise.correlation_columns())
         return X, values[0]
 
-    def _x_and_S(self, rows: torch.Tensor, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        x, S, _ = self.batch(rows, device, dtype)
+    def _x_and_S(self, rows: np.ndarray, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        x, S, _ = self.batch(torch.from_numpy(rows), device, dtype)
         return x, S
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
@@ -283,9 +283,11 @@ def _tensors(parts):
             yield part
 
 
-def _as_rows(index) -> torch.Tensor:
-    """Row numbers of a slice or an index tensor."""
-    return torch.arange(index.start, index.stop) if isinstance(index, slice) else index
+def _as_rows(index, as_numpy: bool):
+    """Row numbers (int64) of a slice or an index: a numpy array where ``as_numpy``, else a tensor."""
+    if isinstance(index, slice):
+        return np.arange(index.start, index.stop, dtype=np.int64) if as_numpy else torch.arange(index.start, index.stop)
+    return index
 
 
 def _checked_weights(sample_weight, n: int, name: str) -> torch.Tensor:

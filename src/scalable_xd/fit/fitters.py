@@ -53,6 +53,11 @@ class Fitter(Protocol):
     def scores_its_pass(self) -> bool:
         """Batch EM: an epoch's sums hold the training log-likelihood of its starting model."""
 
+    @property
+    def reads_batch_loglik(self) -> bool:
+        """Whether ``observe`` reads its statistics' summed log-likelihood (minibatch EM's and SGD's updates
+        do not: the pass may skip summing it)."""
+
     def step_size(self, epoch: int) -> float:
         """The step size (1 for batch EM, the learning rate for SGD) used in ``epoch`` (0-based)."""
 
@@ -109,6 +114,7 @@ class Capabilities:
     _samples_assignments = False
     _wants_criteria = False
     _scores_its_pass = False
+    _reads_batch_loglik = True
 
     @property
     def samples_assignments(self) -> bool:
@@ -129,6 +135,10 @@ class Capabilities:
     @property
     def scores_its_pass(self) -> bool:
         return self._scores_its_pass
+
+    @property
+    def reads_batch_loglik(self) -> bool:
+        return self._reads_batch_loglik
 
     def pass_loglik(self) -> float:
         raise TypeError(f"{type(self).__name__}'s pass does not score the model it started from (scores_its_pass)")

@@ -48,12 +48,12 @@ def dimensions(dim: int) -> tuple[int, ...]:
 def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny, dims):
     """``updates.online_em_update`` per component, returning the new running state, the E-step's
     covariances (``updates.e_step_covariances``; ``w`` (D,) the diagonal of W, zeros for none;
-    ``data_size`` 0 for the paper's W added) and which components' new covariance failed a Cholesky
-    factorisation; ``dims``: ``dimensions(D)``."""
+    ``data_size`` 0 for the paper's W added), which components' new covariance failed a Cholesky
+    factorisation and whether any did; ``dims``: ``dimensions(D)``."""
     args = (weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny)
     out = _online_em_outputs(means)
     _online_em_components(0, means.shape[0], args, out, dims)
-    return out
+    return _with_any_suspect(out)
 
 
 @_jit_parallel
@@ -67,13 +67,20 @@ def _online_em_loop_parallel(
     K = means.shape[0]
     for part in numba.prange(parts):
         _online_em_components(part * K // parts, (part + 1) * K // parts, args, out, dims)
-    return out
+    return _with_any_suspect(out)
 
 
 @_jit
 def _online_em_outputs(means):
     K, D = means.shape
     return np.empty(K), np.empty((K, D)), np.empty((K, D, D)), np.empty((K, D, D)), np.zeros(K, np.bool_)
+
+
+@_jit
+def _with_any_suspect(out):
+    """The outputs and whether any component is suspect (asked of numpy, ~5 us a step beside the loop's 25)."""
+    weights, means, cov, e_step_cov, suspect = out
+    return weights, means, cov, e_step_cov, suspect, suspect.any()
 
 
 @_jit
@@ -330,27 +337,27 @@ def online_em_step(
     """``updates.online_em_update`` and ``updates.regularised`` in one compiled call: (the new running
     state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``; ``views`` keeps the arrays of W
     and of the fixed masks from step to step (a fitter's own, or made afresh)."""
-    w = ridge_vector(w, state.means)
-    threads = torch.get_num_threads()
-    parallel = state.n_components >= PARALLEL_COMPONENTS and threads > 1
-    loop = partial(_online_em_loop_parallel, parts=4 * threads) if parallel else _online_em_loop
-    w_array, fixed_means, fixed_cov = (views or ArrayViews())((w, fixed.means, fixed.covariances), _em_arrays)
-    dim = state.means.shape[1]
-    weights, means, cov, e_step_cov, suspect = loop(
+    loop = _online_em_loop
+    if state.n_components >= PARALLEL_COMPONENTS and (threads := torch.get_num_threads()) > 1:
+        loop = partial(_online_em_loop_parallel, parts=4 * threads)
+    held = (w, fixed.means, fixed.covariances, state.means.shape[1], state.means.dtype)
+    w_array, prior_size, fixed_means, fixed_cov, dims = (views or ArrayViews())(held, _em_arrays)
+    weights, means, cov, e_step_cov, suspect, any_suspect = loop(
         state.weights.numpy(),
         state.means.numpy(),
         state.covariances.numpy(),
         *_arrays(stats),
         step,
-        np.zeros(dim) if w_array is None else w_array,
-        0.0 if data_size is None or w is None else float(data_size),  # 0: V = Vr + W (see e_step_covariances)
+        w_array,
+        0.0 if data_size is None else prior_size * float(data_size),
         fixed_means,
         fixed_cov,
         TINY,
-        dimensions(dim),
+        dims,
     )
     weights, means, cov, e_step_cov = map(torch.from_numpy, (weights, means, cov, e_step_cov))
-    if suspect.any():
+    if any_suspect:
+        w = ridge_vector(w, state.means)
         rows = torch.from_numpy(np.flatnonzero(suspect))
         V = e_step_covariances(_rows(state, rows), w, _rows(fixed, rows), data_size)
         cov[rows] = clip_rounding(cov[rows], V)
@@ -363,11 +370,14 @@ def online_em_step(
     return Mixture(weights, means, cov), Mixture(e_step_weights, means, e_step_cov)
 
 
-def _em_arrays(tensors: tuple) -> tuple:
-    """``online_em_step``'s long-lived tensors (W's diagonal or None, the fixed means' and covariances'
-    masks) as arrays."""
-    w, fixed_means, fixed_cov = tensors
-    return None if w is None else w.numpy(), fixed_means.numpy(), fixed_cov.numpy()
+def _em_arrays(held: tuple) -> tuple:
+    """``online_em_step``'s long-lived arguments (w, the fixed means' and covariances' masks, D and the
+    state's dtype) as its loop takes them: W's diagonal (zeros for none), 1 where the E-step's prior scales
+    with the data size (0 for V = Vr + W: see e_step_covariances), the masks, ``dimensions(D)``."""
+    w, fixed_means, fixed_cov, dim, dtype = held
+    ridge = ridge_vector(w, torch.empty(dim, dtype=dtype))
+    w_array = np.zeros(dim) if ridge is None else ridge.numpy()
+    return w_array, 0.0 if ridge is None else 1.0, fixed_means.numpy(), fixed_cov.numpy(), dimensions(dim)
 
 
 def _rows(parameters, rows: torch.Tensor):
@@ -402,14 +412,17 @@ class ArrayViews:
 
 
 def _sgd_arrays(tensors: tuple) -> tuple:
-    """``sgd_step``'s long-lived tensors as ``_sgd_loop``'s array arguments: (logits, means, raw, scale,
-    Adam's moments flat, w (empty for none), the fixed masks, the initial parameters)."""
+    """``sgd_step``'s long-lived tensors (and w, D and the dtype) as ``_sgd_loop``'s array arguments:
+    (logits, means, raw, scale, Adam's moments flat, W's diagonal (empty for none), the fixed masks, the
+    initial parameters)."""
     logits, means, raw, scale = (t.numpy() for t in tensors[:4])
     moments = tuple(tuple(t.numpy().reshape(-1) for t in tensors[at : at + 3]) for at in (4, 7))
     fixed_weights, fixed_means, fixed_cov, weight_values, initial_means, initial_cov = (
         t.numpy() for t in tensors[10:16]
     )
-    w = np.empty(0) if tensors[16] is None else tensors[16].numpy()
+    w, dim, dtype = tensors[16:]
+    ridge = ridge_vector(w, torch.empty(dim, dtype=dtype))
+    w = np.empty(0) if ridge is None else ridge.numpy()
     initial = (weight_values, initial_means, initial_cov)
     return logits, means, raw, scale, moments, w, fixed_weights, fixed_means, fixed_cov, initial
 
@@ -420,7 +433,6 @@ def sgd_step(
     """The gradient of ``params`` (a ``CholeskyParameters``) from ``stats``, ``adam``'s step along it (its
     state updated in place, as ``Adam.step`` would) and the new mixture, in one compiled call; ``views``
     keeps the arrays of the tensors that live from step to step (a fitter's own, or made afresh)."""
-    w = ridge_vector(w, params.means)
     adam.steps += 1
     beta1, beta2 = adam.betas
     fixed, initial = params.fixed, params.initial
@@ -435,7 +447,9 @@ def sgd_step(
         fixed.weight_values,
         initial.means,
         initial.covariances,
-        w,
+        w,  # with D and the dtype, for W's diagonal (``ridge_vector``)
+        params.means.shape[1],
+        params.means.dtype,
     )
     logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial_arrays = (
         views or ArrayViews()

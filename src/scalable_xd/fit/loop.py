@@ -395,7 +395,7 @@ def _train_epoch(
             keys = (epoch, number)
             stats = None
             if plain is not None and uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
-                stats = plain.statistics(batch, fitter.mixture)
+                stats = plain.statistics(batch, fitter.mixture, fitter.reads_batch_loglik)
             if stats is None:
                 stats = _global_sums(
                     batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)

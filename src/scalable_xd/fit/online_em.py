@@ -44,6 +44,8 @@ class MinibatchEM(Capabilities):
     the initial parameters and m grows by one. The step-size count is not reset.
     """
 
+    _reads_batch_loglik = False  # its update takes the sums alone
+
     def __init__(
         self,
         mixture: Mixture,

@@ -35,6 +35,8 @@ class SGD(Capabilities):
     component as wide as the data and one a thousand times narrower (see ``CholeskyParameters``).
     """
 
+    _reads_batch_loglik = False  # its update takes the sums alone
+
     def __init__(
         self,
         mixture: Mixture,

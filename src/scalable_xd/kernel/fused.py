@@ -413,6 +413,24 @@ def _unpack_source(dim: int, dtype: str) -> list[str]:
     ]
 
 
+def _unpack_checked_source() -> list[str]:
+    """``unpack_checked(failed, acc, n_blocks, n_comp)``: the first point whose pair failed to factorise (-1
+    for none) and ``unpack``'s sums, in one call as ``PlainPass`` takes a minibatch step's statistics (numpy's
+    max and a second call from Python cost ~5 us a step more). The kernel is not called from here: compiled
+    into a caller, LLVM may reorder its fast-math sums differently for each kind of input."""
+    return [
+        "@njit(error_model='numpy', cache=True)",
+        "def unpack_checked(failed, acc, n_blocks, n_comp):",
+        "    first = -1",
+        "    for p in range(failed.shape[0]):",
+        "        if failed[p] >= 0:",
+        "            first = p",
+        "            break",
+        "    q, U, UU, P = unpack(acc, n_blocks, n_comp)",
+        "    return first, q, U, UU, P",
+    ]
+
+
 def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> str:
     """A module defining the kernel, ``pack`` and (with the statistics) ``unpack``, compiled with numba's
     on-disk cache (``parallel``: the kernel's blocks spread over numba's threads; otherwise run one after
@@ -440,7 +458,8 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
     ]
-    return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}")
+    plain = ["", "", *_unpack_checked_source()] if with_stats else []
+    return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}") + "\n".join(plain) + "\n"
 
 
 @cache
@@ -536,11 +555,24 @@ class PlainPass:
         real = DTYPE_NAMES[dtype]
         self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
         self.acc = np.empty(self.n_blocks * n_tiles * at["n_sums"] * TILE)
-        self.empty, self.no_densities = np.empty(0, real), np.empty((0, n_components), real)
+        self._modules: dict[tuple[int, int], object] = {}  # by (torch's threads, points): see _module
+        self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
 
-    def statistics(self, batch: Batch, mixture: Mixture) -> Statistics | None:
-        """The batch's Statistics, or None where it is not plain (the general pass takes it) or a pair of it
-        could not be factorised (the general pass retries it in float64, or names it)."""
+    def _module(self, n: int):
+        """The compiled module for a batch of n points, threaded or not (``_threads_for``), settled once for
+        each thread count and batch size (~6 us a step: a batch size recurs at every step): numba's thread
+        count is set only to torch's, so it holds while torch's does."""
+        key = (torch.get_num_threads(), n)
+        module = self._modules.get(key)
+        if module is None:
+            parallel = _threads_for(n * self.k, self.pool)
+            module = self._modules[key] = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
+        return module
+
+    def statistics(self, batch: Batch, mixture: Mixture, with_loglik: bool = True) -> Statistics | None:
+        """The batch's Statistics (without its summed log-likelihood unless ``with_loglik``: ~7 us of a
+        minibatch step whose update does not read it), or None where it is not plain (the general pass takes
+        it) or a pair of it could not be factorised (the general pass retries it in float64, or names it)."""
         place = batch.in_memory
         if place is not None:
             x, S, rows = place.X, place.noise, place.rows
@@ -554,18 +586,19 @@ class PlainPass:
             return None
         if mixture.n_components != self.k or x.shape[1] != self.dim:
             return None
-        module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], _threads_for(n * self.k, self.pool))
         weights_, means, covariances = mixture.tensors()  # float64 or the data's dtype: pack rounds them
-        module.pack(_array(weights_), _array(means), _array(covariances), self.par)
         loglik, failed = np.empty(n, self.par.dtype), np.empty(n, np.int64)
+        module = self._module(n)
+        module.pack(_array(weights_), _array(means), _array(covariances), self.par)
+        no_weights, no_densities = self._empty
         module.kernel(
-            x, S, rows, self.par, self.empty, self.empty, loglik, self.no_densities, failed, self.acc, self.n_blocks
+            x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, self.acc, self.n_blocks
         )
-        if failed.max() >= 0:
+        first, *sums = module.unpack_checked(failed, self.acc, self.n_blocks, self.k)
+        if first >= 0:
             return None
-        return Statistics(
-            n, *_unpacked(module, self.acc, self.n_blocks, self.k), summed_loglik(torch.from_numpy(loglik))
-        )
+        q, U, UU, P = map(torch.from_numpy, sums)
+        return Statistics(n, q, U, UU, P, summed_loglik(torch.from_numpy(loglik)) if with_loglik else None)
 
 
 def _threads_for(n_pairs: int, pool: int) -> bool:
