@@ -4,7 +4,8 @@
     python benchmarks/bench_step.py --device cuda --n-components 64 512
 
 For minibatch EM and SGD, three times per step, each the best of ``--rounds`` runs of ``--steps`` steps
-back to back (one device synchronisation per run, so a GPU's queue stays full as in a fit):
+back to back (one device synchronisation per run, so a GPU's queue stays full as in a fit; the pass and the
+step alternate, run after run):
 
 * ``pass_s``: the statistics pass alone, as the loop takes it, on a batch already on the device: on the CPU
   with the fused kernel ``fused.PlainPass`` (``pass`` "plain"), elsewhere ``batch_statistics`` ("general");
@@ -13,11 +14,12 @@ back to back (one device synchronisation per run, so a GPU's queue stays full as
   gathering, the pass, the update and the loop's Python; on CUDA also ``graphed_loop_step_s``, the same
   with each step replayed as one CUDA graph (``fit/cuda_graphs.py``, the fit's default there).
 
-``overhead_s`` = ``step_s`` - ``pass_s`` and ``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a
-faster kernel cannot remove. ``updates`` says which updates ran: "fused" (the compiled CPU updates,
-``fit/fused_updates.py``, the CPU's default), "triton" (on CUDA, online EM's update as one Triton kernel in
-the graphed step, ``fit/triton_updates.py``: it changes only ``graphed_loop_step_s`` of minibatch EM) or
-"torch" (``fit/updates.py``); each device measures its own and "torch", in the same run.
+``overhead_s``, the median over rounds of the step's time less the pass's in the same round, and
+``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a faster kernel cannot remove. ``updates`` says
+which updates ran: "fused" (the compiled CPU updates, ``fit/fused_updates.py``, the CPU's default), "triton"
+(on CUDA, online EM's update as one Triton kernel in the graphed step, ``fit/triton_updates.py``: it changes
+only ``graphed_loop_step_s`` of minibatch EM) or "torch" (``fit/updates.py``); each device measures its own
+and "torch", in the same run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -49,17 +52,21 @@ from bench_fit import synthetic  # noqa: E402
 METHODS = ("minibatch_em", "sgd")
 
 
-def best_per_step(run_steps, steps: int, rounds: int, device) -> float:
-    """Seconds per step: the best of ``rounds`` runs of ``steps`` back-to-back steps, after one warm-up run."""
-    run_steps(steps)
+def paired_per_step(runs, steps: int, rounds: int, device) -> list[list[float]]:
+    """Seconds per step of each of ``runs`` (each runs ``steps`` back-to-back steps), in ``rounds`` rounds
+    that run them one after another, after a warm-up run of each: a drift of the machine's speed falls on
+    all of them alike, so that a round's differences hold where the best of each, taken apart, may not."""
+    for run in runs:
+        run(steps)
     synchronize(device)
-    best = float("inf")
+    times: list[list[float]] = [[] for _ in runs]
     for _ in range(rounds):
-        tick = time.perf_counter()
-        run_steps(steps)
-        synchronize(device)
-        best = min(best, time.perf_counter() - tick)
-    return best / steps
+        for run, spent in zip(runs, times):
+            tick = time.perf_counter()
+            run(steps)
+            synchronize(device)
+            spent.append((time.perf_counter() - tick) / steps)
+    return times
 
 
 def measure(
@@ -93,8 +100,9 @@ def measure(
         for i in range(n):
             fitter.observe(statistics(i))
 
-    pass_s = best_per_step(passes, steps, rounds, device)
-    step_s = best_per_step(passes_and_updates, steps, rounds, device)
+    pass_times, step_times = paired_per_step([passes, passes_and_updates], steps, rounds, device)
+    pass_s, step_s = min(pass_times), min(step_times)
+    overhead_s = median(step - one_pass for one_pass, step in zip(pass_times, step_times))
 
     def loop_step(cuda_graphs: bool) -> float:
         with forced_kernel(backend):
@@ -130,7 +138,7 @@ def measure(
         "pass": "general" if plain is None else "plain",
         "pass_s": pass_s,
         "step_s": step_s,
-        "overhead_s": step_s - pass_s,
+        "overhead_s": overhead_s,
         "loop_step_s": loop_step_s,
         "loop_overhead_s": loop_step_s - pass_s,
         **graphed,
