@@ -106,9 +106,10 @@ class TrialFitter(Fitter, Protocol):
 class Capabilities:
     """``Fitter``'s capability flags at their common values, which a fitter overrides where it differs: it
     takes the assignments' expected values (stochastic EM samples them), asks for no split-and-merge
-    criteria, runs until its budget or ``tol``, has no trial model beside it, and its pass does not score
-    the model it started from (batch EM's does); the methods the loop calls only where a flag says so
-    refuse to be called elsewhere."""
+    criteria, runs until its budget or ``tol``, has no trial model beside it, its pass does not score the
+    model it started from (batch EM's does), and it reads its statistics' summed log-likelihood (minibatch
+    EM's and SGD's updates do not); the methods the loop calls only where a flag says so refuse to be
+    called elsewhere."""
 
     # The flags' values, which a fitter sets (or overrides the property of) where it differs.
     _samples_assignments = False
