@@ -432,9 +432,9 @@ def _unpack_checked_source() -> list[str]:
 
 
 def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> str:
-    """A module defining the kernel, ``pack`` and (with the statistics) ``unpack``, compiled with numba's
-    on-disk cache (``parallel``: the kernel's blocks spread over numba's threads; otherwise run one after
-    another on the calling thread)."""
+    """A module defining the kernel, ``pack`` and (with the statistics) ``unpack`` and ``unpack_checked``,
+    compiled with numba's on-disk cache (``parallel``: the kernel's blocks spread over numba's threads;
+    otherwise run one after another on the calling thread)."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
         f"# Reads rows through scalable_xd.kernel.row_access of digest {_row_access_digest()}.",
@@ -471,8 +471,9 @@ def _row_access_digest() -> str:
 
 @cache
 def compiled_module(dim: int, with_stats: bool, dtype: str, parallel: bool = True):
-    """The numba-compiled module (``kernel``, ``pack``, ``unpack``) for dimension ``dim`` and float dtype
-    ``dtype`` ("float32" or "float64"), its kernel multi-threaded or serial (``_module_source``).
+    """The numba-compiled module (``kernel``, ``pack``, ``unpack``, ``unpack_checked``) for dimension ``dim``
+    and float dtype ``dtype`` ("float32" or "float64"), its kernel multi-threaded or serial
+    (``_module_source``).
 
     Its source is written once into the kernel cache folder under a name holding its digest, so that numba's
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
