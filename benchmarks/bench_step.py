@@ -3,19 +3,20 @@
     python benchmarks/bench_step.py                                   # CPU, K = 64, batch 500
     python benchmarks/bench_step.py --device cuda --n-components 64 512
 
-For minibatch EM and SGD, three times per step, each the best of ``--rounds`` runs of ``--steps`` steps
-back to back (one device synchronisation per run, so a GPU's queue stays full as in a fit; the pass and the
-step alternate, run after run):
+For minibatch EM and SGD, three times per step, each the best of ``--rounds`` rounds that run all three
+one after another (one device synchronisation per run of ``--steps`` steps, so a GPU's queue stays full as
+in a fit):
 
 * ``pass_s``: the statistics pass alone, as the loop takes it, on a batch already on the device: on the CPU
   with the fused kernel ``fused.PlainPass`` (``pass`` "plain"), elsewhere ``batch_statistics`` ("general");
 * ``step_s``: the pass and the fitter's float64 update (``fitter.observe``);
-* ``loop_step_s``: a whole fit's training seconds per batch (``XDGMM.fit``, evaluation excluded): batch
-  gathering, the pass, the update and the loop's Python; on CUDA also ``graphed_loop_step_s``, the same
-  with each step replayed as one CUDA graph (``fit/cuda_graphs.py``, the fit's default there).
+* ``loop_step_s``: a whole fit's training seconds per batch in its second epoch (``XDGMM.fit``, evaluation
+  excluded; the first epoch compiles, or captures graphs): batch gathering, the pass, the update and the
+  loop's Python; on CUDA also ``graphed_loop_step_s``, the same with each step replayed as one CUDA graph
+  (``fit/cuda_graphs.py``, the fit's default there).
 
-``overhead_s``, the median over rounds of the step's time less the pass's in the same round, and
-``loop_overhead_s`` = ``loop_step_s`` - ``pass_s``: the time a faster kernel cannot remove. ``updates`` says
+``overhead_s`` and ``loop_overhead_s`` (``graphed_loop_overhead_s``): the median over rounds of the step's
+(the fit's) time less the pass's in the same round, the time a faster kernel cannot remove. ``updates`` says
 which updates ran: "fused" (the compiled CPU updates, ``fit/fused_updates.py``, the CPU's default), "triton"
 (on CUDA, online EM's update as one Triton kernel in the graphed step, ``fit/triton_updates.py``: it changes
 only ``graphed_loop_step_s`` of minibatch EM) or "torch" (``fit/updates.py``); each device measures its own
@@ -52,21 +53,31 @@ from bench_fit import synthetic  # noqa: E402
 METHODS = ("minibatch_em", "sgd")
 
 
-def paired_per_step(runs, steps: int, rounds: int, device) -> list[list[float]]:
-    """Seconds per step of each of ``runs`` (each runs ``steps`` back-to-back steps), in ``rounds`` rounds
-    that run them one after another, after a warm-up run of each: a drift of the machine's speed falls on
-    all of them alike, so that a round's differences hold where the best of each, taken apart, may not."""
+def paired_per_step(runs, steps: int, rounds: int) -> list[list[float]]:
+    """Seconds per step of each of ``runs`` (each takes a step count and gives its seconds per step), in
+    ``rounds`` rounds that run them one after another, after a warm-up run of each: a drift of the
+    machine's speed falls on all of them alike, so that a round's differences hold where the best of each,
+    taken apart, may not."""
     for run in runs:
         run(steps)
-    synchronize(device)
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(rounds):
         for run, spent in zip(runs, times):
-            tick = time.perf_counter()
-            run(steps)
-            synchronize(device)
-            spent.append((time.perf_counter() - tick) / steps)
+            spent.append(run(steps))
     return times
+
+
+def by_the_clock(run, device):
+    """``run`` (of ``steps`` back-to-back steps) as a function giving its seconds per step, with one device
+    synchronisation, so that a GPU's queue stays full as in a fit."""
+
+    def timed(steps: int) -> float:
+        tick = time.perf_counter()
+        run(steps)
+        synchronize(device)
+        return (time.perf_counter() - tick) / steps
+
+    return timed
 
 
 def measure(
@@ -100,17 +111,14 @@ def measure(
         for i in range(n):
             fitter.observe(statistics(i))
 
-    pass_times, step_times = paired_per_step([passes, passes_and_updates], steps, rounds, device)
-    pass_s, step_s = min(pass_times), min(step_times)
-    overhead_s = median(step - one_pass for one_pass, step in zip(pass_times, step_times))
-
     def loop_step(cuda_graphs: bool) -> float:
+        """A fit's training seconds per step in its second epoch (the first compiles, or captures graphs)."""
         with forced_kernel(backend):
             model = XDGMM(
                 k,
                 method,
                 batch_size=batch,
-                epochs=rounds + 1,
+                epochs=2,
                 tol=None,
                 device=str(device),
                 dtype=str(dtype).removeprefix("torch."),
@@ -120,13 +128,22 @@ def measure(
                 means_init=start.means.cpu().numpy(),
                 covariances_init=start.covariances.cpu().numpy(),
             ).fit(x.cpu(), Xcov=S.cpu())
-        return min(b["seconds"] - a["seconds"] for a, b in zip(model.history_, model.history_[1:])) / steps
+        return (model.history_[2]["seconds"] - model.history_[1]["seconds"]) / steps
 
-    loop_step_s = loop_step(cuda_graphs=False)
-    graphed = {}
+    runs = [by_the_clock(passes, device), by_the_clock(passes_and_updates, device), lambda n: loop_step(False)]
     if device.type == "cuda":  # each step replayed as one CUDA graph (``fit.cuda_graphs``)
-        graphed_step_s = loop_step(cuda_graphs=True)
-        graphed = {"graphed_loop_step_s": graphed_step_s, "graphed_loop_overhead_s": graphed_step_s - pass_s}
+        runs.append(lambda n: loop_step(True))
+    pass_times, step_times, loop_times, *graphed_times = paired_per_step(runs, steps, rounds)
+
+    def beyond_the_pass(times: list[float]) -> float:
+        return median(t - one_pass for one_pass, t in zip(pass_times, times))
+
+    graphed = {}
+    if graphed_times:
+        graphed = {
+            "graphed_loop_step_s": min(graphed_times[0]),
+            "graphed_loop_overhead_s": beyond_the_pass(graphed_times[0]),
+        }
     return {
         "method": method,
         "K": k,
@@ -136,11 +153,11 @@ def measure(
         "backend": backend,
         "updates": updates,
         "pass": "general" if plain is None else "plain",
-        "pass_s": pass_s,
-        "step_s": step_s,
-        "overhead_s": overhead_s,
-        "loop_step_s": loop_step_s,
-        "loop_overhead_s": loop_step_s - pass_s,
+        "pass_s": min(pass_times),
+        "step_s": min(step_times),
+        "overhead_s": beyond_the_pass(step_times),
+        "loop_step_s": min(loop_times),
+        "loop_overhead_s": beyond_the_pass(loop_times),
         **graphed,
     }
 
