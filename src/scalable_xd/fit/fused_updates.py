@@ -375,9 +375,15 @@ def _em_arrays(held: tuple) -> tuple:
     state's dtype) as its loop takes them: W's diagonal (zeros for none), 1 where the E-step's prior scales
     with the data size (0 for V = Vr + W: see e_step_covariances), the masks, ``dimensions(D)``."""
     w, fixed_means, fixed_cov, dim, dtype = held
-    ridge = ridge_vector(w, torch.empty(dim, dtype=dtype))
-    w_array = np.zeros(dim) if ridge is None else ridge.numpy()
+    ridge = _ridge_array(w, dim, dtype)
+    w_array = np.zeros(dim) if ridge is None else ridge
     return w_array, 0.0 if ridge is None else 1.0, fixed_means.numpy(), fixed_cov.numpy(), dimensions(dim)
+
+
+def _ridge_array(w, dim: int, dtype: torch.dtype) -> np.ndarray | None:
+    """W's diagonal (``ridge_vector``) as a (D,) array of ``dtype`` for a compiled update, None for none."""
+    ridge = ridge_vector(w, torch.empty(dim, dtype=dtype))
+    return None if ridge is None else ridge.numpy()
 
 
 def _rows(parameters, rows: torch.Tensor):
@@ -421,8 +427,8 @@ def _sgd_arrays(tensors: tuple) -> tuple:
         t.numpy() for t in tensors[10:16]
     )
     w, dim, dtype = tensors[16:]
-    ridge = ridge_vector(w, torch.empty(dim, dtype=dtype))
-    w = np.empty(0) if ridge is None else ridge.numpy()
+    ridge = _ridge_array(w, dim, dtype)
+    w = np.empty(0) if ridge is None else ridge
     initial = (weight_values, initial_means, initial_cov)
     return logits, means, raw, scale, moments, w, fixed_weights, fixed_means, fixed_cov, initial
 

@@ -556,7 +556,7 @@ class PlainPass:
         real = DTYPE_NAMES[dtype]
         self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
         self.acc = np.empty(self.n_blocks * n_tiles * at["n_sums"] * TILE)
-        self._modules: dict[tuple[int, int], object] = {}  # by (torch's threads, points): see _module
+        self._modules: dict[tuple[int, int], types.ModuleType] = {}  # by (torch's threads, points): see _module
         self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
 
     def _module(self, n: int):
