@@ -3,8 +3,11 @@
 # written into one folder (GPU_SESSION_OUT, default /tmp/gpu_session) and, where the device tool's $OUT is
 # set, packed into $OUT/gpu_session.tgz (the tool returns at most 8 files).
 #
-#   bash benchmarks/gpu_session.sh tests pass step profile     # CUDA tests, the pass at K = 64..512, the
-#                                                              # step's overhead, per-update profiles
+#   bash benchmarks/gpu_session.sh tests update_tests          # the CUDA tests (each under 120 s), then the
+#                                                              # Triton update's, compiled
+#   bash benchmarks/gpu_session.sh pass step profile           # the pass at K = 64..512, the
+#                                                              # step's overhead, per-update profiles and
+#                                                              # one validation scoring's
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
 #
@@ -41,8 +44,9 @@ step() {
 
 for name in "$@"; do
   case "$name" in
-    tests) step tests 120 python3 -m pytest -q -m cuda tests/fit/test_cuda.py tests/fit/test_cuda_graphs.py
-           step tests_triton_updates 60 python3 -m pytest -q tests/fit/test_triton_updates.py ;;
+    tests) step tests 300 python3 -m pytest -v -m cuda --timeout 120 --durations 10 tests/fit/test_cuda.py \
+             tests/fit/test_cuda_graphs.py ;;
+    update_tests) step tests_triton_updates 60 python3 -m pytest -q tests/fit/test_triton_updates.py ;;
     pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components ${PASS_KS:-64 128 256 512} \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels ${PASS_KERNELS:-triton unrolled} --label gpu ;;
     step) for backend in ${STEP_BACKENDS:-triton unrolled}; do
@@ -54,7 +58,9 @@ for name in "$@"; do
                  step "profile_K${k}_$kind" 30 python3 benchmarks/profile_batch.py --device cuda --n-components "$k" \
                    --batch-size 500 --backend triton --step "$kind"
                done
-             done ;;
+             done
+             step profile_evaluation 60 python3 benchmarks/profile_batch.py --device cuda --n-components 512 \
+               --batch-size 65536 --updates 3 --backend triton --step evaluation ;;
     paper) for method in ${PAPER_METHODS:-minibatch_em sgd}; do
              step "paper_$method" 170 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
                --kernel triton --label "gpu_$method"
@@ -67,21 +73,22 @@ for name in "$@"; do
                     python3 benchmarks/bench_paper_fit.py --device cuda --method minibatch_em --epochs 5 --kernel triton \
                     --label concurrent_\$i & done; wait"
                 done ;;
-    *) echo "unknown step $name: say tests, pass, step, profile, paper or concurrent" >&2; exit 2 ;;
+    *) echo "unknown step $name: say tests, update_tests, pass, step, profile, paper or concurrent" >&2; exit 2 ;;
   esac
 done
 # The session's record beside the benchmarks' JSON: device, driver and versions, and every step's exit status
 # and seconds (appended to the record of an earlier call on the same device and versions, whose notes,
 # written by hand, say what each call found).
 python3 - "$out" <<'EOF_RECORD'
-import csv, importlib.util, json, sys
+import csv, importlib.util, json, re, sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-out, record = Path(sys.argv[1]), Path("benchmarks/results/gpu_session_cuda.json")
+out = Path(sys.argv[1])
 name, driver, memory, sm_clock = (f.strip() for f in (out / "nvidia_smi.csv").read_text().split(","))
+record = Path("benchmarks/results") / f"gpu_session_{re.sub('[^a-z0-9]+', '_', name.lower())}.json"  # one a device
 version = lambda m: getattr(importlib.import_module(m), "__version__", None) if importlib.util.find_spec(m) else None
 setup = {"device": name, "driver": driver, "memory": memory, "max_sm_clock": sm_clock, "torch": torch.__version__,
          "cuda": torch.version.cuda, "triton": version("triton"), "numba": version("numba")}

@@ -6,7 +6,9 @@ and float64 update), as JSON in benchmarks/results/.
 
 ``--step graphed`` profiles the step a GPU fit replays as a CUDA graph (``fit/cuda_graphs.py``: static
 buffers, checks deferred, online EM's update as one Triton kernel on CUDA), run eagerly so that the profiler
-sees each of its kernels; ``--step ordinary`` (the default) the uncaptured step, ``fitter.observe``.
+sees each of its kernels; ``--step ordinary`` (the default) the uncaptured step, ``fitter.observe``;
+``--step evaluation`` one scoring of ``--batch-size`` points held on the host, as a fit scores its validation
+data after every epoch (``fit.scoring.total_loglik``), each "update" one such scoring.
 
 Reported per update: wall seconds, the number of device kernels launched (CUDA) or operators run, the
 host-device synchronisations (``cudaStreamSynchronize``/``cudaDeviceSynchronize``/``aten::item``/
@@ -31,8 +33,10 @@ from bench_fit import synthetic  # noqa: E402
 from scalable_xd import deferred_checks  # noqa: E402
 from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
 from scalable_xd.data.batching import Batch  # noqa: E402
+from scalable_xd.data.dataset import Dataset  # noqa: E402
 from scalable_xd.fit.cuda_graphs import GraphedStep  # noqa: E402
 from scalable_xd.fit.online_em import MinibatchEM  # noqa: E402
+from scalable_xd.fit.scoring import total_loglik  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 
 SYNCS = (
@@ -52,7 +56,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--backend", default="auto", choices=["auto", "triton", "unrolled", "compiled", "linalg"])
-    parser.add_argument("--step", default="ordinary", choices=["ordinary", "graphed"])
+    parser.add_argument("--step", default="ordinary", choices=["ordinary", "graphed", "evaluation"])
     args = parse_args(parser, argv, n_components=4, updates=2)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     x, S, mixture = synthetic(args.batch_size * (args.updates + 1), args.n_components, dtype)
@@ -81,6 +85,12 @@ def main(argv=None) -> None:
         def update(i: int) -> None:  # noqa: F811
             rows = slice(i * args.batch_size, (i + 1) * args.batch_size)
             assert graphed.step(Batch(args.batch_size, x[rows], S[rows], None, None), None)
+
+    if args.step == "evaluation":
+        held = Dataset(x[: args.batch_size].cpu().double(), S[: args.batch_size].cpu().double(), validate=False)
+
+        def update(i: int) -> None:  # noqa: F811
+            total_loglik(held, fitter.mixture, device, dtype, args.backend)
 
     update(0)  # warm-up (and the compile of a compiled backend)
     synchronize(device)
@@ -120,7 +130,7 @@ def main(argv=None) -> None:
         ],
     }
     print({k: v for k, v in result.items() if k not in ("machine", "top_operators")})
-    suffix = "_graphed" if args.step == "graphed" else ""
+    suffix = "" if args.step == "ordinary" else f"_{args.step}"
     write_result(f"profile_batch_{device.type}_K{args.n_components}_b{args.batch_size}{suffix}", result)
 
 
