@@ -77,3 +77,25 @@ def test_compact_covariance_checks_every_chunk_of_many_rows():
     compact.corr[CHECK_CHUNK + 7] = torch.tensor([0.99, 0.99, -0.99], dtype=compact.corr.dtype)
     with pytest.raises(ValueError, match=f"noise covariance row {CHECK_CHUNK + 7} is not positive semi-definite"):
         compact.validate()
+
+
+@pytest.mark.parametrize("smallest", [0.0, -5e-9, -2e-8, -1e-3])
+def test_the_factorisation_screen_decides_as_the_eigenvalues_do(smallest):
+    """Correlation matrices are screened by a Cholesky factor of corr + 1e-8 I, the eigenvalues deciding
+    only where it fails: at the boundary (smallest eigenvalue 0, just above and below -1e-8) the verdict and
+    the row named are those of numpy's eigenvalues."""
+    rng = np.random.default_rng(55)
+    q = np.linalg.qr(rng.normal(size=(3, 3)))[0]
+    eig = np.array([smallest, 1.0, 3.0 - smallest - 1.0])  # trace 3, as a correlation matrix's
+    covariance = q @ np.diag(eig) @ q.T
+    spread = np.sqrt(np.diag(covariance))
+    correlation = covariance / np.outer(spread, spread)
+    dense = np.repeat(np.eye(3)[None], 40, axis=0)
+    dense[[17, 29]] = correlation * 4.0  # variances of 4: the check is on the correlations
+    oracle = np.linalg.eigvalsh(dense / 4.0)[:, 0] < -1e-8
+    if not oracle.any():
+        XDGMM(1, epochs=1).fit(rng.normal(size=(40, 3)), Xcov=dense)  # accepted
+    else:
+        assert np.flatnonzero(oracle)[0] == 17
+        with pytest.raises(ValueError, match="Xcov row 17 is not positive semi-definite"):
+            XDGMM(1, epochs=1).fit(rng.normal(size=(40, 3)), Xcov=dense)

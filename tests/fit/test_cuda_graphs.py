@@ -200,3 +200,25 @@ def test_cuda_captures_again_after_an_epoch_ran_again():
     captured = XDGMM(**settings).fit(x, Xcov=S)
     uncaptured = XDGMM(**settings, cuda_graphs=False).fit(x, Xcov=S)
     _assert_same_fit(captured, uncaptured, rtol=1e-10)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kmeans_replays_its_windows_to_the_cpus_centres(monkeypatch):
+    """Minibatch k-means on CUDA replays a window of batches as one graph (the first full window eager, the
+    second captured): three full windows an epoch over two epochs make five replays. Its centres equal the
+    CPU's to float64 rounding (CUDA's index_add_ sums in no fixed order); the clusters are far apart, so no
+    point changes its centre."""
+    from scalable_xd.fit import kmeans
+
+    replays = []
+    original = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: (replays.append(1), original(graph))[1])
+    rng = np.random.default_rng(12)
+    centres = rng.uniform(-100, 100, size=(16, 3))
+    x = torch.tensor(centres[rng.integers(16, size=200_000)] + rng.normal(size=(200_000, 3)))
+    cpu, cpu_counts = kmeans.minibatch_kmeans(x, 16, epochs=2, batch_size=500, seed=0)
+    gpu, gpu_counts = kmeans.minibatch_kmeans(x, 16, epochs=2, batch_size=500, seed=0, device="cuda")
+    assert len(replays) == 5
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-12, atol=1e-10)
+    assert torch.equal(gpu_counts.cpu(), cpu_counts)

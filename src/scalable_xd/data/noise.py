@@ -97,14 +97,21 @@ def check_rows(values: torch.Tensor, is_bad, message: str) -> None:
 
 
 def _check_correlation_psd(corr: torch.Tensor, offset: int, what: str, tol: float = 1e-8) -> None:
-    """Raise if any correlation matrix in ``corr`` (B, d, d) has an eigenvalue below -tol."""
-    eig = torch.linalg.eigvalsh(corr.to(torch.float64))
-    bad = eig[:, 0] < -tol
-    if bad.any():
-        row = int(torch.nonzero(bad)[0, 0])
+    """Raise if any correlation matrix in ``corr`` (B, d, d) has an eigenvalue below -tol. Each is first
+    factorised as corr + tol I by Cholesky (a quarter of the eigenvalues' time), which succeeds where every
+    eigenvalue exceeds -tol; the eigenvalues of those it fails on decide, and name the first bad row."""
+    corr = corr.to(torch.float64)
+    _, info = torch.linalg.cholesky_ex(corr + tol * torch.eye(corr.shape[-1], dtype=corr.dtype, device=corr.device))
+    failed = torch.nonzero(info).flatten()
+    if len(failed) == 0:
+        return
+    smallest = torch.linalg.eigvalsh(corr[failed])[:, 0]
+    bad = torch.nonzero(smallest < -tol).flatten()
+    if len(bad):
+        row, eig = int(failed[bad[0]]), float(smallest[bad[0]])
         raise ValueError(
             f"{what} row {offset + row} is not positive semi-definite "
-            f"(smallest eigenvalue of its correlation matrix {float(eig[row, 0]):.3g})"
+            f"(smallest eigenvalue of its correlation matrix {eig:.3g})"
         )
 
 

@@ -54,23 +54,28 @@ def kmeans_init(X: torch.Tensor, n_components: int, kmeans: KMeansSettings, seed
 
 
 def cluster_covariances(
-    X: torch.Tensor, observed: torch.Tensor | None, weights: torch.Tensor | None, means: torch.Tensor
+    X: torch.Tensor,
+    observed: torch.Tensor | None,
+    weights: torch.Tensor | None,
+    means: torch.Tensor,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Starting covariances (K, D, D), diagonal: each feature's variance about its mean among the points
     nearest it (distances in units of each feature's spread, as k-means measures them; each point counted
     ``weights`` times), as scikit-learn's GaussianMixture starts from its k-means clusters. A feature with
     fewer than two observed values in a cluster takes its variance over all points; every variance is at
-    least 1e-6 of that, so that a cluster of identical values does not start singular."""
+    least 1e-6 of that, so that a cluster of identical values does not start singular. The distances run on
+    ``device`` (N x K of them: on a GPU, not its host) in float64; the result is on the CPU."""
     X = X.to(torch.float64)
     mask = torch.ones_like(X, dtype=torch.bool) if observed is None else observed
     scale = feature_spread(X, mask, weights)
     k, dim = means.shape
-    centre = means.mean(0)
-    zeros = torch.zeros(k, dim, dtype=torch.float64)
+    centre, scale, means = (t.to(device) for t in (means.mean(0), scale, means))
+    zeros = torch.zeros(k, dim, dtype=torch.float64, device=device)
     points, counts, squares = zeros.clone(), zeros.clone(), zeros.clone()
     for start in range(0, len(X), 65_536):
-        x, m = X[start : start + 65_536], mask[start : start + 65_536]
-        weight = 1.0 if weights is None else weights[start : start + 65_536].to(torch.float64)[:, None]
+        x, m = X[start : start + 65_536].to(device), mask[start : start + 65_536].to(device)
+        weight = 1.0 if weights is None else weights[start : start + 65_536].to(device, torch.float64)[:, None]
         centred = (torch.where(m, x, centre) - centre) / scale
         labels = torch.cdist(centred, (means - centre) / scale, compute_mode="donot_use_mm_for_euclid_dist").argmin(1)
         points.index_add_(0, labels, m.to(torch.float64))
@@ -78,7 +83,7 @@ def cluster_covariances(
         squares.index_add_(0, labels, torch.where(m, x - means[labels], 0.0) ** 2 * weight)
     overall = scale**2
     variances = torch.where((points >= 2) & (counts > 0), squares / counts.clamp_min(1e-300), overall)
-    return torch.diag_embed(torch.maximum(variances, 1e-6 * overall))
+    return torch.diag_embed(torch.maximum(variances, 1e-6 * overall)).cpu()
 
 
 def kmeans_sample(source, max_rows: int, seed: int) -> Dataset:
@@ -124,7 +129,7 @@ def initial_mixture(
     if covariances is None and (projected or tuple(means.shape) != (k, dim)):
         covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()  # (a wrong shape is named below)
     elif covariances is None:
-        covariances = cluster_covariances(data.X, data.observed_entries(), data.weights, means)
+        covariances = cluster_covariances(data.X, data.observed_entries(), data.weights, means, device)
     else:
         covariances = torch.as_tensor(np.asarray(covariances), dtype=f64)
     for name, value, shape in (

@@ -5,11 +5,19 @@ updated batch by batch. Centres are seeded by k-means++ on a random subsample, a
 point during an epoch is moved to a random data point (as scikit-learn's MiniBatchKMeans reassigns).
 scikit-learn is not used here because the data may live on a GPU and be far larger than memory-bound
 CPU code likes; its KMeans is the oracle in the tests.
+
+Batches reach the device a window of many at a time. A batch's step is a dozen small kernels, whose
+launches from Python, not their arithmetic, set a GPU's pace (about 340 us a step on an H100), so on CUDA
+a window's steps are captured once as a CUDA graph and replayed with one launch a window (``_Windows``).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger("scalable_xd.fit")
 
 # Rows gathered and moved to the device at a time: a copy per batch of 500 would cost a transfer and a wait
 # on a GPU each, for a step whose arithmetic takes microseconds.
@@ -62,31 +70,88 @@ def minibatch_kmeans(
     sample = X[torch.randperm(n, generator=generator)[:init_size]].to(device)
     centres = _kmeans_plus_plus(sample, n_clusters, generator)
     counts = torch.zeros(n_clusters, dtype=X.dtype, device=device)
+    epoch_counts = torch.zeros(n_clusters, dtype=torch.long, device=device)
     window = batch_size * max(1, _WINDOW_ROWS // batch_size)  # whole batches
+    windows = _Windows(batch_size, (centres, counts, epoch_counts), device)
     for epoch in range(epochs):
-        epoch_counts = torch.zeros(n_clusters, dtype=torch.long, device=device)
+        epoch_counts.zero_()
         order = torch.randperm(n, generator=generator)
         for window_start in range(0, n, window):
-            rows = X[order[window_start : window_start + window]].to(device)
-            for start in range(0, len(rows), batch_size):
-                x = rows[start : start + batch_size]
-                assign = _squared_distances(x, centres).argmin(dim=1)
-                # index_add_, not bincount: on CUDA bincount waits for the device to size its output
-                batch_counts = torch.zeros_like(epoch_counts).index_add_(0, assign, torch.ones_like(assign))
-                sums = torch.zeros_like(centres).index_add_(0, assign, x)
-                new_counts = counts + batch_counts
-                moved = batch_counts > 0
-                centres = torch.where(
-                    moved[:, None], (centres * counts[:, None] + sums) / new_counts.clamp_min(1)[:, None], centres
-                )
-                counts = new_counts
-                epoch_counts += batch_counts
+            windows.run(X[order[window_start : window_start + window]].to(device), full=window)
         empty = epoch_counts == 0
         if empty.any() and epoch < epochs - 1:
             picks = torch.randint(n, (int(empty.sum()),), generator=generator)
             centres[empty] = X[picks].to(device)
             counts[empty] = 0
     return centres, epoch_counts
+
+
+def _step(x: torch.Tensor, centres: torch.Tensor, counts: torch.Tensor, epoch_counts: torch.Tensor) -> None:
+    """One batch's step, in place: each centre that won points moves to the running mean of every point ever
+    assigned to it."""
+    assign = _squared_distances(x, centres).argmin(dim=1)
+    # index_add_, not bincount: on CUDA bincount waits for the device to size its output
+    batch_counts = torch.zeros_like(epoch_counts).index_add_(0, assign, torch.ones_like(assign))
+    sums = torch.zeros_like(centres).index_add_(0, assign, x)
+    new_counts = counts + batch_counts
+    moved = batch_counts > 0
+    centres.copy_(
+        torch.where(moved[:, None], (centres * counts[:, None] + sums) / new_counts.clamp_min(1)[:, None], centres)
+    )
+    counts.copy_(new_counts)
+    epoch_counts += batch_counts
+
+
+class _Windows:
+    """A window's batch steps on the k-means state (centres, counts, this epoch's counts), updated in place.
+    On CUDA the first full window runs eagerly on a side stream (cuBLAS and the allocator settle, as CUDA
+    graphs ask), the second is captured as one graph, and every full window from then on is copied into the
+    graph's static buffer and replayed; a shorter window (an epoch's last) runs eagerly, as every window does
+    on the CPU. A capture that CUDA refuses is said in a warning, and the windows run eagerly."""
+
+    def __init__(self, batch_size: int, state: tuple[torch.Tensor, ...], device: torch.device):
+        self.batch_size, self.state = batch_size, state
+        self.capturing = device.type == "cuda"
+        self.static: torch.Tensor | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def run(self, rows: torch.Tensor, full: int) -> None:
+        if not self.capturing or len(rows) != full:
+            self._steps(rows)
+        elif self.static is None:
+            self._warm_up(rows)
+        else:
+            self.static.copy_(rows)
+            if self.graph is None:
+                self._capture()
+            if self.graph is not None:
+                self.graph.replay()
+
+    def _steps(self, rows: torch.Tensor) -> None:
+        for start in range(0, len(rows), self.batch_size):
+            _step(rows[start : start + self.batch_size], *self.state)
+
+    def _warm_up(self, rows: torch.Tensor) -> None:
+        current = torch.cuda.current_stream(rows.device)
+        side = torch.cuda.Stream(rows.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self._steps(rows)
+        current.wait_stream(side)
+        self.static = torch.empty_like(rows)
+
+    def _capture(self) -> None:
+        assert self.static is not None
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self._steps(self.static)
+        except RuntimeError as err:
+            log.warning("k-means' window could not be captured as a CUDA graph (%s): its steps run uncaptured", err)
+            self.capturing = False
+            self._steps(self.static)
+            return
+        self.graph = graph
 
 
 def weights_from_counts(counts: torch.Tensor) -> torch.Tensor:
