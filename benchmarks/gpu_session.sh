@@ -20,9 +20,12 @@
 # PYTHONPATH first. What the H100 took, in seconds (2026-11-26, the second session's last call): tests 95
 # and the update kernel's tests 37, pass 51 (PASS_KS=512 PASS_KERNELS=triton), step over 40 (triton; now
 # 90 allowed, as it times the Triton update beside torch's), profile 11 and 13 (K = 512, ordinary and
-# graphed), paper 82 (minibatch EM, 40 of them making the mock); a machine's start about 30. In a
-# 15-minute device budget that is one call of "step pass profile paper tests" with those narrowings and
-# STEP_BACKENDS=triton PROFILE_KS=512 PAPER_METHODS=minibatch_em, and a second for "concurrent".
+# graphed), paper 82 (minibatch EM, 40 of them making the mock); a machine's start about 30. On the H200
+# (2026-11-27): tests 134 (34 tests; the compiled backend's first compile 24 s of it), update_tests 45, step
+# 67, pass 53, profile 13 + 14 + 15 (evaluation), paper 89-92 (48 making the mock). In a 15-minute device
+# budget that is one call of "step pass profile paper tests" with those narrowings and STEP_BACKENDS=triton
+# PROFILE_KS=512 PAPER_METHODS=minibatch_em (about 7 minutes with the start), and a second for the checks of
+# what the first found, or for "concurrent".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_SESSION_OUT:-/tmp/gpu_session}"
