@@ -7,8 +7,9 @@ and float64 update), as JSON in benchmarks/results/.
 ``--step graphed`` profiles the step a GPU fit replays as a CUDA graph (``fit/cuda_graphs.py``: static
 buffers, checks deferred, online EM's update as one Triton kernel on CUDA), run eagerly so that the profiler
 sees each of its kernels; ``--step ordinary`` (the default) the uncaptured step, ``fitter.observe``;
-``--step evaluation`` one scoring of ``--batch-size`` points held on the host, as a fit scores its validation
-data after every epoch (``fit.scoring.total_loglik``), each "update" one such scoring.
+``--step evaluation`` one scoring of ``--batch-size`` points as a fit scores its validation data after every
+epoch (``fit.scoring.total_loglik``, the data held on the device: ``Dataset.resident``), each "update" one
+such scoring.
 
 Reported per update: wall seconds, the number of device kernels launched (CUDA) or operators run, the
 host-device synchronisations (``cudaStreamSynchronize``/``cudaDeviceSynchronize``/``aten::item``/
@@ -87,7 +88,8 @@ def main(argv=None) -> None:
             assert graphed.step(Batch(args.batch_size, x[rows], S[rows], None, None), None)
 
     if args.step == "evaluation":
-        held = Dataset(x[: args.batch_size].cpu().double(), S[: args.batch_size].cpu().double(), validate=False)
+        host = Dataset(x[: args.batch_size].cpu().double(), S[: args.batch_size].cpu().double(), validate=False)
+        held = host.resident(device, dtype)
 
         def update(i: int) -> None:  # noqa: F811
             total_loglik(held, fitter.mixture, device, dtype, args.backend)

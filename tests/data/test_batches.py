@@ -73,3 +73,48 @@ def test_batches_that_cannot_be_read_in_place_are_gathered():
 def batch_rows(n, batch_size, epoch, seed):
     """The first batch's row numbers of a shuffled epoch (``batching.epoch_order``)."""
     return epoch_order(n, batch_size, epoch, seed, True)[0].numpy()
+
+
+@pytest.mark.parametrize("form", ["dense", "diagonal", "compact", "none"])
+def test_data_held_resident_give_the_same_batches_value_for_value(form):
+    """The data a fit scores after every epoch are held on its device in its dtype (``Dataset.resident``):
+    their scans give the host's batches to the bit, the weights (a float64 total) left where they were."""
+    rng = np.random.default_rng(91)
+    X, S = _data(rng)
+    sigma = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
+    corr = np.stack([S[:, i, j] / (sigma[:, i] * sigma[:, j]) for i, j in [(0, 1), (0, 2), (1, 2)]], 1)
+    noise = {
+        "dense": S,
+        "diagonal": np.diagonal(S, axis1=1, axis2=2).copy(),
+        "compact": CompactCovariance(sigma, corr, [(0, 1), (0, 2), (1, 2)]),
+        "none": None,
+    }[form]
+    host = Dataset(X, noise, sample_weight=rng.uniform(0.5, 2.0, len(X)))
+    held = host.resident(CPU, torch.float32)
+    assert held is not host and held.X.dtype == torch.float32
+    assert held.weights.data_ptr() == host.weights.data_ptr()
+    for ours, theirs in zip(
+        held.scan(slice(0, len(X)), 500, CPU, torch.float32), host.scan(slice(0, len(X)), 500, CPU, torch.float32)
+    ):
+        first, *tensors = ours
+        assert first == theirs[0]
+        for a, b in zip(tensors, theirs[1:]):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_data_that_a_scan_must_convert_stay_on_the_host(monkeypatch):
+    """Projections, missing entries and noise mixtures are read as before, and so are data beyond the budget."""
+    from scalable_xd.data import dataset
+
+    rng = np.random.default_rng(92)
+    X, S = _data(rng, n=200)
+    projected = Dataset(X, S, R=np.repeat(np.eye(3)[None], 200, axis=0))
+    X[3, 1] = np.nan
+    missing = Dataset(X, S, missing="marginalise")
+    assert projected.resident(CPU, torch.float32) is projected
+    assert missing.resident(CPU, torch.float32) is missing
+    plain = Dataset(X[~np.isnan(X).any(1)], S[~np.isnan(X).any(1)])
+    monkeypatch.setattr(dataset, "RESIDENT_BYTES", len(plain) * (3 + 9) * 4)  # x and S in float32, exactly
+    assert plain.resident(CPU, torch.float32) is not plain
+    monkeypatch.setattr(dataset, "RESIDENT_BYTES", len(plain) * (3 + 9) * 4 - 1)
+    assert plain.resident(CPU, torch.float32) is plain

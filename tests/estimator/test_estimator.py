@@ -413,3 +413,21 @@ def test_minibatch_epochs_score_a_fixed_sample_of_the_training_data(data, method
     params = (full.weights_, full.means_, full.covariances_)
     assert full.history_[-1]["train_loglik"] == pytest.approx(xd_loglik(x, S, *params).mean(), rel=1e-9)
     np.testing.assert_array_equal(full.means_, model.means_)  # what is scored does not change the fit
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_scored_data_held_on_the_device_score_as_read_from_the_host(data, method, monkeypatch):
+    """The training sample and the validation set are held on the fit's device in its dtype between
+    scorings (``Dataset.resident``): every history figure equals, to the bit, a fit that reads them from
+    the host at each scoring (``RESIDENT_BYTES`` 0)."""
+    from scalable_xd.data import dataset
+
+    x, S = data
+    settings = dict(epochs=2, tol=None, dtype="float32", device="cpu", random_state=3, train_score_rows=200)
+    split = len(x) * 3 // 4
+    fit = lambda: XDGMM(K, method, **settings).fit(x[:split], Xcov=S[:split], X_val=x[split:], Xcov_val=S[split:])
+    held = fit()
+    monkeypatch.setattr(dataset, "RESIDENT_BYTES", 0)
+    read = fit()
+    strip = lambda history: [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+    assert strip(held.history_) == strip(read.history_)

@@ -18,3 +18,10 @@ def test_each_benchmark_runs_in_its_quick_mode(script, tmp_path):
     written = run_quick(script, tmp_path)
     assert len(written) >= 1 and all(written), script
     assert not any(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("step", ["graphed", "evaluation"])
+def test_profile_batch_profiles_each_kind_of_step(step, tmp_path):
+    """profile_batch's other steps (the graphed step's body, a validation scoring) run too."""
+    (written,) = run_quick("profile_batch", tmp_path, "--step", step)
+    assert written["step"] == step and written["seconds_per_update"] > 0

@@ -183,9 +183,19 @@ def fit_mixture(
         selection=selection,
     )
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
+    if row.per_batch:  # scored after every epoch: held on the device (a batch method scores its own pass)
+        scored = _resident(scored, device, dtype)
+    val = None if val is None else _resident(val, device, dtype)
+    monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
     return Fitted(fitter.result, history, converged, settings, background_of(fitter))
+
+
+def _resident(data: DataSource, device, dtype) -> DataSource:
+    """Data scored after every epoch, held on the fit's device in its dtype where they are in memory and
+    small enough (``Dataset.resident``); as they are otherwise."""
+    return data.resident(device, dtype) if isinstance(data, Dataset) else data
 
 
 def defers_checks(device: torch.device) -> bool:
