@@ -6,8 +6,9 @@
 #   bash benchmarks/gpu_session.sh tests update_tests          # the CUDA tests (each under 120 s), then the
 #                                                              # Triton update's, compiled
 #   bash benchmarks/gpu_session.sh pass step profile           # the pass at K = 64..512, the
-#                                                              # step's overhead, per-update profiles and
-#                                                              # one validation scoring's
+#                                                              # step's overhead, per-update profiles,
+#                                                              # one validation scoring's and the pass's
+#                                                              # at batch 50,000
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
 #
@@ -63,7 +64,11 @@ for name in "$@"; do
                done
              done
              step profile_evaluation 60 python3 benchmarks/profile_batch.py --device cuda --n-components 512 \
-               --batch-size 65536 --updates 3 --backend triton --step evaluation ;;
+               --batch-size 65536 --updates 3 --backend triton --step evaluation
+             # the pass at batch 50,000 (the 1e10 pairs/s target's): the device time of each torch operation
+             # on the (K, B) arrays between its two kernels
+             step profile_pass 60 python3 benchmarks/profile_batch.py --device cuda --n-components 512 \
+               --batch-size 50000 --updates 3 --backend triton ;;
     paper) for method in ${PAPER_METHODS:-minibatch_em sgd}; do
              step "paper_$method" 170 python3 benchmarks/bench_paper_fit.py --device cuda --method "$method" \
                --kernel triton --label "gpu_$method"
