@@ -116,6 +116,7 @@ class _Windows:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def run(self, rows: torch.Tensor, full: int) -> None:
+        """The steps of the window ``rows`` on the device, ``full`` rows long unless it is an epoch's last."""
         if not self.capturing or len(rows) != full:
             self._steps(rows)
         elif self.static is None:
