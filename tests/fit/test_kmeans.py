@@ -41,3 +41,31 @@ def test_the_batch_loop_asks_the_device_nothing_and_moves_data_a_window_at_a_tim
     assert "bincount" not in calls.names
     assert calls.names.count("to") == 1 + 3  # the k-means++ sample, then one window an epoch
     assert len(calls.calls) <= 2 * 3, calls.calls  # an epoch's end asks whether a centre won no point, how many
+
+
+def test_windows_replayed_as_graphs_give_the_eager_centres(monkeypatch):
+    """The CUDA path's order of work, run on the CPU with stand-ins for the graph helpers: the first full
+    window warms up, the second is captured and replayed, every later full window replayed, an epoch's
+    last window run eagerly; a capture CUDA refuses leaves every window eager. The centres are the eager
+    ones to the bit either way."""
+    x = torch.randn(200_000, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 10
+    eager = minibatch_kmeans(x, 16, epochs=2, batch_size=500, seed=0)
+    calls = []
+
+    class Replayed:
+        def __init__(self, body):
+            self.replay = lambda: (calls.append("replay"), body())
+
+    monkeypatch.setattr(kmeans, "warm_up", lambda device, body: (calls.append("warm"), body()))
+    monkeypatch.setattr(kmeans, "captured", lambda body, what: (calls.append("capture"), Replayed(body))[1])
+    init = kmeans._Windows.__init__
+    monkeypatch.setattr(
+        kmeans._Windows, "__init__", lambda self, *args: (init(self, *args), setattr(self, "capturing", True))[0]
+    )
+    graphed = minibatch_kmeans(x, 16, epochs=2, batch_size=500, seed=0)
+    assert calls == ["warm", "capture"] + ["replay"] * 5  # three full windows an epoch, two epochs
+    assert torch.equal(graphed[0], eager[0]) and torch.equal(graphed[1], eager[1])
+    calls.clear()
+    monkeypatch.setattr(kmeans, "captured", lambda body, what: (calls.append("refused"), None)[1])
+    refused = minibatch_kmeans(x, 16, epochs=2, batch_size=500, seed=0)
+    assert calls == ["warm", "refused"] and torch.equal(refused[0], eager[0])

@@ -183,11 +183,10 @@ class Dataset:
         """These data with x and the noise (dense) on ``device`` in ``dtype``, converted once, the weights
         where they were; the same batches, value for value. Itself where it has projections, missing
         entries or noise mixtures, or would take more than ``RESIDENT_BYTES``."""
-        n, d = self.X.shape
-        size = n * (d + d * d) * torch.empty(0, dtype=dtype).element_size()
         if self.R is not None or self.observed is not None or isinstance(self.noise, NoiseMixture):
             return self
-        if size > RESIDENT_BYTES:
+        n, d = self.X.shape
+        if n * (d + d * d) * dtype.itemsize > RESIDENT_BYTES:
             return self
         x, S, _ = self.batch(slice(None), device, dtype)
         noise = None if isinstance(self.noise, ZeroNoise) else S

@@ -117,26 +117,39 @@ class GraphedStep:
         self.fitter.step_in_place(stats)
 
     def _warm_up(self) -> None:
-        """The first step, eagerly on a side stream, as CUDA graphs ask: kernels compile, the allocator's
-        pools settle."""
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            self._body()
-        current.wait_stream(side)
+        warm_up(self.device, self._body)
         self.warm = True
 
     def _capture_and_replay(self) -> None:
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self._body()
-        except RuntimeError as err:
-            log.warning("the minibatch step could not be captured as a CUDA graph (%s): its steps run uncaptured", err)
+        graph = captured(self._body, "the minibatch step")
+        if graph is None:
             self.capturing = False
             self._body()
             return
         self.graph = graph
         graph.replay()
         self.replays += 1
+
+
+def warm_up(device: torch.device, body) -> None:
+    """``body()`` eagerly on a side stream, as CUDA graphs ask of a first run before a capture: kernels
+    compile, the allocator's pools settle."""
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        body()
+    current.wait_stream(side)
+
+
+def captured(body, what: str) -> torch.cuda.CUDAGraph | None:
+    """``body``'s kernels captured as a CUDA graph (captured, not run), or None where CUDA refuses the
+    capture, which a warning naming ``what`` says: the caller then runs its steps uncaptured."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            body()
+    except RuntimeError as err:
+        log.warning("%s could not be captured as a CUDA graph (%s): its steps run uncaptured", what, err)
+        return None
+    return graph

@@ -155,9 +155,12 @@ def fit_mixture(
     w = regularisation(settings, sample, mixture)
     row = method(settings.method)
     backend = fit_backend(settings.backend, device)
+    val = None if val is None else _resident(val, device, dtype)
     judge = None
     if settings.split_merge and row.split_merge == "epoch":
-        judged = val if val is not None else _training_sample(train, JUDGE_SAMPLE, seed, "split-and-merge judging")
+        judged = val
+        if judged is None:
+            judged = _resident(_training_sample(train, JUDGE_SAMPLE, seed, "split-and-merge judging"), device, dtype)
         judge = _judge(judged, device, dtype, backend, group)
     fixed = fixed_parameters(start.fixed, mixture)
     if settings.epochs is None:
@@ -185,7 +188,6 @@ def fit_mixture(
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
     if row.per_batch:  # scored after every epoch: held on the device (a batch method scores its own pass)
         scored = _resident(scored, device, dtype)
-    val = None if val is None else _resident(val, device, dtype)
     monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
@@ -193,8 +195,8 @@ def fit_mixture(
 
 
 def _resident(data: DataSource, device, dtype) -> DataSource:
-    """Data scored after every epoch, held on the fit's device in its dtype where they are in memory and
-    small enough (``Dataset.resident``); as they are otherwise."""
+    """Data scored after every epoch (or every split-and-merge move), held on the fit's device in its dtype
+    where they are in memory and small enough (``Dataset.resident``); as they are otherwise."""
     return data.resident(device, dtype) if isinstance(data, Dataset) else data
 
 

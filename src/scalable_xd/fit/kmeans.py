@@ -13,11 +13,11 @@ a window's steps are captured once as a CUDA graph and replayed with one launch 
 
 from __future__ import annotations
 
-import logging
+import functools
 
 import torch
 
-log = logging.getLogger("scalable_xd.fit")
+from .cuda_graphs import captured, warm_up
 
 # Rows gathered and moved to the device at a time: a copy per batch of 500 would cost a transfer and a wait
 # on a GPU each, for a step whose arithmetic takes microseconds.
@@ -72,12 +72,12 @@ def minibatch_kmeans(
     counts = torch.zeros(n_clusters, dtype=X.dtype, device=device)
     epoch_counts = torch.zeros(n_clusters, dtype=torch.long, device=device)
     window = batch_size * max(1, _WINDOW_ROWS // batch_size)  # whole batches
-    windows = _Windows(batch_size, (centres, counts, epoch_counts), device)
+    windows = _Windows(batch_size, window, (centres, counts, epoch_counts), device)
     for epoch in range(epochs):
         epoch_counts.zero_()
         order = torch.randperm(n, generator=generator)
         for window_start in range(0, n, window):
-            windows.run(X[order[window_start : window_start + window]].to(device), full=window)
+            windows.run(X[order[window_start : window_start + window]].to(device))
         empty = epoch_counts == 0
         if empty.any() and epoch < epochs - 1:
             picks = torch.randint(n, (int(empty.sum()),), generator=generator)
@@ -109,50 +109,32 @@ class _Windows:
     graph's static buffer and replayed; a shorter window (an epoch's last) runs eagerly, as every window does
     on the CPU. A capture that CUDA refuses is said in a warning, and the windows run eagerly."""
 
-    def __init__(self, batch_size: int, state: tuple[torch.Tensor, ...], device: torch.device):
-        self.batch_size, self.state = batch_size, state
+    def __init__(self, batch_size: int, window: int, state: tuple[torch.Tensor, ...], device: torch.device):
+        self.batch_size, self.window, self.state = batch_size, window, state
         self.capturing = device.type == "cuda"
         self.static: torch.Tensor | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
 
-    def run(self, rows: torch.Tensor, full: int) -> None:
-        """The steps of the window ``rows`` on the device, ``full`` rows long unless it is an epoch's last."""
-        if not self.capturing or len(rows) != full:
+    def run(self, rows: torch.Tensor) -> None:
+        """The steps of the window ``rows`` on the device (shorter than ``window`` at an epoch's end)."""
+        if not self.capturing or len(rows) != self.window:
             self._steps(rows)
         elif self.static is None:
-            self._warm_up(rows)
+            warm_up(rows.device, functools.partial(self._steps, rows))
+            self.static = torch.empty_like(rows)
         else:
             self.static.copy_(rows)
             if self.graph is None:
-                self._capture()
+                self.graph = captured(functools.partial(self._steps, self.static), "k-means' window")
+                self.capturing = self.graph is not None
             if self.graph is not None:
                 self.graph.replay()
+            else:
+                self._steps(self.static)
 
     def _steps(self, rows: torch.Tensor) -> None:
         for start in range(0, len(rows), self.batch_size):
             _step(rows[start : start + self.batch_size], *self.state)
-
-    def _warm_up(self, rows: torch.Tensor) -> None:
-        current = torch.cuda.current_stream(rows.device)
-        side = torch.cuda.Stream(rows.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            self._steps(rows)
-        current.wait_stream(side)
-        self.static = torch.empty_like(rows)
-
-    def _capture(self) -> None:
-        assert self.static is not None
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self._steps(self.static)
-        except RuntimeError as err:
-            log.warning("k-means' window could not be captured as a CUDA graph (%s): its steps run uncaptured", err)
-            self.capturing = False
-            self._steps(self.static)
-            return
-        self.graph = graph
 
 
 def weights_from_counts(counts: torch.Tensor) -> torch.Tensor:
