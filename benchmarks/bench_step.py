@@ -8,8 +8,9 @@ one after another (one device synchronisation per run of ``--steps`` steps, so a
 in a fit):
 
 * ``pass_s``: the statistics pass alone, as the loop takes it, on a batch already on the device: on the CPU
-  with the fused kernel ``fused.PlainPass`` (``pass`` "plain"), elsewhere ``batch_statistics`` ("general");
-* ``step_s``: the pass and the fitter's float64 update (``fitter.observe``);
+  with the fused kernel ``fused.PlainPass`` (``pass`` "plain"; its sums as arrays where the fitter takes
+  them, ``Fitter.takes_sums``), elsewhere ``batch_statistics`` ("general");
+* ``step_s``: the pass and the fitter's float64 update (``fitter.observe``, or ``observe_sums``);
 * ``loop_step_s``: a whole fit's training seconds per batch in its second epoch (``XDGMM.fit``, evaluation
   excluded; the first epoch compiles, or captures graphs): batch gathering, the pass, the update and the
   loop's Python; on CUDA also ``graphed_loop_step_s``, the same with each step replayed as one CUDA graph
@@ -96,6 +97,11 @@ def measure(
         plain = PlainPass(x.shape[1], k, dtype, TABLE["fused"].max_pairs["cpu"])
 
     def statistics(i: int):
+        """The batch's sums as the loop takes them: arrays for a fitter that takes them, else Statistics."""
+        if plain is not None and fitter.takes_sums:
+            sums = plain.sums(Batch(batch, x[rows[i]], S[rows[i]], None, None), *fitter.e_step_arrays())
+            if sums is not None:
+                return sums
         stats = (
             None
             if plain is None
@@ -109,7 +115,11 @@ def measure(
 
     def passes_and_updates(n):
         for i in range(n):
-            fitter.observe(statistics(i))
+            sums = statistics(i)
+            if isinstance(sums, tuple):
+                fitter.observe_sums(*sums)
+            else:
+                fitter.observe(sums)
 
     def loop_step(cuda_graphs: bool) -> float:
         """A fit's training seconds per step in its second epoch (the first compiles, or captures graphs)."""

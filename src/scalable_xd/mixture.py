@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -31,6 +32,16 @@ class Mixture:
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, means, covariances), the tensors themselves (``dataclasses.astuple`` would copy them)."""
         return self.weights, self.means, self.covariances
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A CPU mixture's (weights, means, covariances) as C-contiguous numpy arrays (views where they are so)."""
+        weights, means, covariances = (t.contiguous().numpy() for t in self.tensors())
+        return weights, means, covariances
+
+    @classmethod
+    def from_arrays(cls, arrays: tuple[np.ndarray, ...]) -> Mixture:
+        """The mixture of (weights, means, covariances) numpy arrays, as tensors sharing their memory."""
+        return cls(*map(torch.from_numpy, arrays))
 
     def to(self, device=None, dtype=None) -> Mixture:
         return Mixture(

@@ -13,7 +13,7 @@ pytest.importorskip("numba")
 
 from scalable_xd.fit import fused_updates  # noqa: E402
 from scalable_xd.fit.adam import Adam  # noqa: E402
-from scalable_xd.fit.fitters import fused_updates as fused_updates_for
+from scalable_xd.fit.fitters import fused_updates as fused_updates_for  # noqa: E402
 from scalable_xd.fit.sgd import SGD  # noqa: E402
 from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
@@ -39,6 +39,14 @@ def _fixed(k: int, weights=(), means=(), covariances=(), values=None) -> FixedPa
     return FixedParameters(mask(weights), mask(means), mask(covariances), values)
 
 
+def _online_em_step(state: Mixture, stats: Statistics, step, w, fixed, data_size=None) -> tuple[Mixture, Mixture]:
+    """The compiled online-EM step, which takes and gives arrays, on mixtures and Statistics."""
+    new_state, e_step = fused_updates.online_em_step(
+        state.arrays(), *fused_updates.sums_of(stats), step, w, fixed, data_size
+    )
+    return Mixture.from_arrays(new_state), Mixture.from_arrays(e_step)
+
+
 def _assert_mixtures_close(a: Mixture, b: Mixture, rtol: float) -> None:
     for name in ("weights", "means", "covariances"):
         np.testing.assert_allclose(
@@ -56,7 +64,7 @@ def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows)
     stats.q[4] = 0.0  # a component that drew nothing and whose running weight is gone: frozen
     stats.U[4] = stats.UU[4] = stats.P[4] = 0.0
     state.weights[4] = 0.0
-    new_state, e_step = fused_updates.online_em_step(state, stats, 0.2, w, fixed, data_size)
+    new_state, e_step = _online_em_step(state, stats, 0.2, w, fixed, data_size)
     expected = online_em_update(state, stats.double(), 0.2, w, fixed, data_size)
     _assert_mixtures_close(new_state, expected, rtol=1e-12)
     _assert_mixtures_close(e_step, regularised(expected, w, fixed, data_size), rtol=1e-12)
@@ -73,7 +81,7 @@ def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(m
     results = {}
     for threads in (1, 2):
         monkeypatch.setattr(torch, "get_num_threads", lambda n=threads: n)
-        results[threads] = fused_updates.online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
+        results[threads] = _online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
     assert fused_updates._online_em_loop_parallel.signatures  # the threaded loop ran
     for serial, shared in zip(*results.values()):
         for name in ("weights", "means", "covariances"):
@@ -88,12 +96,12 @@ def test_online_em_components_are_independent_lanes_to_the_bit():
     state, x, S = _problem(32, k=k, d=4, n=3000)
     fixed = _fixed(k, means=[1], covariances=[fused_updates.LANES + 1], values=state.weights)
     stats = batch_statistics(x, S, regularised(state, 0.3, fixed, 5000.0))
-    whole, whole_e_step = fused_updates.online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
+    whole, whole_e_step = _online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
     expected = online_em_update(state, stats.double(), 0.2, 0.3, fixed, 5000.0)
     _assert_mixtures_close(whole, expected, rtol=1e-12)
     for rows in (torch.tensor([0, 1, 2]), torch.arange(fused_updates.LANES - 2, k), torch.tensor([k - 1, 4])):
         part_stats = Statistics(stats.n_points, *(getattr(stats, name)[rows] for name in ("q", "U", "UU", "P")))
-        part, part_e_step = fused_updates.online_em_step(
+        part, part_e_step = _online_em_step(
             fused_updates._rows(state, rows), part_stats, 0.2, 0.3, fused_updates._rows(fixed, rows), 5000.0
         )
         for name in ("weights", "means", "covariances"):
@@ -117,7 +125,7 @@ def test_online_em_step_clips_rounding_as_the_torch_update_does():
         torch.zeros(3, 3, dtype=torch.float64),
         torch.tensor(np.stack([V] * 3)),
     )
-    new_state, _ = fused_updates.online_em_step(state, stats, 1.0, 0.0, FixedParameters.none(3))
+    new_state, _ = _online_em_step(state, stats, 1.0, 0.0, FixedParameters.none(3))
     expected = online_em_update(state, stats, 1.0, 0.0)
     np.testing.assert_allclose(new_state.covariances.numpy(), expected.covariances.numpy(), rtol=1e-9, atol=1e-9)
     eigenvalues = np.linalg.eigvalsh(new_state.covariances.numpy())
@@ -196,3 +204,28 @@ def test_a_fixed_parameters_copy_answers_for_its_own_masks():
     fixed = _fixed(3, weights=[0])
     assert fixed.has_fixed_weights
     assert not dataclasses.replace(fixed, weights=torch.zeros(3, dtype=torch.bool)).has_fixed_weights
+
+
+def test_minibatch_em_keeps_the_compiled_steps_arrays_and_makes_their_mixtures_when_asked():
+    """Fed sums as arrays (``observe_sums``) minibatch EM holds the update's arrays: its state and E-step
+    mixture are the torch update's (to rounding), the E-step's arrays are what the next pass reads, and a
+    change of data size (online learning) or of the fixed parameters makes the E-step mixture again from
+    the state, as ``regularised`` does."""
+    from scalable_xd.fit.online_em import MinibatchEM
+
+    state, x, S = _problem(33)
+    fixed = _fixed(5, weights=[2], means=[0], values=state.weights)
+    settings = dict(w=0.3, step_size=0.2, schedule="step", step_decay=0.5, decay_epoch=10, kappa=0.6)
+    fitter = MinibatchEM(state, covariance_update="stable", fixed=fixed, data_size=2000.0, **settings)
+    fitter.start_epoch(0)
+    stats = batch_statistics(x, S, fitter.mixture)
+    fitter.observe_sums(*fused_updates.sums_of(stats))
+    expected = online_em_update(state, stats.double(), 0.2, 0.3, fixed, 2000.0)
+    _assert_mixtures_close(fitter.state, expected, rtol=1e-12)
+    _assert_mixtures_close(fitter.mixture, regularised(expected, 0.3, fixed, 2000.0), rtol=1e-12)
+    for held, made in zip(fitter.e_step_arrays(), fitter.mixture.tensors()):
+        assert np.shares_memory(held, made.numpy())
+    fitter.resize(8000.0)
+    assert torch.equal(fitter.mixture.covariances, regularised(fitter.state, 0.3, fixed, 8000.0).covariances)
+    fitter.release_fixed()
+    assert torch.equal(fitter.mixture.weights, regularised(fitter.state, 0.3, None, 8000.0).weights)

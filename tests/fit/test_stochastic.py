@@ -196,8 +196,12 @@ def test_truncation_and_averaging_are_recorded_in_the_history(data):
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method, monkeypatch):
     """The loop hands plain batches to ``fused.PlainPass`` (where it can) and the rest to the general
-    pass: the fitted model is the same to the bit either way, shuffled batches of 250, float32."""
+    pass: the fitted model is the same to the bit either way, shuffled batches of 250, float32; and the
+    minibatch methods' compiled steps take the same sums as arrays (``Fitter.takes_sums``) or as
+    Statistics alike."""
     from scalable_xd.fit import loop
+    from scalable_xd.fit.online_em import MinibatchEM
+    from scalable_xd.fit.sgd import SGD
 
     rng = np.random.default_rng(11)
     weights, means = np.array([0.6, 0.4]), np.array([[0.0, 0.0, 0.0], [4.0, 1.0, -2.0]])
@@ -207,9 +211,19 @@ def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method,
     taken = []
     plain_pass = loop._plain_pass
     monkeypatch.setattr(loop, "_plain_pass", lambda *args: taken.append(plain_pass(*args)) or taken[-1])
+    arrays_taken = []
+    for fitter in (MinibatchEM, SGD):
+        observe_sums = fitter.observe_sums
+        monkeypatch.setattr(fitter, "observe_sums", lambda *a, f=observe_sums: arrays_taken.append(f(*a)))
     fast = XDGMM(2, **settings).fit(X, Xcov=S)
+    assert len(arrays_taken) == (0 if method == "em" else 2 * 3000 // 250)
+    for fitter in (MinibatchEM, SGD):
+        monkeypatch.setattr(fitter, "takes_sums", False)
+    as_statistics = XDGMM(2, **settings).fit(X, Xcov=S)
     monkeypatch.setattr(loop, "_plain_pass", lambda *args: None)
     general = XDGMM(2, **settings).fit(X, Xcov=S)
     assert taken and all(p is not None for p in taken)
-    for name in ("weights_", "means_", "covariances_"):
-        assert np.array_equal(getattr(fast, name), getattr(general, name)), name
+    for other in (as_statistics, general):
+        for name in ("weights_", "means_", "covariances_"):
+            assert np.array_equal(getattr(fast, name), getattr(other, name)), name
+        assert [h["train_loglik"] for h in fast.history_] == [h["train_loglik"] for h in other.history_]

@@ -321,32 +321,42 @@ def _sgd_loop(
     return weights, out_means, out_cov
 
 
-def _arrays(stats: Statistics) -> tuple:
-    return (stats.q.numpy(), stats.U.numpy(), stats.UU.numpy(), stats.P.numpy(), float(stats.n_points))
+def sums_of(stats: Statistics) -> tuple:
+    """A CPU batch's Statistics as the compiled steps take them: (n points, q, U, UU, P) as arrays."""
+    return (float(stats.n_points), stats.q.numpy(), stats.U.numpy(), stats.UU.numpy(), stats.P.numpy())
 
 
 def online_em_step(
-    state: Mixture,
-    stats: Statistics,
+    state: tuple[np.ndarray, np.ndarray, np.ndarray],
+    n: float,
+    q: np.ndarray,
+    U: np.ndarray,
+    UU: np.ndarray,
+    P: np.ndarray,
     step: float,
     w: float | torch.Tensor | None,
     fixed,
     data_size: float | None = None,
     views: ArrayViews | None = None,
-) -> tuple[Mixture, Mixture]:
-    """``updates.online_em_update`` and ``updates.regularised`` in one compiled call: (the new running
-    state, the mixture the E-step uses). ``fixed``: a ``FixedParameters``; ``views`` keeps the arrays of W
-    and of the fixed masks from step to step (a fitter's own, or made afresh)."""
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """``updates.online_em_update`` and ``updates.regularised`` in one compiled call, on arrays: the running
+    state's (weights, means, covariances) and a batch's sums (n points, q, U, UU, P; ``sums_of``) in, (the
+    new state's arrays, the E-step mixture's) out, new arrays that no later step writes to. ``fixed``: a
+    ``FixedParameters``; ``views`` keeps the arrays of W and of the fixed masks from step to step (a
+    fitter's own, or made afresh). No tensor is made unless a covariance needs ``clip_rounding`` or weights
+    are fixed."""
     loop = _online_em_loop
-    if state.n_components >= PARALLEL_COMPONENTS and (threads := torch.get_num_threads()) > 1:
+    if state[1].shape[0] >= PARALLEL_COMPONENTS and (threads := torch.get_num_threads()) > 1:
         loop = partial(_online_em_loop_parallel, parts=4 * threads)
-    held = (w, fixed.means, fixed.covariances, state.means.shape[1], state.means.dtype)
+    held = (w, fixed.means, fixed.covariances, state[1].shape[1], torch.float64)  # the state is float64
     w_array, prior_size, fixed_means, fixed_cov, dims = (views or ArrayViews())(held, _em_arrays)
     weights, means, cov, e_step_cov, suspect, any_suspect = loop(
-        state.weights.numpy(),
-        state.means.numpy(),
-        state.covariances.numpy(),
-        *_arrays(stats),
+        *state,
+        q,
+        U,
+        UU,
+        P,
+        n,
         step,
         w_array,
         0.0 if data_size is None else prior_size * float(data_size),
@@ -355,19 +365,17 @@ def online_em_step(
         TINY,
         dims,
     )
-    weights, means, cov, e_step_cov = map(torch.from_numpy, (weights, means, cov, e_step_cov))
-    if any_suspect:
-        w = ridge_vector(w, state.means)
+    if any_suspect:  # tensors sharing the arrays' memory: the clipped rows are written into them
+        w = ridge_vector(w, torch.from_numpy(state[1]))
         rows = torch.from_numpy(np.flatnonzero(suspect))
-        V = e_step_covariances(_rows(state, rows), w, _rows(fixed, rows), data_size)
-        cov[rows] = clip_rounding(cov[rows], V)
-        e_step_cov[rows] = e_step_covariances(
-            Mixture(weights[rows], means[rows], cov[rows]), w, _rows(fixed, rows), data_size
-        )
+        old, new = Mixture.from_arrays(state), Mixture.from_arrays((weights, means, cov))
+        V = e_step_covariances(_rows(old, rows), w, _rows(fixed, rows), data_size)
+        new.covariances[rows] = clip_rounding(new.covariances[rows], V)
+        torch.from_numpy(e_step_cov)[rows] = e_step_covariances(_rows(new, rows), w, _rows(fixed, rows), data_size)
     e_step_weights = weights
     if fixed.any():
-        e_step_weights = share_weights(weights, fixed.weight_values, fixed.weights)
-    return Mixture(weights, means, cov), Mixture(e_step_weights, means, e_step_cov)
+        e_step_weights = share_weights(torch.from_numpy(weights), fixed.weight_values, fixed.weights).numpy()
+    return (weights, means, cov), (e_step_weights, means, e_step_cov)
 
 
 def _em_arrays(held: tuple) -> tuple:
@@ -434,11 +442,20 @@ def _sgd_arrays(tensors: tuple) -> tuple:
 
 
 def sgd_step(
-    params, adam: Adam, stats: Statistics, w: float | torch.Tensor | None, views: ArrayViews | None = None
-) -> Mixture:
-    """The gradient of ``params`` (a ``CholeskyParameters``) from ``stats``, ``adam``'s step along it (its
-    state updated in place, as ``Adam.step`` would) and the new mixture, in one compiled call; ``views``
-    keeps the arrays of the tensors that live from step to step (a fitter's own, or made afresh)."""
+    params,
+    adam: Adam,
+    n: float,
+    q: np.ndarray,
+    U: np.ndarray,
+    UU: np.ndarray,
+    P: np.ndarray,
+    w: float | torch.Tensor | None,
+    views: ArrayViews | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gradient of ``params`` (a ``CholeskyParameters``) from a batch's sums (n points, q, U, UU, P;
+    ``sums_of``), ``adam``'s step along it (its state updated in place, as ``Adam.step`` would) and the new
+    mixture's (weights, means, covariances), new arrays that no later step writes to, in one compiled call;
+    ``views`` keeps the arrays of the tensors that live from step to step (a fitter's own, or made afresh)."""
     adam.steps += 1
     beta1, beta2 = adam.betas
     fixed, initial = params.fixed, params.initial
@@ -460,14 +477,18 @@ def sgd_step(
     logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial_arrays = (
         views or ArrayViews()
     )(tensors, _sgd_arrays)
-    weights, means, cov = _sgd_loop(
+    return _sgd_loop(
         logits,
         means,
         raw,
         scale,
         moments,
         (beta1, beta2, adam.eps, *adam.corrections()),
-        *_arrays(stats),
+        q,
+        U,
+        UU,
+        P,
+        n,
         w_array,
         fixed_weights,
         fixed_means,
@@ -475,4 +496,3 @@ def sgd_step(
         initial_arrays,
         dimensions(params.means.shape[1]),
     )
-    return Mixture(torch.from_numpy(weights), torch.from_numpy(means), torch.from_numpy(cov))

@@ -393,10 +393,14 @@ def _train_epoch(
             continue  # graphs run only without mid-epoch checkpoints (``_graphed_step``)
         try:
             keys = (epoch, number)
-            stats = None
+            stats: Statistics | None = None
+            sums: tuple | None = None  # the plain pass's (n, q, U, UU, P) as arrays (``Fitter.takes_sums``)
             if plain is not None and uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
-                stats = plain.statistics(batch, fitter.mixture, fitter.reads_batch_loglik)
-            if stats is None:
+                if fitter.takes_sums:  # the compiled update on the pass's arrays: no tensor made
+                    sums = plain.sums(batch, *fitter.e_step_arrays())
+                else:
+                    stats = plain.statistics(batch, fitter.mixture, fitter.reads_batch_loglik)
+            if sums is None and stats is None:
                 stats = _global_sums(
                     batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)
                 )
@@ -407,7 +411,9 @@ def _train_epoch(
             raise FitDivergedError(
                 epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.cures, number
             ) from None
-        if deferred_checks.positive_weight(stats.n_points):  # a batch of zero weight holds nothing to update from
+        if sums is not None:  # of a plain batch of points, never empty (``PlainPass``)
+            fitter.observe_sums(*sums)
+        elif stats is not None and deferred_checks.positive_weight(stats.n_points):  # zero weight: nothing to update
             if shadow is not None:
                 fitter.observe_shadow(shadow)
             fitter.observe(stats)

@@ -64,6 +64,8 @@ class MinibatchEM(Capabilities):
     ):
         if covariance_update == "naive" and fixed is not None and fixed.any():
             raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
+        self._held: tuple | None = None  # (state, E-step) arrays of the last compiled step (``observe_sums``)
+        self._state: Mixture | None = None  # made from ``_held`` when asked for
         self.state = mixture
         self.initial = mixture
         self._e_step: Mixture | None = None  # the E-step's mixture, kept until the state changes
@@ -92,7 +94,7 @@ class MinibatchEM(Capabilities):
         """The training data's total weight, where it grows (online learning, ``fit.online``): the E-step's
         prior follows it."""
         self.data_size = data_size
-        self._e_step = None
+        self.state = self.state  # the E-step mixture is made again, with the new prior
         if self._constants is not None:  # in place: a captured step reads this tensor
             self._constants[0].fill_(self._prior_size())
 
@@ -112,17 +114,21 @@ class MinibatchEM(Capabilities):
 
     @property
     def state(self) -> Mixture:
+        if self._state is None:  # made only when asked for, from the arrays of the last compiled step
+            self._state = Mixture.from_arrays(self._held[0])  # type: ignore[index]
         return self._state
 
     @state.setter
-    def state(self, state: Mixture) -> None:
-        self._state = state
-        self._e_step = None
+    def state(self, state: Mixture | None) -> None:
+        self._state, self._e_step, self._held = state, None, None
 
     @property
     def mixture(self) -> Mixture:
         if self._e_step is None:
-            self._e_step = regularised(self.state, self.w, self.fixed, self.data_size)
+            if self._held is not None:
+                self._e_step = Mixture.from_arrays(self._held[1])
+            else:
+                self._e_step = regularised(self.state, self.w, self.fixed, self.data_size)
         return self._e_step
 
     @property
@@ -130,17 +136,39 @@ class MinibatchEM(Capabilities):
         return self.mixture
 
     def observe(self, stats: Statistics) -> None:
+        if self._fused is not None:
+            self.observe_sums(*self._fused.sums_of(stats))
+            return
         step = self.step_size(self._epoch)
         fixed, data_size = self.fixed or self._no_fixed, self.data_size
-        if self._fused is not None:
-            self.state, e_step = self._fused.online_em_step(
-                self.state, stats, step, self.w, fixed, data_size, self._views
-            )
-            self._e_step = e_step
-        elif self.naive:
+        if self.naive:
             self.state = online_em_update_naive(self.state, stats.double(), step, self.w, data_size)
         else:
             self.state = online_em_update(self.state, stats.double(), step, self.w, fixed, data_size)
+        self._counted()
+
+    @property
+    def takes_sums(self) -> bool:
+        return self._fused is not None
+
+    def e_step_arrays(self) -> tuple:
+        return self._held[1] if self._held is not None else self.mixture.arrays()
+
+    def observe_sums(self, n: float, q, U, UU, P) -> None:
+        """``observe``'s compiled update from the sums as arrays; the state and E-step mixture are kept as
+        the update's arrays, and made tensors only when asked for."""
+        if self._fused is None:
+            raise TypeError("observe_sums runs the compiled update (takes_sums)")
+        state = self._held[0] if self._held is not None else self.state.arrays()
+        fixed = self.fixed or self._no_fixed
+        held = self._fused.online_em_step(
+            state, n, q, U, UU, P, self.step_size(self._epoch), self.w, fixed, self.data_size, self._views
+        )
+        self._held, self._state, self._e_step = held, None, None
+        self._counted()
+
+    def _counted(self) -> None:
+        """An update done: counted, and under truncation a restart where it left the compact set."""
         self.n_updates += 1
         if self.truncation is not None and not inside_compact_set(self.mixture, self.truncation + self.restarts):
             self.state = self.initial
@@ -157,7 +185,7 @@ class MinibatchEM(Capabilities):
         return [*self.state.tensors(), *self.mixture.tensors()]
 
     def bind(self, tensors: list[torch.Tensor]) -> None:
-        self._state, self._e_step = Mixture(*tensors[:3]), Mixture(*tensors[3:])
+        self._state, self._e_step, self._held = Mixture(*tensors[:3]), Mixture(*tensors[3:]), None
 
     def prepare_step(self) -> None:
         """The host's part of the next step: its step size, into a scalar on the device."""
@@ -211,7 +239,7 @@ class MinibatchEM(Capabilities):
 
     def release_fixed(self) -> None:
         self.fixed = None
-        self._e_step = None
+        self.state = self.state  # the E-step mixture is made again, without the fixed parameters
 
     def state_dict(self) -> dict:
         return {
@@ -228,7 +256,8 @@ class MinibatchEM(Capabilities):
         self.initial = mixture_from_state(state["initial"], self.state)
         if self.fixed is not None:  # the fixed weights are the initial ones, not the placeholder's
             self.fixed = dataclasses.replace(self.fixed, weight_values=self.initial.weights)
-        self._e_step = mixture_from_state(state["e_step"], self.state) if "e_step" in state else None
+        if "e_step" in state:
+            self._e_step = mixture_from_state(state["e_step"], self.state)
         self.n_updates = int(state["n_updates"])
         self.restarts = int(state["restarts"])
 

@@ -55,6 +55,8 @@ class SGD(Capabilities):
         self.lr_decay = lr_decay
         self.decay_epoch = decay_epoch
         self.optimizer = Adam(self.params.tensors(), lr=lr)
+        self._held: tuple | None = None  # the mixture's arrays from the last compiled step (``observe_sums``)
+        self._mixture: Mixture | None = None  # made from ``_held`` when asked for
         self.mixture = self.params.mixture()
         self._fused = fitters.fused_updates(mixture.means.device)
         self._views = None if self._fused is None else self._fused.ArrayViews()  # the compiled step's arrays
@@ -66,12 +68,37 @@ class SGD(Capabilities):
     def start_epoch(self, epoch: int) -> None:
         self.optimizer.lr = self.step_size(epoch)
 
+    @property
+    def mixture(self) -> Mixture:
+        if self._mixture is None:  # made only when asked for, from the arrays of the last compiled step
+            self._mixture = Mixture.from_arrays(self._held)  # type: ignore[arg-type]
+        return self._mixture
+
+    @mixture.setter
+    def mixture(self, mixture: Mixture) -> None:
+        self._mixture, self._held = mixture, None
+
     def observe(self, stats: Statistics) -> None:
         if self._fused is not None:
-            self.mixture = self._fused.sgd_step(self.params, self.optimizer, stats, self.w, self._views)
+            self.observe_sums(*self._fused.sums_of(stats))
             return
         self.optimizer.step(self.params.loss_gradients(stats.double(), self.w))
         self.mixture = self.params.mixture()
+
+    @property
+    def takes_sums(self) -> bool:
+        return self._fused is not None
+
+    def e_step_arrays(self) -> tuple:
+        return self._held if self._held is not None else self.mixture.arrays()
+
+    def observe_sums(self, n: float, q, U, UU, P) -> None:
+        """``observe``'s compiled step from the sums as arrays; the new mixture is kept as its arrays, and
+        made tensors only when asked for."""
+        if self._fused is None:
+            raise TypeError("observe_sums runs the compiled step (takes_sums)")
+        self._held = self._fused.sgd_step(self.params, self.optimizer, n, q, U, UU, P, self.w, self._views)
+        self._mixture = None
 
     # The step as ``cuda_graphs`` replays it: the host's part, then the device's, in place.
     @property

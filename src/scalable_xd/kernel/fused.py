@@ -556,24 +556,44 @@ class PlainPass:
         real = DTYPE_NAMES[dtype]
         self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
         self.acc = np.empty(self.n_blocks * n_tiles * at["n_sums"] * TILE)
-        self._modules: dict[tuple[int, int], types.ModuleType] = {}  # by (torch's threads, points): see _module
+        self._modules: dict[tuple[int, int], tuple] = {}  # by (torch's threads, points): see _module
         self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
 
     def _module(self, n: int):
-        """The compiled module for a batch of n points, threaded or not (``_threads_for``), settled once for
-        each thread count and batch size (~6 us a step: a batch size recurs at every step): numba's thread
-        count is set only to torch's, so it holds while torch's does."""
+        """The compiled module for a batch of n points, threaded or not (``_threads_for``), and the batch's
+        buffers (each point's log-likelihood and failed pair), settled once for each thread count and batch
+        size (~6 us a step: a batch size recurs at every step): numba's thread count is set only to
+        torch's, so it holds while torch's does."""
         key = (torch.get_num_threads(), n)
-        module = self._modules.get(key)
-        if module is None:
+        settled = self._modules.get(key)
+        if settled is None:
             parallel = _threads_for(n * self.k, self.pool)
-            module = self._modules[key] = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
-        return module
+            module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
+            settled = self._modules[key] = (module, (np.empty(n, self.par.dtype), np.empty(n, np.int64)))
+        return settled
 
     def statistics(self, batch: Batch, mixture: Mixture, with_loglik: bool = True) -> Statistics | None:
         """The batch's Statistics (without its summed log-likelihood unless ``with_loglik``: ~7 us of a
         minibatch step whose update does not read it), or None where it is not plain (the general pass takes
         it) or a pair of it could not be factorised (the general pass retries it in float64, or names it)."""
+        weights, means, covariances = (_array(t) for t in mixture.tensors())  # float64 or the data's dtype
+        done = self._pass(batch, weights, means, covariances)
+        if done is None:
+            return None
+        n, loglik, sums = done
+        q, U, UU, P = map(torch.from_numpy, sums)
+        return Statistics(n, q, U, UU, P, summed_loglik(torch.from_numpy(loglik)) if with_loglik else None)
+
+    def sums(self, batch: Batch, weights: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> tuple | None:
+        """(n, q, U, UU, P) of the batch under the mixture of these C-contiguous arrays, as numpy arrays,
+        or None where ``statistics`` gives None: a minibatch step's pass for an update that takes arrays
+        (``Fitter.takes_sums``), with no tensor made or read (~20 us of torch's conversions a step)."""
+        done = self._pass(batch, weights, means, covariances)
+        return None if done is None else (done[0], *done[2])
+
+    def _pass(self, batch: Batch, weights: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> tuple | None:
+        """(n, each point's log-likelihood, (q, U, UU, P)) of a plain batch, or None (see ``statistics``).
+        The log-likelihoods are a buffer the next call overwrites."""
         place = batch.in_memory
         if place is not None:
             x, S, rows = place.X, place.noise, place.rows
@@ -585,21 +605,16 @@ class PlainPass:
         n = len(rows) if place is not None else len(x)
         if n < self.n_blocks or n * self.k > self.max_pairs:
             return None
-        if mixture.n_components != self.k or x.shape[1] != self.dim:
+        if means.shape[0] != self.k or x.shape[1] != self.dim:
             return None
-        weights_, means, covariances = mixture.tensors()  # float64 or the data's dtype: pack rounds them
-        loglik, failed = np.empty(n, self.par.dtype), np.empty(n, np.int64)
-        module = self._module(n)
-        module.pack(_array(weights_), _array(means), _array(covariances), self.par)
+        module, (loglik, failed) = self._module(n)
+        module.pack(weights, means, covariances, self.par)
         no_weights, no_densities = self._empty
         module.kernel(
             x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, self.acc, self.n_blocks
         )
         first, *sums = module.unpack_checked(failed, self.acc, self.n_blocks, self.k)
-        if first >= 0:
-            return None
-        q, U, UU, P = map(torch.from_numpy, sums)
-        return Statistics(n, q, U, UU, P, summed_loglik(torch.from_numpy(loglik)) if with_loglik else None)
+        return None if first >= 0 else (n, loglik, sums)
 
 
 def _threads_for(n_pairs: int, pool: int) -> bool:
