@@ -7,7 +7,7 @@ once an epoch; minibatch EM and SGD update after every batch. ``state_dict``/``l
 everything needed to resume from a checkpoint and continue exactly as an uninterrupted fit would. On the
 CPU the minibatch methods' compiled steps also take a plain batch's sums as numpy arrays
 (``observe_sums``, where ``takes_sums``) and keep their parameters as arrays until a tensor is asked for:
-a step then makes no tensor at all, which saved ~20 us of a ~0.45 ms step at K = 64.
+a step then makes no tensor at all, which saved ~25 us of a ~0.43 ms step at K = 64.
 
 Parameters and their updates are kept in float64 whatever precision the statistics pass runs in: they are
 K x D x D numbers, and Gaia's features need the range (a component can be 1e7 times narrower in parallax
