@@ -517,8 +517,7 @@ def fused_chunk(
     acc = np.empty(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)  # each block zeroes its own
     module = compiled_module(dim, with_stats, DTYPE_NAMES[x.dtype], parallel)
     par = np.empty(n_tiles * at["n_params"] * TILE, x_np.dtype)
-    weights, means, covariances = mixture.tensors()
-    module.pack(_array(weights), _array(means), _array(covariances), par)
+    module.pack(*mixture.arrays(), par)
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
     module.kernel(
@@ -576,8 +575,7 @@ class PlainPass:
         """The batch's Statistics (without its summed log-likelihood unless ``with_loglik``: ~7 us of a
         minibatch step whose update does not read it), or None where it is not plain (the general pass takes
         it) or a pair of it could not be factorised (the general pass retries it in float64, or names it)."""
-        weights, means, covariances = (_array(t) for t in mixture.tensors())  # float64 or the data's dtype
-        done = self._pass(batch, weights, means, covariances)
+        done = self._pass(batch, *mixture.arrays())  # float64 or the data's dtype: pack rounds them
         if done is None:
             return None
         n, loglik, sums = done
