@@ -91,30 +91,31 @@ def test_served_batches_hold_the_rows_they_name(shards):
         assert batch.size == len(rows) and batch.R is None and batch.weights is None
 
 
-def test_served_batches_are_read_in_place_from_their_window_but_none_holds_a_window_being_refilled(shards):
+def test_served_batches_are_read_in_place_from_one_reused_window_and_expire_when_it_is_refilled(shards):
     """On the CPU a batch names its rows in the window (``in_memory``), and the statistics pass reads them
-    there as it reads them gathered (to rounding: the kernel fuses S's products into its sums); the last
-    batch of each window is gathered, so that the window a fit's loop still holds is never one being
-    replaced (memory stays at one window, the carried rows and one row group)."""
+    there as it reads them gathered (to rounding: the kernel fuses S's products into its sums); every window
+    of the epoch is filled in the same memory, and the last batch of each is gathered, so that the batch a
+    fit's loop still holds is never one whose rows are being replaced; a batch held past its window's refill
+    can no longer be read (an error, not other rows)."""
     from scalable_xd.fit.parallel import ONE_PROCESS
     from scalable_xd.kernel.fused import PlainPass
     from scalable_xd.mixture import Mixture
 
     folder, _ = shards
     source = _source(folder)
-    batches = list(source.epoch_batches(130, 2, 4, True, ONE_PROCESS, "cpu", torch.float32, in_place=True))
-    rows = list(source.epoch_rows(130, 2, seed=4))
-    windows = [None if b.in_memory is None else b.in_memory.X.base for b in batches]
-    assert sum(w is not None for w in windows) > len(batches) // 2
-    for before, after in zip(windows, windows[1:]):
-        assert before is None or after is None or after is before, "a batch in place, then one from a new window"
     mixture = Mixture(
         torch.full((3,), 1 / 3.0), torch.tensor([[0.0, 0, 0], [4, 0, 1], [0, 5, -2]]), torch.eye(3).expand(3, 3, 3)
     )
     plain = PlainPass(3, 3, torch.float32, 1 << 20)
+    rows = list(source.epoch_rows(130, 2, seed=4))
+    memory, in_place, held = set(), 0, []  # held: as a caller that keeps its batches
+    batches = source.epoch_batches(130, 2, 4, True, ONE_PROCESS, "cpu", torch.float32, in_place=True)
     for batch, named in zip(batches, rows, strict=True):
+        held.append(batch)
         if batch.in_memory is None:
             continue
+        in_place += 1
+        memory.add(batch.in_memory.X.base.ctypes.data)
         assert np.array_equal(
             batch.in_memory.X[batch.in_memory.rows],
             source.sample(torch.as_tensor(np.sort(named)), "x").X.numpy()[np.argsort(np.argsort(named))],
@@ -125,6 +126,15 @@ def test_served_batches_are_read_in_place_from_their_window_but_none_holds_a_win
         )
         for name in ("q", "U", "UU", "P", "loglik"):
             assert torch.allclose(getattr(read, name), getattr(gathered, name), rtol=1e-5, atol=0), name
+    assert in_place > len(rows) // 2 and len(memory) == 1, "every window in one allocation"
+    assert held[0].in_memory is None, "expired when its window was refilled"
+    batches = source.epoch_batches(130, 2, 4, True, ONE_PROCESS, "cpu", torch.float32, in_place=True)
+    unread = next(batches)
+    assert unread.in_memory is not None
+    for _ in batches:
+        pass
+    with pytest.raises(RuntimeError, match="shuffle window has since been refilled"):
+        _ = unread.x
 
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd", "stochastic_minibatch_em"])

@@ -7,6 +7,7 @@ position in the fit (epoch, window, batch), never on the device or on how the fi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,6 +91,13 @@ class GatheredOnRead(Batch):
         self._gather = gather
         self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def expire(self, why: str) -> None:
+        """Forget where the rows lie, whose memory is about to hold other rows: x and S, unless gathered
+        already, can no longer be read (a RuntimeError giving ``why``), rather than read wrong."""
+        self.in_memory = None
+        if self._gathered is None:
+            self._gather = functools.partial(_expired, why)
+
     def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._gathered is None:
             self._gathered = self._gather()
@@ -102,6 +110,10 @@ class GatheredOnRead(Batch):
     @property
     def S(self) -> torch.Tensor:  # type: ignore[override]
         return self._tensors()[1]
+
+
+def _expired(why: str):
+    raise RuntimeError(f"a batch read in place can no longer be read: {why}; read each batch before asking for more")
 
 
 def batch_views(parts, tensors):

@@ -179,19 +179,28 @@ class ParquetSource:
 
     # ------------------------------------------------------------------ reading
 
-    def _read(self, piece: _Piece) -> dict:
-        """One row group's columns (x and sigma as float64, correlations in their stored precision, float32
-        for features files), plus the rows' numbers in the whole data set."""
+    def _read_columns(self, piece: _Piece) -> dict:
+        """One row group's columns, one array each, under "x", "sigma" and "corr" (x and sigma as float64,
+        correlations in their stored precision, float32 for features files), plus the rows' numbers in the
+        whole data set under "row"."""
         table = piece.fragment.to_table(columns=self._columns)
 
-        def block(names, dtype=np.float64):
-            columns = [table.column(c).to_numpy(zero_copy_only=False) for c in names]
-            return np.stack([c.astype(np.result_type(c.dtype, dtype), copy=False) for c in columns], axis=1)
+        def columns(names, dtype=np.float64):
+            arrays = [table.column(c).to_numpy(zero_copy_only=False) for c in names]
+            return [a.astype(np.result_type(a.dtype, dtype), copy=False) for a in arrays]
 
-        out = {"row": np.arange(piece.start, piece.start + piece.rows), "x": block(self.x_columns)}
+        out = {"row": np.arange(piece.start, piece.start + piece.rows), "x": columns(self.x_columns)}
         if self.sigma_columns is not None:
-            out["sigma"] = block(self.sigma_columns)
-            out["corr"] = block(self.corr_columns, np.float32) if self.corr_columns else np.empty((piece.rows, 0))
+            out["sigma"] = columns(self.sigma_columns)
+            out["corr"] = columns(self.corr_columns, np.float32)
+        return out
+
+    def _read(self, piece: _Piece) -> dict:
+        """One row group (``_read_columns``) with each kind's columns side by side in one array."""
+        out = self._read_columns(piece)
+        for key in ("x", "sigma", "corr"):
+            if key in out:
+                out[key] = np.stack(out[key], axis=1) if out[key] else np.empty((piece.rows, 0))
         return out
 
     def _dataset(self, block: dict, name: str | None = None, validate: bool = False) -> Dataset:
@@ -233,8 +242,9 @@ class ParquetSource:
         global batch of the epoch, the window an array of records filled by ``read(piece)``.
 
         The window holds the rows carried over from the last one, then whole row groups up to
-        ``window_rows``; it is filled in place (its size is known from the metadata), so memory peaks at one
-        window plus one row group. Batches are taken in the order of a permutation of the window."""
+        ``window_rows``; it is filled in place (its size is known from the metadata), in the last window's
+        memory where that has room, so memory peaks at one window plus one row group. Batches are taken in
+        the order of a permutation of the window."""
         order = list(range(len(self._pieces)))
         if shuffle:
             order = torch.randperm(len(self._pieces), generator=generator(seed, epoch)).tolist()
@@ -243,15 +253,16 @@ class ParquetSource:
         order_in_window, served = np.arange(0), 0
         number = 0
         sizes = [stop - start for start, stop in batch_bounds(self._n, batch_size)]
+        headroom = max(sizes) + max(piece.rows for piece in self._pieces)  # what a later window may hold more
         for at, size in enumerate(sizes):
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
                 carried = _take(window, order_in_window[served:]) if len(window) else None
-                window = np.empty(0)  # freed before the next is filled
+                spare, window = [window], np.empty(0)  # its memory is refilled, not allocated again
                 chosen, filled = [], 0
                 while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
                     filled += self._pieces[chosen[-1]].rows
-                window = self._fill([self._pieces[i] for i in chosen], carried, read)
+                window = self._fill([self._pieces[i] for i in chosen], carried, read, spare, headroom)
                 order_in_window = np.arange(len(window))
                 if shuffle:
                     order_in_window = torch.randperm(len(window), generator=generator(seed, epoch, number, 2)).numpy()
@@ -261,10 +272,15 @@ class ParquetSource:
             yield window, take, at + 1 < len(sizes) and len(order_in_window) - served < sizes[at + 1]
 
     @staticmethod
-    def _fill(pieces, carried: dict | None, read) -> np.ndarray:
-        """The carried rows followed by the row groups ``pieces``, read into one array of records (a row's
-        columns side by side: a batch's rows, taken from anywhere in the window, are then a few cache lines
-        each, ~23 against ~42 us for 500 rows of a window of 1,048,576 as four arrays), allocated once."""
+    def _fill(pieces, carried: dict | None, read, spare: list, headroom: int) -> np.ndarray:
+        """The carried rows (arrays, from ``_take``) followed by the row groups ``pieces`` (as
+        ``_read_columns`` gives them), read into one array of records (a row's columns side by side: a
+        batch's rows, taken from anywhere in the window, are then a few cache lines each, ~23 against ~42 us
+        for 500 rows of a window of 1,048,576 as four arrays). Each column is written straight into its
+        place in the records. The window is the memory of the last one (``spare``: [its array] or []) where
+        that has room and the same fields, and is allocated otherwise, with ``headroom`` rows more (for
+        the rows a later window carries over and its larger row groups): fresh memory costs its first
+        touch (~0.1-0.3 s for a window of 1,048,576 Gaia rows on a 2-core VM), as much as the filling."""
 
         def blocks():
             if carried is not None:
@@ -272,15 +288,32 @@ class ParquetSource:
             for piece in pieces:
                 yield read(piece)
 
+        def kind(value):  # a field's (dtype, shape) from an array or a list of columns
+            if isinstance(value, list):
+                return (np.result_type(*value) if value else np.float64), (len(value),)
+            return value.dtype, value.shape[1:]
+
         total = sum(piece.rows for piece in pieces) + (0 if carried is None else len(carried["row"]))
         window = np.empty(0)
         at = 0
         for block in blocks():
+            rows = len(block["row"])
             if not len(window):
-                window = np.empty(total, np.dtype([(k, v.dtype, v.shape[1:]) for k, v in block.items()]))
+                dtype = np.dtype([(key, *kind(value)) for key, value in block.items()])
+                memory = spare.pop() if spare else np.empty(0)
+                memory = memory if memory.base is None else memory.base  # the whole allocation
+                if memory.dtype != dtype or len(memory) < total:
+                    memory = np.empty(0)  # freed before the new one is allocated
+                    memory = np.empty(total + headroom, dtype)
+                window = memory[:total]
             for key, value in block.items():
-                window[key][at : at + len(value)] = value
-            at += len(block["row"])
+                place = window[key][at : at + rows]
+                if isinstance(value, list):
+                    for number, column in enumerate(value):
+                        place[:, number] = column
+                else:
+                    place[...] = value
+            at += rows
         return window
 
     def epoch_rows(self, batch_size: int, epoch: int, seed: int, shuffle: bool = True):
@@ -299,14 +332,16 @@ class ParquetSource:
         read: the rows they carry over belong to later batches): this process's share of it (see the
         module). ``in_place`` (on the CPU): each batch names its rows in the window
         (``batching.GatheredOnRead``), which the CPU's pass reads there; the last batch before a refill is
-        gathered, so that no batch holds a window while the next is filled. Otherwise, as
+        gathered, and the window's memory is refilled with the next rows, so a batch read in place is
+        valid until the batch after its window's last is asked for (reading it later raises). Otherwise, as
         ``Dataset.epoch_batches`` does, the shares of many batches are made tensors at once (``GATHER_ROWS``)
         and each batch is a view of them."""
         in_place = in_place and self._in_place(device)
         columns = correlation_columns(self.obs_dim, self.pairs)
         shares, held = [], 0
+        read_in_place: list[GatheredOnRead] = []  # the window's batches named in it: expired before its refill
         for number, (window, take, refilled) in enumerate(
-            self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read)
+            self._epoch_blocks(batch_size, epoch, seed, shuffle, self._read_columns)
         ):
             size = len(take)
             rows = take[group.share(slice(0, size), size)]
@@ -315,13 +350,18 @@ class ParquetSource:
             elif in_place and not refilled:
                 gather = functools.partial(self._x_and_S, window, rows, device, dtype)
                 noise = (window["sigma"], window["corr"], columns)
-                yield GatheredOnRead(size, RowsInMemory(window["x"], noise, rows), gather)
+                read_in_place.append(GatheredOnRead(size, RowsInMemory(window["x"], noise, rows), gather))
+                yield read_in_place[-1]
             else:
                 shares.append((size, _take(window, rows)))
                 held += len(rows)
                 if in_place or held >= GATHER_ROWS:
                     yield from self._batches(shares, device, dtype)
                     shares, held = [], 0
+            if refilled:
+                for batch in read_in_place:
+                    batch.expire("its shuffle window has since been refilled with other rows")
+                read_in_place = []
             window = None  # not held here while the next window is filled
         yield from self._batches(shares, device, dtype)
 
