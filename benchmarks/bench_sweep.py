@@ -12,10 +12,13 @@ minibatch EM and SGD (batch 500), from each data form a user has:
 * ``parquet``: the files streamed a window at a time (``features_source``).
 
 Reported per fit: the epoch's training seconds (evaluation excluded) and (star, component) pairs a second;
-per N, form and dtype each minibatch method's rate as a fraction of batch EM's; and per method, form and
-dtype the largest N's seconds per pair over the smallest's (``per_pair_growth``): 1 is a cost flat in N.
-Every fit starts from the same means (no k-means); each case runs in its own process, after a fit on 2,000
-rows has compiled its kernels, and keeps the fastest of ``--repeats`` fits.
+per N, form and dtype each minibatch method's rate as a fraction of batch EM's (``of_em``: paired, see
+below); and per method, form and dtype the largest N's seconds per pair over the smallest's
+(``per_pair_growth``): 1 is a cost flat in N. Every fit starts from the same means (no k-means). Each case
+(N, form, dtype) runs in its own process, after a fit of each method on 2,000 rows has compiled its kernels:
+``--repeats`` rounds fit every method in turn; a fit's seconds are its fastest round's, and ``of_em`` is the
+median over the rounds of batch EM's seconds over the method's, so that a machine whose speed wanders
+between rounds (as a shared VM's does by 20-30% within minutes) moves both sides of each ratio alike.
 """
 
 from __future__ import annotations
@@ -35,14 +38,14 @@ METHODS = ("em", "minibatch_em", "sgd")
 DTYPES = ("float32", "float64")
 
 CHILD = r"""
-import json, sys
+import json, statistics, sys
 
 import numpy as np
 from scalable_xd import XDGMM
 from scalable_xd.pipeline.features_file import features_source
 
-folder, form, method, dtype = sys.argv[1:5]
-k, repeats = int(sys.argv[5]), int(sys.argv[6])
+folder, form, dtype = sys.argv[1:4]
+k, repeats, methods = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6].split(",")
 source = features_source(folder, validate=False)
 n = len(source)
 means = source.sample(np.linspace(0, n - 1, k).astype(np.int64), "means").X.numpy()
@@ -54,34 +57,39 @@ def in_memory(rows):  # X and the noise of rows in memory, as the form holds the
 
 
 data = {"X": source} if form == "parquet" else in_memory(np.arange(n))
-settings = dict(method=method, tol=None, device="cpu", dtype=dtype, random_state=0, means_init=means)
-XDGMM(k, epochs=1, **settings).fit(**in_memory(np.arange(min(n, 2000))))  # compiles the kernels outside the timing
-seconds = min(XDGMM(k, epochs=1, **settings).fit(**data).history_[-1]["seconds"] for _ in range(repeats))
-print(json.dumps({"N": n, "form": form, "method": method, "dtype": dtype, "K": k, "train_seconds": seconds,
-                  "pairs_per_s": n * k / seconds}))
+settings = {m: dict(method=m, tol=None, device="cpu", dtype=dtype, random_state=0, means_init=means) for m in methods}
+for method in methods:  # compiles the kernels outside the timing
+    XDGMM(k, epochs=1, **settings[method]).fit(**in_memory(np.arange(min(n, 2000))))
+seconds = {method: [] for method in methods}
+for _ in range(repeats):  # the methods in turn, so that each round's ratios see the same machine
+    for method in methods:
+        seconds[method].append(XDGMM(k, epochs=1, **settings[method]).fit(**data).history_[-1]["seconds"])
+for method in methods:
+    row = {"N": n, "form": form, "method": method, "dtype": dtype, "K": k, "train_seconds": min(seconds[method]),
+           "pairs_per_s": n * k / min(seconds[method])}
+    if "em" in seconds and method != "em":
+        row["of_em"] = statistics.median(em / own for em, own in zip(seconds["em"], seconds[method]))
+    print(json.dumps(row))
 """
 
 
-def fit_once(folder: Path, form: str, method: str, dtype: str, k: int, repeats: int) -> dict:
+def fit_case(folder: Path, form: str, dtype: str, k: int, repeats: int, methods) -> list[dict]:
+    """Every method's fit of one case (N, form, dtype), in one process."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(folder), form, method, dtype, str(k), str(repeats)],
+        [sys.executable, "-c", CHILD, str(folder), form, dtype, str(k), str(repeats), ",".join(methods)],
         capture_output=True,
         text=True,
     )
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(methods) :]]
 
 
 def summarise(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(each minibatch fit's rate over batch EM's on the same N, form and dtype; each method, form and dtype's
-    seconds per pair at its largest N over its smallest)."""
+    """(each minibatch fit's rate over batch EM's on the same N, form and dtype, the median of the rounds'
+    ratios; each method, form and dtype's seconds per pair at its largest N over its smallest)."""
     rate = {(r["N"], r["form"], r["method"], r["dtype"]): r["pairs_per_s"] for r in rows}
-    of_em = [
-        {"N": n, "form": form, "method": method, "dtype": dtype, "of_em": value / rate[(n, form, "em", dtype)]}
-        for (n, form, method, dtype), value in rate.items()
-        if method != "em" and (n, form, "em", dtype) in rate
-    ]
+    of_em = [{key: r[key] for key in ("N", "form", "method", "dtype", "of_em")} for r in rows if "of_em" in r]
     growth = []
     for form, method, dtype in sorted({key[1:] for key in rate}):
         sizes = sorted(n for n, f, m, d in rate if (f, m, d) == (form, method, dtype))
@@ -102,7 +110,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n-components", type=int, default=64)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
-    parser.add_argument("--repeats", type=int, default=2, help="fits timed per case; the fastest is kept")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of fits per case (see above)")
     parser.add_argument("--scratch", default=None, help="where the catalogues are written (default: a temp dir)")
     args = parse_args(
         parser,
@@ -123,8 +131,7 @@ def main(argv=None) -> None:
             forms = ("parquet",) if n in args.streamed_only else ("arrays", "compact", "parquet")
             for form in forms:
                 for dtype in args.dtypes:
-                    for method in args.methods:
-                        row = fit_once(folder, form, method, dtype, args.n_components, args.repeats)
+                    for row in fit_case(folder, form, dtype, args.n_components, args.repeats, args.methods):
                         print(json.dumps(row), flush=True)
                         rows.append(row)
     of_em, growth = summarise(rows)
