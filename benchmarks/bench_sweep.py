@@ -137,7 +137,14 @@ def main(argv=None) -> None:
     of_em, growth = summarise(rows)
     write_result(
         "bench_sweep_cpu",
-        {"benchmark": "bench_sweep", **machine(), "results": rows, "of_em": of_em, "per_pair_growth": growth},
+        {
+            "benchmark": "bench_sweep",
+            **machine(),
+            "rounds": args.repeats,
+            "results": rows,
+            "of_em": of_em,
+            "per_pair_growth": growth,
+        },
     )
 
 
