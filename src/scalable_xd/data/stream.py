@@ -242,8 +242,9 @@ class ParquetSource:
         global batch of the epoch, the window an array of records filled by ``read(piece)``.
 
         The window holds the rows carried over from the last one, then whole row groups up to
-        ``window_rows``; it is filled in place (its size is known from the metadata), in the last window's
-        memory where that has room, so memory peaks at one window plus one row group. Batches are taken in
+        ``window_rows``; it is filled in place (its size is known from the metadata), in the memory of the
+        last window, allocated once for the largest window the epoch can have, so memory peaks at one
+        window plus one row group. Batches are taken in
         the order of a permutation of the window."""
         order = list(range(len(self._pieces)))
         if shuffle:
@@ -253,7 +254,9 @@ class ParquetSource:
         order_in_window, served = np.arange(0), 0
         number = 0
         sizes = [stop - start for start, stop in batch_bounds(self._n, batch_size)]
-        headroom = max(sizes) + max(piece.rows for piece in self._pieces)  # what a later window may hold more
+        # the most rows a window can hold: fewer than window_rows and one row group, plus fewer than a batch
+        # carried over; never more than the data set
+        capacity = min(self._n, self.window_rows + max(piece.rows for piece in self._pieces) + max(sizes))
         for at, size in enumerate(sizes):
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
                 carried = _take(window, order_in_window[served:]) if len(window) else None
@@ -262,7 +265,7 @@ class ParquetSource:
                 while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
                     filled += self._pieces[chosen[-1]].rows
-                window = self._fill([self._pieces[i] for i in chosen], carried, read, spare, headroom)
+                window = self._fill([self._pieces[i] for i in chosen], carried, read, spare, capacity)
                 order_in_window = np.arange(len(window))
                 if shuffle:
                     order_in_window = torch.randperm(len(window), generator=generator(seed, epoch, number, 2)).numpy()
@@ -272,15 +275,15 @@ class ParquetSource:
             yield window, take, at + 1 < len(sizes) and len(order_in_window) - served < sizes[at + 1]
 
     @staticmethod
-    def _fill(pieces, carried: dict | None, read, spare: list, headroom: int) -> np.ndarray:
+    def _fill(pieces, carried: dict | None, read, spare: list, capacity: int) -> np.ndarray:
         """The carried rows (arrays, from ``_take``) followed by the row groups ``pieces`` (as
         ``_read_columns`` gives them), read into one array of records (a row's columns side by side: a
         batch's rows, taken from anywhere in the window, are then a few cache lines each, ~23 against ~42 us
         for 500 rows of a window of 1,048,576 as four arrays). Each column is written straight into its
         place in the records. The window is the memory of the last one (``spare``: [its array] or []) where
-        that has room and the same fields, and is allocated otherwise, with ``headroom`` rows more (for
-        the rows a later window carries over and its larger row groups): fresh memory costs its first
-        touch (~0.1-0.3 s for a window of 1,048,576 Gaia rows on a 2-core VM), as much as the filling."""
+        that has room and the same fields, and is allocated otherwise, for ``capacity`` rows (the largest
+        window of the epoch), so that every later window fits: fresh memory costs its first touch (~0.1-0.3
+        s for a window of 1,048,576 Gaia rows on a 2-core VM), as much as the filling."""
 
         def blocks():
             if carried is not None:
@@ -304,7 +307,7 @@ class ParquetSource:
                 memory = memory if memory.base is None else memory.base  # the whole allocation
                 if memory.dtype != dtype or len(memory) < total:
                     memory = np.empty(0)  # freed before the new one is allocated
-                    memory = np.empty(total + headroom, dtype)
+                    memory = np.empty(max(total, capacity), dtype)
                 window = memory[:total]
             for key, value in block.items():
                 place = window[key][at : at + rows]
