@@ -13,7 +13,9 @@ such scoring.
 
 Reported per update: wall seconds, the number of device kernels launched (CUDA) or operators run, the
 host-device synchronisations (``cudaStreamSynchronize``/``cudaDeviceSynchronize``/``aten::item``/
-``aten::is_nonzero``, each a stall of the CPU), and the 15 most expensive operators by self time.
+``aten::is_nonzero``, each a stall of the CPU), the 15 most expensive operators by self time, and on CUDA
+every kernel with its device time (``kernels``; their sum, ``kernel_device_ms``, against the wall time
+says whether the device's work or the gaps between kernels set the pace).
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def main(argv=None) -> None:
     kernels = sum(e.count for e in events if e.device_type.name == "CUDA") if device.type == "cuda" else None
     operators = sum(e.count for e in events if e.key.startswith("aten::"))
     syncs = {e.key: e.count / args.updates for e in events if e.key in SYNCS}
+    on_device = sorted(
+        (e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.self_device_time_total, reverse=True
+    )
     top = sorted(events, key=lambda e: e.self_cpu_time_total + getattr(e, "self_device_time_total", 0), reverse=True)
     result = {
         "machine": machine(),
@@ -121,6 +126,15 @@ def main(argv=None) -> None:
         "kernels_per_update": None if kernels is None else kernels / args.updates,
         "operators_per_update": operators / args.updates,
         "syncs_per_update": syncs,
+        "kernel_device_ms": sum(e.self_device_time_total for e in on_device) / 1e3 / args.updates,
+        "kernels": [
+            {
+                "name": e.key[:100],
+                "count_per_update": e.count / args.updates,
+                "device_ms": e.self_device_time_total / 1e3 / args.updates,
+            }
+            for e in on_device
+        ],
         "top_operators": [
             {
                 "name": e.key,
@@ -131,7 +145,9 @@ def main(argv=None) -> None:
             for e in top[:15]
         ],
     }
-    print({k: v for k, v in result.items() if k not in ("machine", "top_operators")})
+    print({k: v for k, v in result.items() if k not in ("machine", "top_operators", "kernels")})
+    for kernel in result["kernels"][:12]:
+        print(f"  {kernel['device_ms'] * 1e3:9.1f} us  x{kernel['count_per_update']:g}  {kernel['name']}")
     suffix = "" if args.step == "ordinary" else f"_{args.step}"
     write_result(f"profile_batch_{device.type}_K{args.n_components}_b{args.batch_size}{suffix}", result)
 
