@@ -71,10 +71,11 @@ def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows)
     assert torch.equal(new_state.covariances[4], state.covariances[4])
 
 
-def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(monkeypatch):
+@pytest.mark.parametrize("k", [fused_updates.PARALLEL_COMPONENTS + 3, 2 * fused_updates.PARALLEL_COMPONENTS + 3])
+def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(monkeypatch, k):
     """From ``PARALLEL_COMPONENTS`` components the update runs in numba's threads, a share of the components
-    each: every component's arithmetic is unchanged, so the result is the serial loop's, bit for bit."""
-    k = fused_updates.PARALLEL_COMPONENTS + 3
+    each (one part a thread, then four from twice as many components): every component's arithmetic is
+    unchanged, so the result is the serial loop's, bit for bit."""
     state, x, S = _problem(31, k=k, d=3, n=2000)
     fixed = _fixed(k, means=[0], covariances=[5, 6], values=state.weights)
     stats = batch_statistics(x, S, regularised(state, 0.3, fixed, 5000.0))

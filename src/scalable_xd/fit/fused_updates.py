@@ -30,9 +30,11 @@ _jit: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(cache=True
 _jit_parallel: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
     cache=True, error_model="numpy", parallel=True
 )
-# Components from which online EM's update is shared among threads: ~0.4 us a component, against ~10-20 us
-# to start a parallel region
-PARALLEL_COMPONENTS = 128
+# Components from which online EM's update is shared among threads (``threads`` parts below 128 components,
+# four a thread from there): right after the pass, whose threads still spin (``GOMP_SPINCOUNT``), a parallel
+# region starts in a few us, against ~0.4 us a component. Measured on 2 cores, after the pass, median of
+# 3,000: K = 64, 31.7 us on one thread, 26.1 in 2 parts, 28.7 in 4; K = 32, 17.8 against 18.7 in 2 parts.
+PARALLEL_COMPONENTS = 64
 LANES = 64  # components updated together: their scratch (~150 kB) stays in the L2 cache
 TINY = float(np.finfo(np.float64).tiny)
 
@@ -281,7 +283,7 @@ def _sgd_loop(
             ridge = 1.0 / (trace**2 * w[i]) if w.shape[0] else 0.0
             for j in range(i + 1):
                 s = 0.0
-                for m in range(D):
+                for m in range(j, D):  # chol[m, j] is 0 above the diagonal: the terms skipped added +0 to +0
                     grad_cov = -0.5 * (np.float64(UU[k, i, m]) - np.float64(P[k, i, m])) - (ridge if i == m else 0.0)
                     s += 2.0 * grad_cov * chol[m, j]
                 g = scale[k, i] * s
@@ -313,11 +315,11 @@ def _sgd_loop(
                 unit[i, j] = np.exp(raw[k, i, i]) if i == j else raw[k, i, j]
                 chol[i, j] = scale[k, i] * unit[i, j]
         for i in range(D):
-            for j in range(D):
+            for j in range(i + 1):  # (j, i) is the same sum of the same products (a product commutes exactly)
                 s = 0.0
-                for m in range(min(i, j) + 1):
+                for m in range(j + 1):
                     s += chol[i, m] * chol[j, m]
-                out_cov[k, i, j] = s
+                out_cov[k, i, j] = out_cov[k, j, i] = s
     return weights, out_means, out_cov
 
 
@@ -345,9 +347,9 @@ def online_em_step(
     ``FixedParameters``; ``views`` keeps the arrays of W and of the fixed masks from step to step (a
     fitter's own, or made afresh). No tensor is made unless a covariance needs ``clip_rounding`` or weights
     are fixed."""
-    loop = _online_em_loop
-    if state[1].shape[0] >= PARALLEL_COMPONENTS and (threads := torch.get_num_threads()) > 1:
-        loop = partial(_online_em_loop_parallel, parts=4 * threads)
+    loop, k = _online_em_loop, state[1].shape[0]
+    if k >= PARALLEL_COMPONENTS and (threads := torch.get_num_threads()) > 1:
+        loop = partial(_online_em_loop_parallel, parts=threads if k < 2 * PARALLEL_COMPONENTS else 4 * threads)
     held = (w, fixed.means, fixed.covariances, state[1].shape[1], torch.float64)  # the state is float64
     w_array, prior_size, fixed_means, fixed_cov, dims = (views or ArrayViews())(held, _em_arrays)
     weights, means, cov, e_step_cov, suspect, any_suspect = loop(
