@@ -9,6 +9,10 @@ load from numba's cache, is reported apart), ``unrolled`` (the eager torch path)
 code through torch.compile; its first call, the compile, is reported apart), ``linalg`` (batched LAPACK calls,
 the first implementation) and ``reference``, the straightforward PyTorch formulation the paper's equations
 suggest: form T_ij, b_ij and B_ij for every pair with batched inverses, then sum r b and r (b b^T + B).
+``--max-pairs`` times the pass cut into chunks of several sizes ((point, component) pairs a chunk,
+``dispatch.chunks``; default: each backend's own, ``kernel.TABLE``), one row each; ``--deferred-checks``
+times it with its per-chunk tests deferred, as a fit's epochs run it (``deferred_checks``: no chunk waits
+for the device to say whether a pair failed to factorise).
 Achieved flop/s count the arithmetic the unrolled pass performs per pair (``flops_per_pair``), set against
 the FP32 peak where it is known (``--peak-tflops``, or the table below for GPUs).
 Epoch times are training seconds per epoch of each method with each kernel (evaluation passes
@@ -21,17 +25,17 @@ by 20-30%.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scalable_xd import XDGMM
+from scalable_xd import XDGMM, deferred_checks
 from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.kernel.unrolled import unrolled_terms
@@ -143,6 +147,18 @@ def pairs_per_second(fn, x, S, mixture, batch: int, device, repeats: int) -> tup
     return batch * mixture.n_components / best, first
 
 
+def timed_pass(backend: str, max_pairs: int | None, deferred: bool, device):
+    """``batch_statistics`` on ``backend`` in chunks of ``max_pairs``, its tests deferred where asked."""
+
+    def run(x, S, mixture):
+        if not deferred:
+            return batch_statistics(x, S, mixture, backend=backend, max_pairs=max_pairs)
+        with deferred_checks.deferring(device):
+            return batch_statistics(x, S, mixture, backend=backend, max_pairs=max_pairs)
+
+    return run
+
+
 def epoch_seconds(method: str, x, S, mixture: Mixture, device, dtype_name: str, epochs: int, kernel: str) -> float:
     """Training seconds of the fastest of ``epochs`` epochs (this VM's neighbours make single runs noisy)."""
     with forced_kernel(kernel):
@@ -174,6 +190,11 @@ def main(argv=None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="FP32 peak of the device, TFLOP/s")
     parser.add_argument("--label", default=None, help="suffix of the output file name")
     parser.add_argument(
+        "--max-pairs", type=int, nargs="+", default=[None], help="pairs a chunk of the pass (default: the backend's)"
+    )
+    parser.add_argument("--deferred-checks", action="store_true", help="defer the pass's tests as fits do")
+    parser.add_argument("--skip-baselines", action="store_true", help="time neither linalg nor the reference")
+    parser.add_argument(
         "--kernels", nargs="+", default=None, help="backends timed (default: fused or triton, unrolled, compiled)"
     )
     args = parse_args(
@@ -190,12 +211,12 @@ def main(argv=None) -> None:
         dtype = getattr(torch, dtype_name)
         for k in args.n_components:
             x, S, mixture = synthetic(args.n, k, dtype)
-            for batch in args.batch_sizes:
+            for batch, max_pairs in itertools.product(args.batch_sizes, args.max_pairs):
                 row = {"dtype": dtype_name, "K": k, "D": D, "N": args.n, "batch": batch, "flops_per_pair": flops}
-                for backend in kernels + ("linalg",):
-                    rate, first = pairs_per_second(
-                        partial(batch_statistics, backend=backend), x, S, mixture, batch, device, args.repeats
-                    )
+                row |= {"max_pairs": max_pairs, "checks": "deferred" if args.deferred_checks else "at each chunk"}
+                for backend in kernels + (() if args.skip_baselines else ("linalg",)):
+                    run = timed_pass(backend, max_pairs, args.deferred_checks, device)
+                    rate, first = pairs_per_second(run, x, S, mixture, batch, device, args.repeats)
                     row[f"{backend}_pairs_per_s"] = rate
                     row[f"{backend}_gflop_per_s"] = rate * flops / 1e9
                     if peak is not None:
@@ -203,9 +224,10 @@ def main(argv=None) -> None:
                     if backend in ("fused", "compiled"):
                         row[f"{backend}_first_call_s"] = first
                 ref_batch = min(batch, max(1, (1 << 16) // k))  # the reference holds (B, K, D, D) several times
-                row["reference_pairs_per_s"], _ = pairs_per_second(
-                    reference_statistics, x, S, mixture, ref_batch, device, args.repeats
-                )
+                if not args.skip_baselines:
+                    row["reference_pairs_per_s"], _ = pairs_per_second(
+                        reference_statistics, x, S, mixture, ref_batch, device, args.repeats
+                    )
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             if not args.skip_epochs:

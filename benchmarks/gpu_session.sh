@@ -11,6 +11,7 @@
 #                                                              # at batch 50,000
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
+#   bash benchmarks/gpu_session.sh chunks                      # the pass at batch 50,000 by chunk size
 #
 # PASS_KS, PASS_KERNELS, STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the pass, step, profile and
 # paper steps (default: all).
@@ -53,6 +54,13 @@ for name in "$@"; do
     update_tests) step tests_triton_updates 60 python3 -m pytest -q tests/fit/test_triton_updates.py ;;
     pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components ${PASS_KS:-64 128 256 512} \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels ${PASS_KERNELS:-triton unrolled} --label gpu ;;
+    chunks) # the pass at K = 512, batch 50,000 cut into chunks of 4, 16 and 32 M pairs (4 M: the default on
+            # CUDA), its per-chunk tests at each chunk (a wait for the device each) and deferred as fits run them
+            for checks in "" --deferred-checks; do
+              step "chunks${checks:+_deferred}" 60 python3 benchmarks/bench_fit.py --device cuda --n-components 512 \
+                --batch-sizes 50000 --dtypes float32 --kernels triton --max-pairs 4194304 16777216 33554432 \
+                --repeats 10 --skip-epochs --skip-baselines $checks --label "gpu_chunks${checks:+_deferred}"
+            done ;;
     step) for backend in ${STEP_BACKENDS:-triton unrolled}; do
             step "step_$backend" 90 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
               --backend "$backend" --label "gpu_$backend"
@@ -81,7 +89,7 @@ for name in "$@"; do
                     python3 benchmarks/bench_paper_fit.py --device cuda --method minibatch_em --epochs 5 --kernel triton \
                     --label concurrent_\$i & done; wait"
                 done ;;
-    *) echo "unknown step $name: say tests, update_tests, pass, step, profile, paper or concurrent" >&2; exit 2 ;;
+    *) echo "unknown step $name: say tests, update_tests, pass, chunks, step, profile, paper or concurrent" >&2; exit 2 ;;
   esac
 done
 # The session's record beside the benchmarks' JSON: device, driver and versions, and every step's exit status

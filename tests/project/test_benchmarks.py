@@ -25,3 +25,14 @@ def test_profile_batch_profiles_each_kind_of_step(step, tmp_path):
     """profile_batch's other steps (the graphed step's body, a validation scoring) run too."""
     (written,) = run_quick("profile_batch", tmp_path, "--step", step)
     assert written["step"] == step and written["seconds_per_update"] > 0
+
+
+def test_bench_fit_times_the_pass_by_chunk_size_with_its_checks_deferred(tmp_path):
+    """The GPU session's ``chunks`` step: one row a chunk size, the checks named, no baselines timed."""
+    (written,) = run_quick(
+        "bench_fit", tmp_path, "--max-pairs", "2000", "100000", "--deferred-checks", "--skip-baselines", "--skip-epochs"
+    )
+    rows = written["results"]
+    assert [row["max_pairs"] for row in rows] == [2000, 100000]
+    assert all(row["checks"] == "deferred" and row["fused_pairs_per_s"] > 0 for row in rows)
+    assert not any("linalg_pairs_per_s" in row or "reference_pairs_per_s" in row for row in rows)
