@@ -25,6 +25,7 @@ by 20-30%.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -151,9 +152,7 @@ def timed_pass(backend: str, max_pairs: int | None, deferred: bool, device):
     """``batch_statistics`` on ``backend`` in chunks of ``max_pairs``, its tests deferred where asked."""
 
     def run(x, S, mixture):
-        if not deferred:
-            return batch_statistics(x, S, mixture, backend=backend, max_pairs=max_pairs)
-        with deferred_checks.deferring(device):
+        with deferred_checks.deferring(device) if deferred else contextlib.nullcontext():
             return batch_statistics(x, S, mixture, backend=backend, max_pairs=max_pairs)
 
     return run
@@ -223,8 +222,8 @@ def main(argv=None) -> None:
                         row[f"{backend}_fraction_of_fp32_peak"] = row[f"{backend}_gflop_per_s"] / (peak * 1e3)
                     if backend in ("fused", "compiled"):
                         row[f"{backend}_first_call_s"] = first
-                ref_batch = min(batch, max(1, (1 << 16) // k))  # the reference holds (B, K, D, D) several times
                 if not args.skip_baselines:
+                    ref_batch = min(batch, max(1, (1 << 16) // k))  # the reference holds (B, K, D, D) several times
                     row["reference_pairs_per_s"], _ = pairs_per_second(
                         reference_statistics, x, S, mixture, ref_batch, device, args.repeats
                     )

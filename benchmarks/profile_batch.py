@@ -107,12 +107,12 @@ def main(argv=None) -> None:
     seconds = (time.perf_counter() - tick) / args.updates
     stack.close()
     events = prof.key_averages()
-    kernels = sum(e.count for e in events if e.device_type.name == "CUDA") if device.type == "cuda" else None
-    operators = sum(e.count for e in events if e.key.startswith("aten::"))
-    syncs = {e.key: e.count / args.updates for e in events if e.key in SYNCS}
     on_device = sorted(
         (e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.self_device_time_total, reverse=True
     )
+    kernels = sum(e.count for e in on_device) if device.type == "cuda" else None
+    operators = sum(e.count for e in events if e.key.startswith("aten::"))
+    syncs = {e.key: e.count / args.updates for e in events if e.key in SYNCS}
     top = sorted(events, key=lambda e: e.self_cpu_time_total + getattr(e, "self_device_time_total", 0), reverse=True)
     result = {
         "machine": machine(),
