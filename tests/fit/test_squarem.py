@@ -144,11 +144,14 @@ def test_an_extrapolation_that_collapses_a_component_is_refused_before_its_pass(
 def test_collapsing_noiseless_points_raise_the_named_divergence_with_or_without_squarem(acceleration):
     """Collinear points with almost no noise and w = 0 collapse the components onto their line: SQUAREM
     names the component as plain EM does, instead of torch's LinAlgError from the extrapolation's
-    Cholesky factors."""
+    Cholesky factors. Both components collapse onto the one line, so which is caught first is a matter of
+    rounding (the order of the pass's sums); the message must name the one the error reports."""
     from scalable_xd import FitDivergedError
 
     t = np.random.default_rng(0).normal(size=100)
     x = np.c_[t, 2 * t, -t]
     settings = dict(w=0.0, acceleration=acceleration, dtype="float64", random_state=0)
-    with pytest.raises(FitDivergedError, match="component 0 has a covariance that is not positive definite"):
+    with pytest.raises(FitDivergedError) as caught:
         XDGMM(2, "em", covariances_init=np.stack([np.eye(3)] * 2), **settings).fit(x, Xcov=np.full(x.shape, 1e-12))
+    assert caught.value.component in (0, 1)
+    assert f"component {caught.value.component} has a covariance that is not positive definite" in str(caught.value)
