@@ -315,6 +315,45 @@ def test_the_plain_pass_equals_the_general_pass_to_the_bit_and_declines_what_it_
         assert plain.statistics(Batch(6400, xt, tiny, None, None), _mixture(weights, means, covs)) is None
 
 
+def test_a_chunk_is_summed_in_blocks_set_by_its_size_and_the_pool_alone():
+    """Four blocks a thread of the pool for a large chunk, fewer for a minibatch (at least ``BLOCK_ROWS`` rows
+    a block), a multiple of the pool (every thread takes the same share) and never more than the points;
+    the threads in use play no part, so a chunk's sums are the same on one thread or several."""
+    assert fused.blocks_for(500, 2) == 4 and fused.blocks_for(100_000, 2) == 8
+    assert fused.blocks_for(500, 16) == 16 and fused.blocks_for(3, 16) == 3 and fused.blocks_for(0, 2) == 1
+    for pool in (1, 2, 3, 8, 16):
+        for n in range(1, 5000, 7):
+            blocks = fused.blocks_for(n, pool)
+            assert 1 <= blocks <= min(n, 4 * pool) and (blocks % pool == 0 or blocks == n)
+            assert blocks == 4 * pool or blocks == n or n // blocks >= fused.BLOCK_ROWS or blocks == pool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_minibatch_in_fewer_blocks_is_the_general_pass_to_the_bit_on_one_thread_or_two(dtype):
+    """A 500-star batch at K = 64 (past ``PARALLEL_PAIRS``) is summed in fewer blocks than a large chunk: the
+    plain pass and the general one sum it in the same blocks, so to the bit, on one thread or two; and the
+    sums are the float64 reference's to rounding."""
+    rng = np.random.default_rng(11)
+    x, S, weights, means, covs = kernel_problem(rng, n=500, k=64, d=7)
+    mixture = _mixture(weights, means, covs)
+    xt, St = torch.tensor(x, dtype=dtype), torch.tensor(S, dtype=dtype)
+    plain = fused.PlainPass(7, 64, dtype, max_pairs=1 << 20)
+    reference = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            want = batch_statistics(xt, St, mixture, backend="fused")
+            got = plain.statistics(Batch(500, xt, St, None, None), mixture)
+            assert got is not None
+            for name in ("q", "U", "UU", "P", "loglik"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
+                scale = getattr(reference, name).abs().max()  # float32's rounding over 500 stars, relative
+                assert (getattr(got, name) - getattr(reference, name)).abs().max() <= 1e-4 * scale, name
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_plain_pass_reads_rows_in_memory_in_place_as_it_reads_them_gathered(dtype):
     """A batch of rows of arrays in memory (``Batch.in_memory``: shuffled row numbers, the data in float64

@@ -56,6 +56,9 @@ UNROLLED_MAX_DIM = 12
 EXP_CUTOFF = -700.0
 DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # numpy's str(dtype) costs ~2.5 us a call
 NO_ROWS = np.empty(0, np.int64)  # the kernel's ``rows`` where x and S are the batch itself
+# Rows a block of the pass's sums takes at least, up to four blocks a thread of numba's pool: each block
+# zeroes and is summed over K x 63 sums, ~10 us a minibatch step at K = 64 in eight blocks of 62 rows
+BLOCK_ROWS = 100
 
 
 @cache
@@ -510,7 +513,7 @@ def fused_chunk(
     n_tiles = -(-k // TILE)
     x_np, S_np = _array(x), _array(S)
     empty = np.empty(0, x_np.dtype)
-    n_blocks = max(1, min(n, 4 * pool))  # not the threads now: the same sums either way
+    n_blocks = blocks_for(n, pool)
     per_pair = with_criteria or not with_stats  # the densities: the scoring pass's result, the criteria's input
     loglik_np, log_dens_np = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
@@ -551,16 +554,17 @@ class PlainPass:
         self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
         self.dim, self.k, self.dtype, self.max_pairs = dim, n_components, dtype, max_pairs
         at, n_tiles = layout(dim), -(-n_components // TILE)
-        self.n_blocks = 4 * self.pool  # as fused_chunk's, for the same sums (batches have >= 4 pool rows)
         real = DTYPE_NAMES[dtype]
         self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
-        self.acc = np.empty(self.n_blocks * n_tiles * at["n_sums"] * TILE)
+        self.block_sums = n_tiles * at["n_sums"] * TILE  # a block's length in ``acc``
+        self.acc = np.empty(4 * self.pool * self.block_sums)  # room for the most blocks (``blocks_for``)
         self._modules: dict[tuple[int, int], tuple] = {}  # by (torch's threads, points): see _module
         self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
 
     def _module(self, n: int):
         """The compiled module for a batch of n points, threaded or not (``_threads_for``), and the batch's
-        buffers (each point's log-likelihood and failed pair), settled once for each thread count and batch
+        buffers (each point's log-likelihood and failed pair, and its blocks' sums: ``blocks_for``), settled
+        once for each thread count and batch
         size (~6 us a step: a batch size recurs at every step): numba's thread count is set only to
         torch's, so it holds while torch's does."""
         key = (torch.get_num_threads(), n)
@@ -568,7 +572,9 @@ class PlainPass:
         if settled is None:
             parallel = _threads_for(n * self.k, self.pool)
             module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
-            settled = self._modules[key] = (module, (np.empty(n, self.par.dtype), np.empty(n, np.int64)))
+            n_blocks = blocks_for(n, self.pool)
+            acc = self.acc[: n_blocks * self.block_sums]
+            settled = self._modules[key] = (module, (np.empty(n, self.par.dtype), np.empty(n, np.int64), acc, n_blocks))
         return settled
 
     def statistics(self, batch: Batch, mixture: Mixture, with_loglik: bool = True) -> Statistics | None:
@@ -601,18 +607,24 @@ class PlainPass:
                 return None
             x, S, rows = _array(batch.x), _array(batch.S), NO_ROWS
         n = len(rows) if place is not None else len(x)
-        if n < self.n_blocks or n * self.k > self.max_pairs:
+        if n == 0 or n * self.k > self.max_pairs:
             return None
         if means.shape[0] != self.k or x.shape[1] != self.dim:
             return None
-        module, (loglik, failed) = self._module(n)
+        module, (loglik, failed, acc, n_blocks) = self._module(n)
         module.pack(weights, means, covariances, self.par)
         no_weights, no_densities = self._empty
-        module.kernel(
-            x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, self.acc, self.n_blocks
-        )
-        first, *sums = module.unpack_checked(failed, self.acc, self.n_blocks, self.k)
+        module.kernel(x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, acc, n_blocks)
+        first, *sums = module.unpack_checked(failed, acc, n_blocks, self.k)
         return None if first >= 0 else (n, loglik, sums)
+
+
+def blocks_for(n: int, pool: int) -> int:
+    """The blocks the sums of a chunk of n points are accumulated in, then summed in order: four a thread
+    of numba's pool for a large chunk, fewer for a minibatch (at least ``BLOCK_ROWS`` rows a block, a
+    multiple of the pool). They depend on the chunk and the machine's pool, never on the threads in use, so
+    that a chunk's sums are the same on one thread or several."""
+    return max(1, min(n, pool * min(4, max(1, n // (pool * BLOCK_ROWS)))))
 
 
 def _threads_for(n_pairs: int, pool: int) -> bool:
