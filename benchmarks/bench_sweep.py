@@ -16,7 +16,9 @@ per N, form and dtype each minibatch method's rate as a fraction of batch EM's (
 below); and per method, form and dtype the largest N's seconds per pair over the smallest's
 (``per_pair_growth``): 1 is a cost flat in N. Every fit starts from the same means (no k-means). Each case
 (N, form, dtype) runs in its own process, after a fit of each method on 2,000 rows has compiled its kernels:
-``--repeats`` rounds fit every method in turn. A fit's seconds are its fastest round's, and ``of_em`` is
+``--repeats`` rounds fit every method in turn, each fit after a full garbage collection (timeit's practice:
+a collection of the ~330,000 objects torch and numba hold takes ~0.15 s, and otherwise lands in whichever
+fit's epoch it falls). A fit's seconds are its fastest round's, and ``of_em`` is
 batch EM's fastest over the method's fastest: a shared machine only ever slows a fit (by 20-30% for
 minutes at a time on this project's VMs, more than the rounds of one case apart), so each method's best
 round is the nearest to its cost on a quiet machine. Every round's seconds are recorded (``round_seconds``),
@@ -41,7 +43,7 @@ METHODS = ("em", "minibatch_em", "sgd")
 DTYPES = ("float32", "float64")
 
 CHILD = r"""
-import json, statistics, sys
+import gc, json, statistics, sys
 
 import numpy as np
 from scalable_xd import XDGMM
@@ -66,6 +68,7 @@ for method in methods:  # compiles the kernels outside the timing
 seconds = {method: [] for method in methods}
 for _ in range(repeats):  # the methods in turn, so that each round's ratios see the same machine
     for method in methods:
+        gc.collect()  # as timeit would: a full collection (~330,000 objects, ~0.15 s) landed in 1 fit in 9
         seconds[method].append(XDGMM(k, epochs=1, **settings[method]).fit(**data).history_[-1]["seconds"])
 for method in methods:
     row = {"N": n, "form": form, "method": method, "dtype": dtype, "K": k, "train_seconds": min(seconds[method]),
