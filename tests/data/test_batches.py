@@ -50,47 +50,6 @@ def test_batches_of_plain_rows_name_them_in_place_and_gather_them_when_read(form
             assert torch.equal(batch.S, torch.tensor(S[rows.numpy()], dtype=torch.float32))
 
 
-@pytest.mark.parametrize("form", ["dense", "diagonal", "compact"])
-def test_shuffled_reads_of_wider_data_come_from_copies_in_the_fits_dtype(form, monkeypatch):
-    """A float32 minibatch fit of float64 data reads its scattered rows from float32 copies made once
-    (``Dataset.for_shuffled_reads``): the same row numbers, every number rounded to float32 as the pass would
-    round it on reading, the data set itself untouched; float32 data, a float64 fit and data beyond
-    ``READ_COPY_BYTES`` are read where they lie."""
-    import scalable_xd.data.dataset as dataset
-
-    rng = np.random.default_rng(3)
-    X, S = _data(rng)
-    sigma = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
-    corr = rng.uniform(-0.5, 0.5, size=(len(X), 2))
-    noise = {
-        "dense": S,
-        "diagonal": np.ascontiguousarray(sigma**2),
-        "compact": CompactCovariance(sigma, corr, [(1, 0), (2, 0)]),
-    }[form]
-    data = Dataset(X, noise)
-    narrowed = data.for_shuffled_reads(CPU, torch.float32)
-    assert narrowed is not data and data.X.dtype == torch.float64 and narrowed.X is data.X
-    wide = next(iter(data.epoch_batches(200, 1, 7, True, ONE_PROCESS, CPU, torch.float32, in_place=True))).in_memory
-    read = next(iter(narrowed.epoch_batches(200, 1, 7, True, ONE_PROCESS, CPU, torch.float32, in_place=True)))
-    place = read.in_memory
-    assert np.array_equal(place.rows, wide.rows) and place.X.dtype == np.float32
-    assert np.array_equal(place.X, X.astype(np.float32))
-    if form == "compact":
-        assert all(a.dtype == np.float32 for a in place.noise[:2])
-        assert np.array_equal(place.noise[1], corr.astype(np.float32)) and np.array_equal(place.noise[2], wide.noise[2])
-    else:
-        assert place.noise.dtype == np.float32 and np.array_equal(place.noise, noise.astype(np.float32))
-    assert torch.equal(read.x, torch.tensor(X[place.rows], dtype=torch.float32))  # gathered from the data set
-    assert (
-        Dataset(X.astype(np.float32), S.astype(np.float32)).for_shuffled_reads(CPU, torch.float32)._read_in_place
-        is None
-    )
-    assert data.for_shuffled_reads(CPU, torch.float64) is data
-    assert Dataset(X, S, sample_weight=np.ones(len(X))).for_shuffled_reads(CPU, torch.float32)._read_in_place is None
-    monkeypatch.setattr(dataset, "READ_COPY_BYTES", X.size * 4)  # X's copy fits, the noise's not
-    assert data.for_shuffled_reads(CPU, torch.float32) is data
-
-
 def test_batches_that_cannot_be_read_in_place_are_gathered():
     """Projections, missing entries, no noise or rows not C-contiguous, or a pass that does not read rows
     in place (``in_place`` False: the GPU's, the torch kernels', stochastic EM's): gathered."""

@@ -198,9 +198,7 @@ def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method,
     """The loop hands plain batches to ``fused.PlainPass`` (where it can) and the rest to the general
     pass: the fitted model is the same to the bit either way, shuffled batches of 250, float32; and the
     minibatch methods' compiled steps take the same sums as arrays (``Fitter.takes_sums``) or as
-    Statistics alike, and the same whether their float64 rows are read from float32 copies
-    (``Dataset.for_shuffled_reads``) or where they lie."""
-    import scalable_xd.data.dataset as dataset
+    Statistics alike."""
     from scalable_xd.fit import loop
     from scalable_xd.fit.online_em import MinibatchEM
     from scalable_xd.fit.sgd import SGD
@@ -219,15 +217,13 @@ def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method,
         monkeypatch.setattr(fitter, "observe_sums", lambda *a, f=observe_sums: arrays_taken.append(f(*a)))
     fast = XDGMM(2, **settings).fit(X, Xcov=S)
     assert len(arrays_taken) == (0 if method == "em" else 2 * 3000 // 250)
-    monkeypatch.setattr(dataset, "READ_COPY_BYTES", 0)
-    read_wide = XDGMM(2, **settings).fit(X, Xcov=S)
     for fitter in (MinibatchEM, SGD):
         monkeypatch.setattr(fitter, "takes_sums", False)
     as_statistics = XDGMM(2, **settings).fit(X, Xcov=S)
     monkeypatch.setattr(loop, "_plain_pass", lambda *args: None)
     general = XDGMM(2, **settings).fit(X, Xcov=S)
     assert taken and all(p is not None for p in taken)
-    for other in (read_wide, as_statistics, general):
+    for other in (as_statistics, general):
         for name in ("weights_", "means_", "covariances_"):
             assert np.array_equal(getattr(fast, name), getattr(other, name)), name
         assert [h["train_loglik"] for h in fast.history_] == [h["train_loglik"] for h in other.history_]

@@ -7,7 +7,6 @@ It is one of the sources a fit reads through the ``source.DataSource`` protocol.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 
@@ -34,12 +33,6 @@ from .noise_mixture import NoiseMixture
 # Rows gathered and converted at once for an epoch's batches (``Dataset.epoch_batches``): 65,536 rows of
 # dense float64 noise are 26 MB
 GATHER_ROWS = 65_536
-
-# A minibatch fit's shuffled batches are read in place from copies in the fit's dtype where the data are held
-# wider (float64 data, a float32 fit), up to this size (``Dataset.for_shuffled_reads``): 500 scattered rows of
-# 7-D float64 data and variances at N = 2,000,000 (224 MB) cost the pass ~30 us a step more to fetch than the
-# same rows in float32 (~8% of a step at K = 64).
-READ_COPY_BYTES = 2**30
 
 # Data a fit scores after every epoch (its validation set, its training sample) are held on the fitting
 # device in the fit's dtype up to this size (x and dense noise): read and converted once, not at every
@@ -70,7 +63,6 @@ class Dataset:
         if missing not in MISSING_MODES:
             raise ValueError(f"unknown missing {missing!r}: choose one of {', '.join(MISSING_MODES)}")
         self.missing = missing
-        self._read_in_place: tuple[np.ndarray, np.ndarray | tuple] | None = None  # ``for_shuffled_reads``
         self.X = as_float_tensor(X, name)
         if self.X.ndim != 2:
             raise ValueError(f"{name} must have shape (N, d), got {tuple(self.X.shape)}")
@@ -229,33 +221,10 @@ class Dataset:
             weights, observed = self.batch_weights(rows, device, dtype), self.batch_observed(rows, device)
             yield from batch_views([(size, len(part)) for size, part in window], (x, S, R, weights, observed))
 
-    def for_shuffled_reads(self, device, dtype) -> Dataset:
-        """These data for a minibatch fit in ``dtype`` on ``device``: a shallow copy whose batches are read in
-        place from copies of X and the noise in ``dtype``, made now, where they are held wider and read in
-        place and the copies take at most ``READ_COPY_BYTES``; itself otherwise. The pass rounds each number
-        to ``dtype`` as it reads it, so it reads the same values, and fetches half as many bytes from
-        scattered rows. The copies are numpy's, which asks Linux for huge pages for large arrays (fewer
-        TLB misses too)."""
-        arrays = self._in_place(device)
-        if arrays is None:
-            return self
-        real = np.dtype(str(dtype).removeprefix("torch."))
-        X, noise = arrays
-        parts = [X, *(noise[:2] if isinstance(noise, tuple) else (noise,))]
-        if all(part.dtype.itemsize <= real.itemsize for part in parts):
-            return self
-        if sum(part.size for part in parts) * real.itemsize > READ_COPY_BYTES:
-            return self
-        X, *values = (part.astype(real) if part.dtype.itemsize > real.itemsize else part for part in parts)
-        narrowed = copy.copy(self)
-        narrowed._read_in_place = (X, (*values, noise[2]) if isinstance(noise, tuple) else values[0])
-        return narrowed
-
     def _in_place(self, device) -> tuple[np.ndarray, np.ndarray | tuple] | None:
         """(X, the noise as ``RowsInMemory`` holds it) as numpy arrays, where a batch of rows can be read in
         place (``batching.GatheredOnRead``): on the CPU, plain rows (no R, weights or missing entries) of
-        dense, diagonal or compact noise, C-contiguous (the copies ``for_shuffled_reads`` made, where it
-        made them); None otherwise."""
+        dense, diagonal or compact noise, C-contiguous; None otherwise."""
         plain = self.R is None and self.weights is None and self.observed is None
         if torch.device(device).type != "cpu" or not plain:
             return None
@@ -268,8 +237,6 @@ class Dataset:
             return None
         if not all(array.is_contiguous() for array in arrays):
             return None
-        if self._read_in_place is not None:
-            return self._read_in_place
         X, *values = (array.numpy() for array in arrays)
         if isinstance(noise, CompactCovariance):
             return X, (*values, noise.correlation_columns())

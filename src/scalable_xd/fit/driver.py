@@ -189,8 +189,6 @@ def fit_mixture(
     if row.per_batch:  # scored after every epoch: held on the device (a batch method scores its own pass)
         scored = _resident(scored, device, dtype)
     monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
-    if row.per_batch and isinstance(train, Dataset):  # shuffled rows, read in place in the fit's dtype
-        train = train.for_shuffled_reads(device, dtype)
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
     return Fitted(fitter.result, history, converged, settings, background_of(fitter))
