@@ -564,9 +564,8 @@ class PlainPass:
     def _module(self, n: int):
         """The compiled module for a batch of n points, threaded or not (``_threads_for``), and the batch's
         buffers (each point's log-likelihood and failed pair, and its blocks' sums: ``blocks_for``), settled
-        once for each thread count and batch
-        size (~6 us a step: a batch size recurs at every step): numba's thread count is set only to
-        torch's, so it holds while torch's does."""
+        once for each thread count and batch size (~6 us a step: a batch size recurs at every step): numba's
+        thread count is set only to torch's, so it holds while torch's does."""
         key = (torch.get_num_threads(), n)
         settled = self._modules.get(key)
         if settled is None:
