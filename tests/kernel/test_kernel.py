@@ -290,20 +290,11 @@ def test_the_plain_pass_equals_the_general_pass_to_the_bit_and_declines_what_it_
     mixture = _mixture(weights, means, covs)
     xt, St = torch.tensor(x, dtype=dtype), torch.tensor(S, dtype=dtype)
     plain = fused.PlainPass(7, 5, dtype, max_pairs=1 << 20)
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            want = batch_statistics(xt, St, mixture, backend="fused")
-            got = plain.statistics(Batch(6400, xt, St, None, None), mixture)
-            assert got is not None and got.n_points == want.n_points
-            for name in ("q", "U", "UU", "P", "loglik"):
-                assert torch.equal(getattr(got, name), getattr(want, name)), name
-            unsummed = plain.statistics(Batch(6400, xt, St, None, None), mixture, with_loglik=False)
-            assert unsummed is not None and unsummed.loglik is None  # for updates that do not read it
-            assert all(torch.equal(getattr(unsummed, name), getattr(want, name)) for name in ("q", "U", "UU", "P"))
-    finally:
-        torch.set_num_threads(before)
+    for got, want in _plain_and_general_on_one_thread_then_two(plain, xt, St, mixture):
+        assert got.n_points == want.n_points
+        unsummed = plain.statistics(Batch(6400, xt, St, None, None), mixture, with_loglik=False)
+        assert unsummed is not None and unsummed.loglik is None  # for updates that do not read it
+        assert all(torch.equal(getattr(unsummed, name), getattr(want, name)) for name in ("q", "U", "UU", "P"))
     ones = torch.ones(6400, dtype=dtype)
     assert plain.statistics(Batch(6400, xt, St, None, ones), mixture) is None
     assert plain.statistics(Batch(6400, xt, St, torch.eye(7, dtype=dtype).expand(6400, 7, 7), None), mixture) is None
@@ -339,17 +330,25 @@ def test_a_minibatch_in_fewer_blocks_is_the_general_pass_to_the_bit_on_one_threa
     xt, St = torch.tensor(x, dtype=dtype), torch.tensor(S, dtype=dtype)
     plain = fused.PlainPass(7, 64, dtype, max_pairs=1 << 20)
     reference = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
+    for got, _ in _plain_and_general_on_one_thread_then_two(plain, xt, St, mixture):
+        for name in ("q", "U", "UU", "P", "loglik"):
+            scale = getattr(reference, name).abs().max()  # float32's rounding over 500 stars, relative
+            assert (getattr(got, name) - getattr(reference, name)).abs().max() <= 1e-4 * scale, name
+
+
+def _plain_and_general_on_one_thread_then_two(plain, xt, St, mixture):
+    """Yield (the plain pass's Statistics, the general fused pass's) of the plain batch (xt, St), on one
+    thread then two (torch's count restored after), having checked that they are the same to the bit."""
     before = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             want = batch_statistics(xt, St, mixture, backend="fused")
-            got = plain.statistics(Batch(500, xt, St, None, None), mixture)
+            got = plain.statistics(Batch(len(xt), xt, St, None, None), mixture)
             assert got is not None
             for name in ("q", "U", "UU", "P", "loglik"):
-                assert torch.equal(getattr(got, name), getattr(want, name)), name
-                scale = getattr(reference, name).abs().max()  # float32's rounding over 500 stars, relative
-                assert (getattr(got, name) - getattr(reference, name)).abs().max() <= 1e-4 * scale, name
+                assert torch.equal(getattr(got, name), getattr(want, name)), (threads, name)
+            yield got, want
     finally:
         torch.set_num_threads(before)
 
