@@ -9,7 +9,14 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error, xd_log_densities, xd_pair_posteriors
+from helpers import (
+    hard_kernel_problem,
+    kernel_problem,
+    max_row_relative_error,
+    random_spd,
+    xd_log_densities,
+    xd_pair_posteriors,
+)
 
 from scalable_xd import XDGMM, kernel
 from scalable_xd.data.batching import Batch, RowsInMemory
@@ -128,6 +135,27 @@ def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol, re
     loglik_ref, dens_ref = log_densities(*args, backend="linalg")
     np.testing.assert_allclose(dens_fast.double().numpy(), dens_ref.double().numpy(), rtol=rtol, atol=rtol)
     np.testing.assert_allclose(loglik_fast.double().numpy(), loglik_ref.double().numpy(), rtol=rtol)
+
+
+@pytest.mark.parametrize("backend", ["fused", LOOPED])
+@pytest.mark.parametrize("scale", [1e-16, 1e-10, 1e-4, 1e4, 1e9, 1e15])
+def test_float32_log_densities_hold_at_data_scales_from_1e_minus_16_to_1e15(backend, scale, request):
+    """det T from float32 pivots: products of two of them underflowed float32 below scales of ~3e-10 (NaN
+    log-likelihoods at 1e-12) and overflowed above ~1e9; the float64 LAPACK pass is the reference, within
+    float32's rounding of log-densities up to ~300 in size (-d log(scale) at 1e-16; T's condition number,
+    kept below 1e3 by the noise, adds little)."""
+    backend = _kernel(backend, request)
+    rng = np.random.default_rng(11)
+    n, k, d = 300, 4, 7
+    x = rng.normal(size=(n, d)) * scale
+    S = np.zeros((n, d, d))
+    S[:, np.arange(d), np.arange(d)] = (rng.uniform(0.1, 1.0, size=(n, d)) * scale) ** 2
+    covs = random_spd(rng, k, d) * scale**2
+    mixture = _mixture(rng.dirichlet(np.ones(k)), rng.normal(size=(k, d)) * scale, covs)
+    want, _ = log_densities(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
+    x32, S32 = torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32)
+    got, _ = log_densities(x32, S32, mixture.to(dtype=torch.float32), backend=backend)
+    np.testing.assert_allclose(got.double().numpy(), want.numpy(), rtol=0, atol=2e-4)
 
 
 CALLS = []

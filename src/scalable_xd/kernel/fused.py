@@ -14,7 +14,9 @@ torch.compile's code (``benchmarks/bench_fit.py``).
 The kernel reads a point's x and S from the batch, or, given ``rows``, from row ``rows[p]`` of the whole
 data set in memory or of a streamed window: dense covariances, diagonal variances or compact noise, in any
 float dtype, cast as they are read (``row_access``). A shuffled minibatch is then never gathered, and each
-row is fetched while the point before it is computed.
+row is fetched while the point before it is computed. Each block runs with subnormal floats flushed to
+zero (``float_env``): a collapsed component's covariance would otherwise send every pair through x86's slow
+path for them.
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
 compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
@@ -38,7 +40,7 @@ import torch
 from ..data.batching import Batch
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
-from . import row_access
+from . import float_env, row_access
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
 from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
 from .vector_math import helpers_source
@@ -59,15 +61,15 @@ NO_ROWS = np.empty(0, np.int64)  # the kernel's ``rows`` where x and S are the b
 # Rows a block of the pass's sums takes at least, up to four blocks a thread of numba's pool: each block
 # zeroes and is summed over K x 63 sums, ~10 us a minibatch step at K = 64 in eight blocks of 62 rows
 BLOCK_ROWS = 100
+PIVOTS_PER_LOG = 7  # pivots multiplied in float64 before a log (``_log_det``)
 
 
 @cache
 def layout(dim: int) -> dict[str, int]:
     """Rows, per tile of components, of the parameters (V's lower triangle, the means, log alpha), of the
-    scratch (|z|^2, pivot bounds, products of pairs of pivots, u, T^-1's lower triangle) and of the sums
-    (q, U, UU's and P's lower triangles)."""
+    scratch (|z|^2, pivot bounds, the pivots, u, T^-1's lower triangle) and of the sums (q, U, UU's and P's
+    lower triangles)."""
     n_tri = dim * (dim + 1) // 2
-    n_det = (dim + 1) // 2
     return {
         "V": 0,
         "means": n_tri,
@@ -76,10 +78,10 @@ def layout(dim: int) -> dict[str, int]:
         "maha": 0,
         "lo": 1,
         "hi": 2,
-        "det": 3,
-        "u": 3 + n_det,
-        "t_inv": 3 + n_det + dim,
-        "n_scratch": 3 + n_det + dim + n_tri,
+        "pivots": 3,
+        "u": 3 + dim,
+        "t_inv": 3 + 2 * dim,
+        "n_scratch": 3 + 2 * dim + n_tri,
         "q": 0,
         "U": 1,
         "UU": 1 + dim,
@@ -111,9 +113,7 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
         f"{_tile_scratch(at['lo'])} = " + (f"min({pivots})" if dim > 1 else "p0"),
         f"{_tile_scratch(at['hi'])} = " + (f"max({pivots})" if dim > 1 else "p0"),
     ]
-    # det T as products of two pivots each: a product of all seven overflows float32 at variances of 1e12
-    for n, j in enumerate(range(0, dim, 2)):
-        lines.append(f"{_tile_scratch(at['det'] + n)} = " + (f"p{j} * p{j + 1}" if j + 1 < dim else f"p{j}"))
+    lines += [f"{_tile_scratch(at['pivots'] + j)} = p{j}" for j in range(dim)]  # det T: see _log_det
     if not with_stats:
         return lines
     lines += invert_factor(dim)
@@ -167,9 +167,9 @@ def _component_loop_looped(dim: int, with_stats: bool, real: str) -> list[str]:
         # -1 where a pivot is not positive (NaN included), so that the density loop's check fails
         f"        scr2[{at['lo']}, c] = min(scr2[{at['lo']}, c], pv[i, c]) if pv[i, c] > 0 else -1.0",
         f"        scr2[{at['hi']}, c] = max(scr2[{at['hi']}, c], pv[i, c])",
-        "for h in range((D + 1) // 2):",
+        "for i in range(D):",
         "    for c in range(TILE):",
-        f"        scr2[{at['det']} + h, c] = pv[2 * h, c] * pv[2 * h + 1, c] if 2 * h + 1 < D else pv[2 * h, c]",
+        f"        scr2[{at['pivots']} + i, c] = pv[i, c]",
     ]
     if not with_stats:
         return lines
@@ -233,14 +233,28 @@ def _density_loop(dim: int, real: str) -> list[str]:
     """Statements for component c of a tile: log alpha_k N_pk into ``dens[k]``, and a count of the failed
     factorisations into ``n_failed``."""
     at = layout(dim)
-    det = " * ".join(f"np.float64({_tile_scratch(at['det'] + n)})" for n in range((dim + 1) // 2))
     return [
         "k = t * TILE + c",
-        f"dens[k] = {_tile_parameter(at['log_weights'])} - {real}(0.5) * ({real}(log_lane({det}, bits, bits_f, k))"
+        f"dens[k] = {_tile_parameter(at['log_weights'])} - {real}(0.5) * ({real}({_log_det(dim)})"
         f" + {_tile_scratch(at['maha'])} + {real}({dim * LOG_2PI!r}))",
         f"n_failed += 0 if k >= n_comp or ({_tile_scratch(at['lo'])} > 0"
         f" and {_tile_scratch(at['hi'])} < math.inf) else 1",
     ]
+
+
+def _log_det(dim: int) -> str:
+    """log det T in float64, from the tile's pivots: multiplied in float64, ``PIVOTS_PER_LOG`` at a time,
+    and the logs of those products summed. In float32 a product of two pivots underflows at variances below
+    ~1e-19 (data on scales below 3e-10, where Gaia's parallaxes in radians lie) and one of all seven
+    overflows at 1e12; float32 pivots lie in 1e-38 to 3e38, and seven of them multiply within float64's
+    range."""
+    at = layout(dim)
+    logs = []
+    for first in range(0, dim, PIVOTS_PER_LOG):
+        pivots = range(first, min(first + PIVOTS_PER_LOG, dim))
+        product = " * ".join(f"np.float64({_tile_scratch(at['pivots'] + j)})" for j in pivots)
+        logs.append(f"log_lane({product}, bits, bits_f, k)")
+    return " + ".join(logs)
 
 
 def _first_failure(dim: int) -> list[str]:
@@ -357,9 +371,10 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "        bits_f = bits.view(np.float64)",
         *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
         *(_loop_work(dim) if looped else []),
+        "        env = flush_subnormals()  # after the allocations: restored at the block's end (float_env)",
         "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
     ]
-    return "\n".join(head + indent(point, 3)) + "\n"
+    return "\n".join(head + indent(point, 3) + ["        restore_float_env(env)"]) + "\n"
 
 
 def _pack_source(dim: int, dtype: str) -> list[str]:
@@ -440,12 +455,13 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
     otherwise run one after another on the calling thread)."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
-        f"# Reads rows through scalable_xd.kernel.row_access of digest {_row_access_digest()}.",
+        f"# Reads rows through scalable_xd.kernel.row_access, sets floats through float_env: {_helpers_digest()}.",
         "import math",
         "",
         "import numpy as np",
         "from numba import njit, prange",
         "",
+        "from scalable_xd.kernel.float_env import flush_subnormals, restore_float_env",
         "from scalable_xd.kernel.row_access import noise_entry, prefetch_row",
         "",
         f"TILE = {TILE}",
@@ -466,10 +482,11 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
 
 
 @cache
-def _row_access_digest() -> str:
-    """A digest of ``row_access``'s source, written into each kernel's source: numba's cache keys a kernel
-    by its own file alone, so a change there must change the file."""
-    return hashlib.sha1(Path(row_access.__file__).read_bytes()).hexdigest()[:12]
+def _helpers_digest() -> str:
+    """A digest of ``row_access``'s and ``float_env``'s sources, written into each kernel's source: numba's
+    cache keys a kernel by its own file alone, so a change there must change the file."""
+    sources = b"".join(Path(str(helper.__file__)).read_bytes() for helper in (row_access, float_env))
+    return hashlib.sha1(sources).hexdigest()[:12]
 
 
 @cache

@@ -1,0 +1,101 @@
+"""Subnormals flushed inside the compiled pass alone (``kernel.float_env``), and the pass still right where
+a fit's collapsed components would make them."""
+
+import numba
+import numpy as np
+import pytest
+import torch
+from helpers import max_row_relative_error
+
+from scalable_xd.kernel import float_env
+from scalable_xd.kernel.dispatch import batch_statistics, log_densities
+from scalable_xd.mixture import Mixture
+
+TINY32 = float(np.finfo(np.float32).tiny)
+
+pytestmark = pytest.mark.skipif(not float_env.ON_X86, reason="subnormals are flushed on x86-64 alone")
+
+
+@numba.njit
+def _flushed_products(a, b, out):
+    """out = a * b in float32 with the flush bits set, and the register as it was before."""
+    before = float_env.flush_subnormals()
+    for i in range(out.shape[0]):
+        out[i] = a[i] * b[i]
+    float_env.restore_float_env(before)
+    return before
+
+
+@numba.njit(parallel=True)
+def _pool_registers(n):
+    """The register of whichever of numba's threads runs each of n iterations."""
+    out = np.empty(n, np.uint32)
+    for i in numba.prange(n):
+        out[i] = float_env.flush_subnormals()
+        float_env.restore_float_env(out[i])
+    return out
+
+
+def _registers() -> set[int]:
+    """The registers of this thread and of numba's pool."""
+    one = np.ones(1, np.float32)
+    return {int(_flushed_products(one, one, one.copy())), *map(int, _pool_registers(64))}
+
+
+def test_a_subnormal_product_is_zero_between_flush_and_restore_and_subnormal_after():
+    a, b = np.full(4, 1e-30, np.float32), np.full(4, 1e-10, np.float32)
+    out = np.empty(4, np.float32)
+    before = _flushed_products(a, b, out)
+    assert (out == 0.0).all()
+    assert before & float_env.FLUSH_BITS == 0
+    assert 0.0 < (a * b)[0] < TINY32  # numpy, on this thread: 1e-40, a subnormal, as the register was
+
+
+def _collapsed_problem(rng, n=4000, k=8, d=7):
+    """Points with diagonal noise and a mixture half of whose components have collapsed as a dying
+    component of online EM does: weights of 1e-12 to 1e-30 and covariances of 1e-20 to 1e-40, whose
+    factorisation beside the noise yields float32 subnormals at every point; 32,000 pairs, which the pass
+    shares among threads (``fused.PARALLEL_PAIRS``)."""
+    x = rng.normal(scale=3.0, size=(n, d))
+    S = np.zeros((n, d, d))
+    S[:, np.arange(d), np.arange(d)] = rng.uniform(0.05, 0.5, size=(n, d)) ** 2
+    weights = np.concatenate([np.full(k // 2, 1.0 / (k // 2)), np.geomspace(1e-12, 1e-30, k - k // 2)])
+    means = rng.normal(scale=3.0, size=(k, d))
+    covs = np.empty((k, d, d))
+    for j, size in enumerate(np.concatenate([np.ones(k // 2), np.geomspace(1e-20, 1e-40, k - k // 2)])):
+        a = rng.normal(size=(d, d))
+        covs[j] = size * (a @ a.T / d + np.eye(d))
+    return x, S, Mixture(*(torch.tensor(v) for v in (weights, means, covs)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_pass_over_collapsed_components_matches_float64_and_leaves_the_register_as_it_was(threads):
+    """float32 against the float64 pass: the collapsed components' products flushed to 0 lie below float32's
+    rounding of the sums they join (1e-4 relative, the tolerance of every float32 comparison here)."""
+    x, S, mixture = _collapsed_problem(np.random.default_rng(7))
+    before, previous = _registers(), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        want = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="fused")
+        got = batch_statistics(
+            torch.tensor(x, dtype=torch.float32),
+            torch.tensor(S, dtype=torch.float32),
+            mixture.to(dtype=torch.float32),
+            backend="fused",
+        )
+        loglik, _ = log_densities(
+            torch.tensor(x, dtype=torch.float32),
+            torch.tensor(S, dtype=torch.float32),
+            mixture.to(dtype=torch.float32),
+            backend="fused",
+        )
+    finally:
+        torch.set_num_threads(previous)
+    live = slice(0, 4)  # the collapsed components' sums are ~1e-12 of the live ones': compared on their own
+    for name in ("q", "U", "UU", "P"):
+        assert max_row_relative_error(getattr(got, name)[live].double(), getattr(want, name)[live]) < 1e-4, name
+    assert torch.isfinite(got.P).all() and torch.isfinite(got.UU).all()
+    reference, _ = log_densities(torch.tensor(x), torch.tensor(S), mixture, backend="fused")
+    np.testing.assert_allclose(loglik.double().numpy(), reference.numpy(), rtol=1e-5)
+    assert _registers() == before
+    assert all(register & float_env.FLUSH_BITS == 0 for register in before)
