@@ -8,9 +8,10 @@ components had collapsed by the epoch's end, and the pass's call on the last ste
 500 rows against 168 on the first step's; with subnormals flushed, the same on both.
 
 ``flush_subnormals()`` sets the calling thread's MXCSR flush-to-zero and denormals-are-zero bits and returns
-the register's old value, which ``restore_float_env(old)`` puts back: each of the pass's blocks sets them
-after its allocations and restores them at its end, so no other code on the thread (numpy's, the caller's)
-runs with them. This is what compilers' fast-math start-up code does for a whole program (gcc links
+the register's old value, which ``restore_float_env(old)`` puts back: each block of the float32 pass sets
+them after its allocations and restores them at its end (float64 does not: ``fused._source``), so no
+other code on the thread (numpy's, the caller's) runs with them.
+This is what compilers' fast-math start-up code does for a whole program (gcc links
 crtfastmath.o); here it holds for the kernel alone, whose fast-math flags already let LLVM round
 differently. A value that would have been subnormal becomes 0, as the kernel's exp already gives 0 below
 e^-700 (``fused.EXP_CUTOFF``): it changes a sum only where every term of it is within float32's rounding

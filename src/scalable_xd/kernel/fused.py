@@ -14,9 +14,9 @@ torch.compile's code (``benchmarks/bench_fit.py``).
 The kernel reads a point's x and S from the batch, or, given ``rows``, from row ``rows[p]`` of the whole
 data set in memory or of a streamed window: dense covariances, diagonal variances or compact noise, in any
 float dtype, cast as they are read (``row_access``). A shuffled minibatch is then never gathered, and each
-row is fetched while the point before it is computed. Each block runs with subnormal floats flushed to
-zero (``float_env``): a collapsed component's covariance would otherwise send every pair through x86's slow
-path for them.
+row is fetched while the point before it is computed. In float32 each block runs with subnormal floats
+flushed to zero (``float_env``): a collapsed component's covariance would otherwise send every pair through
+x86's slow path for them.
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
 compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
@@ -308,6 +308,9 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         return ["for t in range(n_tiles):", *indent([views[v] for v in names] + inner)]
 
     looped = dim > UNROLLED_MAX_DIM
+    # float32 only: float64 meets subnormals only below 2.2e-308 (a responsibility near exp(-700) times a
+    # small number), too rarely to cost time, and its results stay as they were
+    flush = real == "np.float32"
     # the point's row: its own, or row rows[p] of the data in place, the next point's row asked for ahead
     point = [
         "r = rows[p] if in_place else p",
@@ -371,10 +374,10 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "        bits_f = bits.view(np.float64)",
         *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
         *(_loop_work(dim) if looped else []),
-        "        env = flush_subnormals()  # after the allocations: restored at the block's end (float_env)",
+        *(["        env = flush_subnormals()  # restored at the block's end (float_env)"] if flush else []),
         "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
     ]
-    return "\n".join(head + indent(point, 3) + ["        restore_float_env(env)"]) + "\n"
+    return "\n".join(head + indent(point, 3) + (["        restore_float_env(env)"] if flush else [])) + "\n"
 
 
 def _pack_source(dim: int, dtype: str) -> list[str]:
