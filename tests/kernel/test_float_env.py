@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import pytest
 import torch
-from helpers import max_row_relative_error
+from helpers import max_row_relative_error, random_spd
 
 from scalable_xd.kernel import float_env
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
@@ -64,10 +64,8 @@ def _collapsed_problem(rng, n=4000, k=8, d=7):
     S[:, np.arange(d), np.arange(d)] = rng.uniform(0.05, 0.5, size=(n, d)) ** 2
     weights = np.concatenate([np.full(k // 2, 1.0 / (k // 2)), np.geomspace(1e-12, 1e-30, k - k // 2)])
     means = rng.normal(scale=3.0, size=(k, d))
-    covs = np.empty((k, d, d))
-    for j, size in enumerate(np.concatenate([np.ones(k // 2), np.geomspace(1e-20, 1e-40, k - k // 2)])):
-        a = rng.normal(size=(d, d))
-        covs[j] = size * (a @ a.T / d + np.eye(d))
+    sizes = np.concatenate([np.ones(k // 2), np.geomspace(1e-20, 1e-40, k - k // 2)])
+    covs = random_spd(rng, k, d) * sizes[:, None, None]
     return x, S, Mixture(*(torch.tensor(v) for v in (weights, means, covs)))
 
 
@@ -80,18 +78,9 @@ def test_the_pass_over_collapsed_components_matches_float64_and_leaves_the_regis
     torch.set_num_threads(threads)
     try:
         want = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="fused")
-        got = batch_statistics(
-            torch.tensor(x, dtype=torch.float32),
-            torch.tensor(S, dtype=torch.float32),
-            mixture.to(dtype=torch.float32),
-            backend="fused",
-        )
-        loglik, _ = log_densities(
-            torch.tensor(x, dtype=torch.float32),
-            torch.tensor(S, dtype=torch.float32),
-            mixture.to(dtype=torch.float32),
-            backend="fused",
-        )
+        single = (torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32))
+        got = batch_statistics(*single, mixture.to(dtype=torch.float32), backend="fused")
+        loglik, _ = log_densities(*single, mixture.to(dtype=torch.float32), backend="fused")
     finally:
         torch.set_num_threads(previous)
     live = slice(0, 4)  # the collapsed components' sums are ~1e-12 of the live ones': compared on their own

@@ -1,22 +1,21 @@
 """Subnormal numbers flushed to zero inside the compiled pass, for numba (x86-64 only).
 
-Arithmetic that reads or yields a subnormal float (below 1.2e-38 in float32) takes a slow path on x86's
-vector units. A fit meets them once a component collapses: a component whose weight dies away in online
-EM shrinks its covariance to 1e-17 and below, and the factorisation of V + S in float32 then yields
-subnormal products for every point. In a one-epoch fit of the sweep's data (2e6 rows, K = 64, float32), half the
-components had collapsed by the epoch's end, and the pass's call on the last step's mixture took 196 us per
-500 rows against 168 on the first step's; with subnormals flushed, the same on both.
+Arithmetic that reads or yields a subnormal float (below 1.2e-38 in float32) takes a slow path on x86's vector
+units. A fit meets them once a component collapses: a component whose weight dies away in online EM shrinks
+its covariance to 1e-17 and below, and the factorisation of V + S in float32 then yields subnormal products
+for every point. In a one-epoch fit of the sweep's data (2e6 rows, K = 64, float32), half the components had
+collapsed by the epoch's end, and the pass's call on the last step's mixture took 196 us per 500 rows against
+168 on the first step's; with subnormals flushed, the same on both.
 
 ``flush_subnormals()`` sets the calling thread's MXCSR flush-to-zero and denormals-are-zero bits and returns
-the register's old value, which ``restore_float_env(old)`` puts back: each block of the float32 pass sets
-them after its allocations and restores them at its end (float64 does not: ``fused._source``), so no
-other code on the thread (numpy's, the caller's) runs with them.
-This is what compilers' fast-math start-up code does for a whole program (gcc links
-crtfastmath.o); here it holds for the kernel alone, whose fast-math flags already let LLVM round
-differently. A value that would have been subnormal becomes 0, as the kernel's exp already gives 0 below
-e^-700 (``fused.EXP_CUTOFF``): it changes a sum only where every term of it is within float32's rounding
-(~1e-7) of the subnormal range itself. Elsewhere than x86-64 both are no-ops, and subnormals keep their
-slow path.
+the register's old value, which ``restore_float_env(old)`` puts back: each block of the float32 pass sets them
+after its allocations and restores them at its end (float64 does not: ``fused._source``), so no other code on
+the thread (numpy's, the caller's) runs with them. This is what compilers' fast-math start-up code does for a
+whole program (gcc links crtfastmath.o); here it holds for the kernel alone, whose fast-math flags already let
+LLVM round differently. A value that would have been subnormal becomes 0, as the kernel's exp already gives 0
+below e^-700 (``fused.EXP_CUTOFF``): it changes a sum only where every term of it is within float32's rounding
+(~1e-7) of the subnormal range itself. Elsewhere than x86-64 both are no-ops, and subnormals keep their slow
+path.
 """
 
 from __future__ import annotations
