@@ -8,18 +8,19 @@ one after another (one device synchronisation per run of ``--steps`` steps, so a
 in a fit):
 
 * ``pass_s``: the statistics pass alone, as the loop takes it, on a batch already on the device: on the CPU
-  with the fused kernel ``fused.PlainPass`` (``pass`` "plain"; its sums as arrays where the fitter takes
-  them, ``Fitter.takes_sums``), elsewhere ``batch_statistics`` ("general");
-* ``step_s``: the pass and the fitter's float64 update (``fitter.observe``, or ``observe_sums``);
+  with the fused kernel ``fused.PlainPass`` (``pass`` "plain"; its sums as arrays where the fitter has a
+  compiled rule, ``engines.cpu``), elsewhere ``batch_statistics`` ("general");
+* ``step_s``: the pass and the fitter's float64 update (``fitter.observe``, or its compiled rule's
+  ``observe_sums``);
 * ``loop_step_s``: a whole fit's training seconds per batch in its second epoch (``XDGMM.fit``, evaluation
   excluded; the first epoch compiles, or captures graphs): batch gathering, the pass, the update and the
   loop's Python; on CUDA also ``graphed_loop_step_s``, the same with each step replayed as one CUDA graph
-  (``fit/cuda_graphs.py``, the fit's default there).
+  (``fit/engines/cuda.py``, the fit's default there).
 
 ``overhead_s`` and ``loop_overhead_s`` (``graphed_loop_overhead_s``): the median over rounds of the step's
 (the fit's) time less the pass's in the same round, the time a faster kernel cannot remove. ``updates`` says
-which updates ran: "fused" (the compiled CPU updates, ``fit/fused_updates.py``, the CPU's default), "triton"
-(on CUDA, online EM's update as one Triton kernel in the graphed step, ``fit/triton_updates.py``: it changes
+which updates ran: "fused" (the compiled CPU rules, ``fit/engines/cpu_rules.py``, the CPU's default), "triton"
+(on CUDA, online EM's update as one Triton kernel in the graphed step, ``fit/engines/cuda_rules.py``: it changes
 only ``graphed_loop_step_s`` of minibatch EM) or "torch" (``fit/updates.py``); each device measures its own
 and "torch", in the same run.
 """
@@ -27,6 +28,7 @@ and "torch", in the same run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -39,8 +41,9 @@ from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.data.batching import Batch
 from scalable_xd.data.dataset import Dataset
-from scalable_xd.fit import fitters
+from scalable_xd.fit import engines
 from scalable_xd.fit.driver import regularisation
+from scalable_xd.fit.engines import cuda
 from scalable_xd.fit.methods import for_data, make_fitter
 from scalable_xd.kernel import TABLE
 from scalable_xd.kernel.dispatch import batch_statistics, choose_backend
@@ -98,8 +101,8 @@ def measure(
 
     def statistics(i: int):
         """The batch's sums as the loop takes them: arrays for a fitter that takes them, else Statistics."""
-        if plain is not None and fitter.takes_sums:
-            sums = plain.sums(Batch(batch, x[rows[i]], S[rows[i]], None, None), *fitter.e_step_arrays())
+        if plain is not None and fitter.compiled is not None:
+            sums = plain.sums(Batch(batch, x[rows[i]], S[rows[i]], None, None), *fitter.compiled.arrays())
             if sums is not None:
                 return sums
         stats = (
@@ -117,7 +120,7 @@ def measure(
         for i in range(n):
             sums = statistics(i)
             if isinstance(sums, tuple):
-                fitter.observe_sums(*sums)
+                fitter.compiled.observe_sums(*sums)
             else:
                 fitter.observe(sums)
 
@@ -185,10 +188,12 @@ def main(argv=None) -> None:
     args = parse_args(parser, argv, n_components=[4], steps=5, rounds=1)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     rows = []
-    compiled = {"fused": fitters.fused_updates, "triton": fitters.graph_updates}
-    for updates in [name for name, available in compiled.items() if available(device) is not None] + ["torch"]:
+    compiled = {"fused": engines.compiled_rule, "triton": cuda.triton_rules}
+    available = {"fused": device.type == "cpu" and importlib.util.find_spec("numba") is not None}
+    available["triton"] = cuda.triton_rules(device) is not None
+    for updates in [name for name in compiled if available[name]] + ["torch"]:
         if updates == "torch":
-            fitters.fused_updates = fitters.graph_updates = lambda device: None
+            engines.compiled_rule, cuda.triton_rules = (lambda fitter, device: None), (lambda device: None)
         for k in args.n_components:
             for method in METHODS:
                 if updates == "triton" and method != "minibatch_em":
@@ -196,7 +201,7 @@ def main(argv=None) -> None:
                 row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds, updates)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    fitters.fused_updates, fitters.graph_updates = compiled["fused"], compiled["triton"]
+    engines.compiled_rule, cuda.triton_rules = compiled["fused"], compiled["triton"]
     info = {"benchmark": "bench_step", **machine(), "device": device_name(device)}
     write_result(f"bench_step_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": rows})
 

@@ -50,8 +50,8 @@ step() {
 for name in "$@"; do
   case "$name" in
     tests) step tests 300 python3 -m pytest -v -m cuda --timeout 120 --durations 10 tests/fit/test_cuda.py \
-             tests/fit/test_cuda_graphs.py ;;
-    update_tests) step tests_triton_updates 60 python3 -m pytest -q tests/fit/test_triton_updates.py ;;
+             tests/fit/test_cuda_engine.py ;;
+    update_tests) step tests_cuda_rules 60 python3 -m pytest -q tests/fit/test_cuda_rules.py ;;
     pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components ${PASS_KS:-64 128 256 512} \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels ${PASS_KERNELS:-triton unrolled} --label gpu ;;
     chunks) # the pass at K = 512, batch 50,000 cut into chunks of 4, 16 and 32 M pairs (4 M: the default on

@@ -4,7 +4,7 @@ and float64 update), as JSON in benchmarks/results/.
     python benchmarks/profile_batch.py --device cuda --n-components 512 --batch-size 500
     python benchmarks/profile_batch.py                     # CPU, K = 64 (a quick check that it runs)
 
-``--step graphed`` profiles the step a GPU fit replays as a CUDA graph (``fit/cuda_graphs.py``: static
+``--step graphed`` profiles the step a GPU fit replays as a CUDA graph (``fit/engines/cuda.py``: static
 buffers, checks deferred, online EM's update as one Triton kernel on CUDA), run eagerly so that the profiler
 sees each of its kernels; ``--step ordinary`` (the default) the uncaptured step, ``fitter.observe``;
 ``--step evaluation`` one scoring of ``--batch-size`` points as a fit scores its validation data after every
@@ -37,7 +37,7 @@ from scalable_xd import deferred_checks  # noqa: E402
 from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
 from scalable_xd.data.batching import Batch  # noqa: E402
 from scalable_xd.data.dataset import Dataset  # noqa: E402
-from scalable_xd.fit.cuda_graphs import GraphedStep  # noqa: E402
+from scalable_xd.fit.engines.cuda import GRAPHED, GraphedStep  # noqa: E402
 from scalable_xd.fit.online_em import MinibatchEM  # noqa: E402
 from scalable_xd.fit.scoring import total_loglik  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
@@ -81,7 +81,7 @@ def main(argv=None) -> None:
 
     stack = contextlib.ExitStack()
     if args.step == "graphed":
-        graphed = GraphedStep(fitter, device, args.backend)
+        graphed = GraphedStep(GRAPHED[fitter.rule](fitter), device, args.backend)
         graphed.capturing = False  # the body a graph replays, run eagerly: the profiler sees every kernel
         stack.enter_context(deferred_checks.deferring(device, graphed.checks))
 

@@ -47,7 +47,7 @@ def active() -> DeferredChecks | None:
 @contextmanager
 def deferring(device, checks: DeferredChecks | None = None):
     """Defer the per-batch tests within the block to the ``DeferredChecks`` it yields: ``checks``, cleared,
-    where given (the flag a captured step writes to, ``cuda_graphs``), else new ones."""
+    where given (the flag a captured step writes to, ``fit.engines.cuda``), else new ones."""
     if checks is None:
         checks = DeferredChecks(device)
     else:

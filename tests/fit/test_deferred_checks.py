@@ -8,7 +8,7 @@ from helpers import draw_xd_data, random_spd, rounding_prone_fit
 from torch.overrides import TorchFunctionMode
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import driver, fitters, loop
+from scalable_xd.fit import driver, engines, loop
 
 # Tensor methods that make the host wait for a GPU (or, for a boolean mask, a nonzero inside indexing).
 _WAITS = {"item", "tolist", "cpu", "numpy", "nonzero", "masked_select", "unique", "__bool__", "__float__", "__int__"}
@@ -56,7 +56,7 @@ def count_waits_per_epoch(monkeypatch) -> list:
 @pytest.fixture
 def gpu_path(monkeypatch):
     """Fits on the CPU taking the GPU's path: torch updates (not the compiled CPU ones), checks deferred."""
-    monkeypatch.setattr(fitters, "fused_updates", lambda device: None)
+    monkeypatch.setattr(engines, "compiled_rule", lambda fitter, device: None)
     monkeypatch.setattr(driver, "defers_checks", lambda device: True)
 
 

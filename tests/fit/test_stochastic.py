@@ -197,11 +197,12 @@ def test_truncation_and_averaging_are_recorded_in_the_history(data):
 def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method, monkeypatch):
     """The loop hands plain batches to ``fused.PlainPass`` (where it can) and the rest to the general
     pass: the fitted model is the same to the bit either way, shuffled batches of 250, float32; and the
-    minibatch methods' compiled steps take the same sums as arrays (``Fitter.takes_sums``) or as
+    minibatch methods' compiled rules take the same sums as the pass's arrays (``CpuEngine``) or as
     Statistics alike."""
-    from scalable_xd.fit import loop
-    from scalable_xd.fit.online_em import MinibatchEM
-    from scalable_xd.fit.sgd import SGD
+    from scalable_xd.fit.engines import cpu
+    from scalable_xd.fit.engines.cpu_rules import sums_of
+    from scalable_xd.kernel.fused import PlainPass
+    from scalable_xd.mixture import Mixture
 
     rng = np.random.default_rng(11)
     weights, means = np.array([0.6, 0.4]), np.array([[0.0, 0.0, 0.0], [4.0, 1.0, -2.0]])
@@ -209,18 +210,18 @@ def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method,
     X, S = draw_xd_data(rng, 3000, weights, means, covs, 0.1, 0.5)[:2]
     settings = dict(method=method, epochs=2, batch_size=250, tol=None, dtype="float32", random_state=0)
     taken = []
-    plain_pass = loop._plain_pass
-    monkeypatch.setattr(loop, "_plain_pass", lambda *args: taken.append(plain_pass(*args)) or taken[-1])
+    engine = cpu.engine
+    monkeypatch.setattr(cpu, "engine", lambda *args: taken.append(engine(*args)) or taken[-1])
     arrays_taken = []
-    for fitter in (MinibatchEM, SGD):
-        observe_sums = fitter.observe_sums
-        monkeypatch.setattr(fitter, "observe_sums", lambda *a, f=observe_sums: arrays_taken.append(f(*a)))
+    for form in (cpu.OnlineEMArrays, cpu.AdamArrays):
+        observe_sums = form.observe_sums
+        monkeypatch.setattr(form, "observe_sums", lambda *a, f=observe_sums: arrays_taken.append(f(*a)))
     fast = XDGMM(2, **settings).fit(X, Xcov=S)
     assert len(arrays_taken) == (0 if method == "em" else 2 * 3000 // 250)
-    for fitter in (MinibatchEM, SGD):
-        monkeypatch.setattr(fitter, "takes_sums", False)
+    statistics = PlainPass.statistics  # the pass's Statistics, as tensors, then the arrays of them
+    monkeypatch.setattr(PlainPass, "sums", lambda self, b, *a: sums_of(statistics(self, b, Mixture.from_arrays(a))))
     as_statistics = XDGMM(2, **settings).fit(X, Xcov=S)
-    monkeypatch.setattr(loop, "_plain_pass", lambda *args: None)
+    monkeypatch.setattr(cpu, "engine", lambda *args: None)
     general = XDGMM(2, **settings).fit(X, Xcov=S)
     assert taken and all(p is not None for p in taken)
     for other in (as_statistics, general):

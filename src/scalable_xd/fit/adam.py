@@ -4,8 +4,8 @@
 corrections, which on a GPU makes each step wait for the device (unless ``capturable``, which the CPU
 does not support). SGD's parameters are few and their gradients come analytically from the kernel's sums,
 so this is all the optimiser the fit needs: the same arithmetic as torch's single-tensor step (no weight
-decay, amsgrad or maximize; ``tests/fit/test_fused_updates.py`` holds the two equal to the bit), and a state
-that the compiled CPU step (``fused_updates.sgd_step``) updates in place.
+decay, amsgrad or maximize; ``tests/fit/test_cpu_rules.py`` holds the two equal to the bit), and a state
+that the compiled CPU step (``engines.cpu_rules.sgd_step``) updates in place.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Adam:
 
     def step_on_device(self, grads: list[torch.Tensor], corrections: torch.Tensor) -> None:
         """The step with its ``corrections()`` read from a (2,) tensor on the parameters' device, set before
-        the step (``steps`` counted by the caller), as a replayed CUDA graph needs (``cuda_graphs``); equal
+        the step (``steps`` counted by the caller), as a replayed CUDA graph needs (``engines.cuda``); equal
         to ``step`` up to the rounding of the last multiply-add."""
         step_size, bias_correction2_sqrt = corrections[0], corrections[1]
         for param, exp_avg, denom in self._moments(grads, bias_correction2_sqrt):

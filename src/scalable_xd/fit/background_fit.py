@@ -21,7 +21,11 @@ class BackgroundFit:
     """``fitter`` (any ``Fitter``) and ``background``'s weight, fitted together; every other attribute is the
     fitter's."""
 
-    graphable = False  # the responsibilities' pass runs before the graphed step's
+    # Its update is its own, not the fitter's rule: no engine takes its batches by that rule's compiled
+    # forms (the responsibilities' pass runs before the statistics'); the fitter's ``observe`` still runs
+    # its own compiled rule.
+    rule = None
+    compiled = None
 
     def __init__(self, fitter: Fitter, background: Background):
         self.fitter = fitter
@@ -99,3 +103,8 @@ def refuse_unsupported(data) -> None:
     for name, what in (("R", "projections R"), ("observed", "missing entries")):
         if getattr(data, name, None) is not None:
             raise ValueError(f"background: not with {what} (its box is one region of the measured features)")
+
+
+def background_of(fitter) -> Background | None:
+    """The fitter's background (a ``BackgroundFit``'s), or None."""
+    return fitter.background if isinstance(fitter, BackgroundFit) else None

@@ -24,10 +24,11 @@ from ..data.source import DataSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, resolve_seed
-from .background_fit import BackgroundFit
+from .background_fit import BackgroundFit, background_of
 from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
-from .loop import LoopConfig, background_of, last_gain, run
+from .loop import last_gain, run
+from .loop_config import LoopConfig
 from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .scoring import EVAL_BATCH, total_loglik
@@ -208,7 +209,7 @@ def defers_checks(device: torch.device) -> bool:
 
 def graphs_steps(device: torch.device) -> bool:
     """Whether minibatch steps on ``device`` run on static buffers, replayed as CUDA graphs
-    (``cuda_graphs``): on GPUs, where each of a step's ~100 kernels costs a launch."""
+    (``engines.cuda``): on GPUs, where each of a step's ~100 kernels costs a launch."""
     return device.type == "cuda"
 
 

@@ -4,10 +4,9 @@ the fitter families (``batch_em``, ``online_em``, ``sgd``, ``averaging``; ``squa
 Each fitter sees the same stream of kernel statistics: ``start_epoch(epoch)``, then ``observe(stats)``
 for every batch, then ``end_epoch()``. Batch EM sums the statistics over the whole data set and updates
 once an epoch; minibatch EM and SGD update after every batch. ``state_dict``/``load_state_dict`` carry
-everything needed to resume from a checkpoint and continue exactly as an uninterrupted fit would. On the
-CPU the minibatch methods' compiled steps also take a plain batch's sums as numpy arrays
-(``observe_sums``, where ``takes_sums``) and keep their parameters as arrays until a tensor is asked for:
-a step then makes no tensor at all, which saved ~25 us of a ~0.43 ms step at K = 64.
+everything needed to resume from a checkpoint and continue exactly as an uninterrupted fit would. A
+fitter's update rule is written once, in torch; where a device's engine has a compiled form of it
+(``engines``: ``rule`` names it), the fitter's ``compiled`` runs it instead.
 
 Parameters and their updates are kept in float64 whatever precision the statistics pass runs in: they are
 K x D x D numbers, and Gaia's features need the range (a component can be 1e7 times narrower in parallax
@@ -16,11 +15,8 @@ than on the sky, a condition number float32 cannot even store as a positive-defi
 
 from __future__ import annotations
 
-import importlib.util
-from types import ModuleType
 from typing import Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
 from ..kernel.statistics import Statistics
@@ -71,16 +67,13 @@ class Fitter(Protocol):
         """Take one batch's kernel statistics (an update, or a sum towards one)."""
 
     @property
-    def takes_sums(self) -> bool:
-        """Whether ``observe_sums`` takes a batch's sums as numpy arrays (the compiled CPU updates): the
-        CPU's plain pass then hands them over with no tensor made (``kernel.fused.PlainPass.sums``)."""
+    def rule(self) -> str | None:
+        """The name its update rule's compiled forms are registered under in the engines' tables; None
+        where no engine takes its batches by such a form (a wrapper, an update made once an epoch)."""
 
-    def e_step_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(Called where ``takes_sums``.) ``mixture``'s (weights, means, covariances) as C-contiguous
-        float64 arrays, which the caller only reads."""
-
-    def observe_sums(self, n: float, q: np.ndarray, U: np.ndarray, UU: np.ndarray, P: np.ndarray) -> None:
-        """(Called where ``takes_sums``.) ``observe`` of one batch's sums as arrays (n points, q, U, UU, P)."""
+    @property
+    def compiled(self) -> CompiledRule | None:
+        """The device engine's compiled form of its rule, which its every update runs; None: its torch rule."""
 
     def end_epoch(self) -> None: ...
 
@@ -102,6 +95,14 @@ class Fitter(Protocol):
 
     def observe_shadow(self, stats: Statistics) -> None:
         """(Called where ``shadow`` is not None.) The statistics of the trial model's pass over the batch."""
+
+
+class CompiledRule(Protocol):
+    """A device engine's compiled form of a fitter's update rule (``engines``), bound to the fitter whose
+    parameters it updates. ``observe`` is the fitter's update from a batch's statistics; each engine asks
+    more of the forms in its own tables (the CPU's take the pass's arrays, CUDA's replay in place)."""
+
+    def observe(self, stats: Statistics) -> None: ...
 
 
 @runtime_checkable
@@ -132,6 +133,8 @@ class Capabilities:
     _wants_criteria = False
     _scores_its_pass = False
     _reads_batch_loglik = True
+    rule: str | None = None
+    compiled: CompiledRule | None = None
 
     @property
     def samples_assignments(self) -> bool:
@@ -165,36 +168,6 @@ class Capabilities:
 
     def observe_shadow(self, stats: Statistics) -> None:
         raise TypeError(f"{type(self).__name__} has no trial model beside it (shadow)")
-
-    @property
-    def takes_sums(self) -> bool:
-        return False
-
-    def e_step_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        raise TypeError(f"{type(self).__name__} takes its sums as Statistics (takes_sums)")
-
-    def observe_sums(self, n: float, q: np.ndarray, U: np.ndarray, UU: np.ndarray, P: np.ndarray) -> None:
-        raise TypeError(f"{type(self).__name__} takes its sums as Statistics (takes_sums)")
-
-
-def fused_updates(device: torch.device) -> ModuleType | None:
-    """The compiled minibatch updates (``fused_updates``) where they run: numba installed, parameters on
-    the CPU; None elsewhere, where the torch updates run."""
-    if device.type != "cpu" or importlib.util.find_spec("numba") is None:
-        return None
-    from . import fused_updates
-
-    return fused_updates
-
-
-def graph_updates(device: torch.device) -> ModuleType | None:
-    """Online EM's update as one Triton kernel (``triton_updates``) for the step a GPU replays: on CUDA
-    where triton is installed; None elsewhere, where the torch update runs."""
-    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
-        return None
-    from . import triton_updates
-
-    return triton_updates
 
 
 def mixture_state(mixture: Mixture) -> dict:

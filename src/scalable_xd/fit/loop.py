@@ -20,29 +20,24 @@ import functools
 import logging
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from .. import deferred_checks
 from .._torch import one_thread, synchronize
-from ..background import Background
-from ..data.batching import Batch, generator
+from ..data.batching import generator
 from ..data.source import DataSource
-from ..errors import FitDivergedError, NotPositiveDefiniteError
-from ..kernel import TABLE
-from ..kernel.dispatch import batch_statistics, choose_backend, log_densities
-from ..kernel.fused import PARALLEL_PAIRS, PlainPass
-from ..kernel.statistics import Statistics, summed_loglik
+from ..errors import FitDivergedError
+from ..kernel.fused import PARALLEL_PAIRS
 from ..mixture import Mixture
-from .background_fit import refuse_unsupported as refuse_background_data
+from .background_fit import background_of
 from .checkpoint import Checkpoint, CheckpointError, check_state, tensor_shapes
-from .cuda_graphs import GraphedStep
+from .engines import Engine, engine_for
 from .fitters import Fitter
-from .parallel import ONE_PROCESS, Group, reduce_statistics, reduce_sum
+from .loop_config import LoopConfig
+from .parallel import reduce_sum
 from .scoring import total_loglik
-from .selection import Selection, imputed_points
 
 log = logging.getLogger("scalable_xd.fit")
 
@@ -52,25 +47,6 @@ def assignment_uniforms(seed: int, epoch: int, batch: int, size: int, device, dt
     (seed, epoch, batch), so that draws are the same on every device and after a resume."""
     uniforms = torch.rand(size, generator=generator(seed, epoch, batch, 1), dtype=torch.float64)
     return uniforms.to(device=device, dtype=dtype, non_blocking=True)
-
-
-@dataclass
-class LoopConfig:
-    epochs: int
-    batch_size: int
-    shuffle: bool
-    seed: int
-    device: torch.device
-    dtype: torch.dtype
-    backend: str  # kernel backend for R = I batches (see ``kernel``)
-    cures: str  # what could stop a divergence, for FitDivergedError (``driver.divergence_cures``)
-    tol: float | None
-    verbose: int = 0
-    group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
-    checkpoint_every: int = 0  # batches between checkpoints inside an epoch (0: at epochs' ends only)
-    defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
-    graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``cuda_graphs``)
-    selection: Selection | None = None  # each batch's sums gain the points it removed (``selection``)
 
 
 def _check_mixture(mixture: Mixture, epoch: int, cures: str) -> None:
@@ -93,68 +69,6 @@ def _log(cfg: LoopConfig, entry: dict) -> None:
     log.info(
         "epoch %3d/%d  %9.2f s  train %.5f%s", entry["epoch"], cfg.epochs, entry["seconds"], entry["train_loglik"], val
     )
-
-
-def _global_sums(
-    batch: Batch,
-    uniforms,
-    mixture: Mixture,
-    cfg: LoopConfig,
-    with_criteria: bool,
-    keys: tuple[int, int] | None = None,
-    background: Background | None = None,
-) -> Statistics:
-    """The kernel's sums over a global batch: this process's share of it (and of the S-step's uniforms),
-    with the points a selection removed beside it (``cfg.selection``; drawn by ``keys``, (epoch, batch)),
-    or each point weighted by its chance of not being ``background``'s; summed over the processes when
-    data-parallel."""
-    if len(batch.x) == 0:  # a batch smaller than the number of processes
-        stats = Statistics.zeros(mixture.n_components, mixture.dim, cfg.device, with_criteria)
-        if background is not None:
-            stats.background = torch.zeros((), dtype=torch.float64, device=cfg.device)
-    else:
-        weights, background_sums = batch.weights, None
-        if background is not None:
-            weights, background_sums = _background_weights(batch, mixture, cfg, background)
-        stats = batch_statistics(
-            batch.x,
-            batch.S,
-            mixture,
-            batch.R,
-            backend=cfg.backend,
-            point_weights=weights,
-            uniforms=uniforms,
-            with_criteria=with_criteria,
-            observed=batch.observed,
-        )
-        if background_sums is not None:
-            stats.loglik, stats.background = background_sums
-        if cfg.selection is not None and keys is not None:
-            stats = stats.combine(_imputed_sums(cfg.selection, batch, mixture, cfg, keys))
-    return reduce_statistics(stats, cfg.group, with_criteria)
-
-
-def _background_weights(batch: Batch, mixture: Mixture, cfg: LoopConfig, background: Background):
-    """Each point's weight times its chance 1 - r_i of being a Gaussian point (``background``), and the
-    batch's (log-likelihood under mixture and background, sum of r_i), both weighted, float64."""
-    refuse_background_data(batch)
-    gaussian, _ = log_densities(batch.x, batch.S, mixture, backend=cfg.backend)
-    loglik, log_r = background.combine(gaussian, batch.x)
-    r = torch.exp(log_r)
-    kept = -torch.expm1(log_r)  # 1 - r_i, exact where r_i is tiny
-    weights = kept if batch.weights is None else batch.weights.to(torch.float64) * kept
-    return weights.to(batch.x.dtype), (summed_loglik(loglik, batch.weights), summed_loglik(r, batch.weights))
-
-
-def _imputed_sums(selection: Selection, batch: Batch, mixture: Mixture, cfg: LoopConfig, keys) -> Statistics:
-    """The sums of the points the selection removed beside ``batch`` (``selection.imputed_points``), with no
-    log-likelihood: the history's figures stay those of the catalogue's own points."""
-    x, S = imputed_points(selection, mixture, batch, (cfg.seed, *keys, cfg.group.rank))
-    if len(x) == 0:
-        return Statistics.zeros(mixture.n_components, mixture.dim, cfg.device)
-    stats = batch_statistics(x, S, mixture, None, backend=cfg.backend)
-    stats.loglik = torch.zeros_like(stats.loglik) if stats.loglik is not None else None
-    return stats
 
 
 def run(
@@ -206,8 +120,7 @@ def run(
         if not one_pass:
             _log(cfg, history[0])
     epoch = start + 1
-    graphed = _graphed_step(fitter, cfg)
-    plain = _plain_pass(fitter, cfg) if graphed is None else None
+    engine = engine_for(fitter, cfg)
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
         tick = time.perf_counter()
@@ -225,12 +138,11 @@ def run(
             tick,
             store,
             history,
-            graphed,
-            plain,
+            engine,
         )
         with one_thread(_small_steps(cfg, fitter)):
             if cfg.defer_checks and not cfg.checkpoint_every:
-                _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged, graphed)
+                _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged, engine)
             else:
                 train_epoch(converged)
         synchronize(cfg.device)
@@ -262,32 +174,6 @@ def run(
     return history, converged
 
 
-def _graphed_step(fitter: Fitter, cfg: LoopConfig) -> GraphedStep | None:
-    """The graphed step where the fit can take it: asked for, checks deferred (not re-run at every batch,
-    nor interleaved with mid-epoch checkpoints), one process, and a fitter whose step is graphable
-    (minibatch EM with the stable update and no truncation, SGD without fixed weights; not under
-    averaging or split-and-merge)."""
-    graphable = getattr(fitter, "graphable", False) and fitter.shadow is None and not fitter.wants_criteria
-    graphable = graphable and cfg.selection is None  # the imputed points are drawn on the host
-    if cfg.graph_steps and cfg.defer_checks and not cfg.checkpoint_every and not cfg.group.parallel and graphable:
-        return GraphedStep(fitter, cfg.device, cfg.backend)
-    return None
-
-
-def _plain_pass(fitter: Fitter, cfg: LoopConfig) -> PlainPass | None:
-    """The fused kernel's pass with its set-up settled once (``fused.PlainPass``), where the fit can take
-    it: on the CPU with the fused kernel, one process, no selection or background. It takes a batch only
-    when the step needs nothing else (``_train_epoch``: no draws, criteria or trial model at that batch, as
-    split-and-merge asks for at some epochs); batches it does not take (projected, weighted, with missing
-    entries, or in which a pair fails to factorise) still take the general pass."""
-    mixture = fitter.mixture
-    if cfg.device.type != "cpu" or choose_backend(cfg.backend, None, cfg.device) != "fused" or cfg.group.parallel:
-        return None
-    if cfg.selection is not None or background_of(fitter) is not None:
-        return None
-    return PlainPass(mixture.dim, mixture.n_components, cfg.dtype, TABLE["fused"].max_pairs["cpu"])
-
-
 def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
     """Load a saved fitter state (a checkpoint's, a model file's running state), refusing
     (``CheckpointError``: ``what`` holds ...; ``advice``) one that does not fit this fitter or is not a valid
@@ -308,20 +194,19 @@ def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
 
 
 def _train_epoch_deferred(
-    fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: int, converged: bool, graphed: GraphedStep | None
+    fitter: Fitter, train_epoch, cfg: LoopConfig, epoch: int, converged: bool, engine: Engine
 ) -> None:
-    """``train_epoch`` with the per-batch tests deferred to its end (``deferred_checks``; to the graphed
-    step's flag where there is one); where one tripped, the epoch again from the fitter's state at its
-    start, testing at every batch."""
+    """``train_epoch`` with the per-batch tests deferred to its end (``deferred_checks``; to the engine's
+    flag where it has one); where one tripped, the epoch again from the fitter's state at its start,
+    testing at every batch."""
     start = copy.deepcopy(fitter.state_dict())
-    with deferred_checks.deferring(cfg.device, None if graphed is None else graphed.checks) as checks:
+    with deferred_checks.deferring(cfg.device, engine.checks) as checks:
         train_epoch(converged)
     if reduce_sum(float(checks.tripped()), cfg.group, cfg.device) > 0:  # tripped in any process
         log.debug("epoch %d: a deferred check tripped, so the epoch runs again testing at every batch", epoch)
         fitter.start_epoch(epoch - 1)
         fitter.load_state_dict(start)
-        if graphed is not None:
-            graphed.forget()
+        engine.restart()
         train_epoch(converged)
 
 
@@ -350,11 +235,6 @@ def _mean_loglik(data: DataSource, fitter: Fitter, cfg: LoopConfig) -> float:
     return total / data.total_weight
 
 
-def background_of(fitter: Fitter) -> Background | None:
-    """The fitter's background (``background_fit.BackgroundFit``), or None."""
-    return getattr(fitter, "background", None)
-
-
 def _train_epoch(
     fitter: Fitter,
     train: DataSource,
@@ -365,16 +245,21 @@ def _train_epoch(
     tick: float,
     checkpoint: Checkpoint | None,
     history: list,
-    graphed: GraphedStep | None,
-    plain: PlainPass | None,
+    engine: Engine,
     converged: bool,
 ) -> None:
-    """One epoch's batches from batch ``done`` on (those before it are in the checkpoint): the kernel's
-    statistics of each, observed by the fitter (or the graphed step, where it takes the batch); a
-    checkpoint every ``cfg.checkpoint_every`` batches."""
-    in_place = plain is not None and not fitter.samples_assignments  # the plain pass will read the batches
+    """One epoch's batches from batch ``done`` on (those before it are in the checkpoint), each a step of
+    ``engine``; a checkpoint every ``cfg.checkpoint_every`` batches."""
     batches = train.epoch_batches(
-        cfg.batch_size, epoch, cfg.seed, cfg.shuffle, cfg.group, cfg.device, cfg.dtype, skip=done, in_place=in_place
+        cfg.batch_size,
+        epoch,
+        cfg.seed,
+        cfg.shuffle,
+        cfg.group,
+        cfg.device,
+        cfg.dtype,
+        skip=done,
+        in_place=engine.in_place,
     )
     progress = tqdm(
         batches,
@@ -389,34 +274,7 @@ def _train_epoch(
         if fitter.samples_assignments:  # drawn for the whole batch, so the same draws for any P
             uniforms = assignment_uniforms(cfg.seed, epoch, number, batch.size, cfg.device, cfg.dtype)
             uniforms = uniforms[cfg.group.share(slice(0, batch.size), batch.size)]
-        if graphed is not None and graphed.step(batch, uniforms):
-            continue  # graphs run only without mid-epoch checkpoints (``_graphed_step``)
-        try:
-            keys = (epoch, number)
-            stats: Statistics | None = None
-            sums: tuple | None = None  # the plain pass's (n, q, U, UU, P) as arrays (``Fitter.takes_sums``)
-            if plain is not None and uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
-                if fitter.takes_sums:  # the compiled update on the pass's arrays: no tensor made
-                    sums = plain.sums(batch, *fitter.e_step_arrays())
-                else:
-                    stats = plain.statistics(batch, fitter.mixture, fitter.reads_batch_loglik)
-            if sums is None and stats is None:
-                stats = _global_sums(
-                    batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, keys, background_of(fitter)
-                )
-            shadow = None  # a split-and-merge trial: its own pass over the same batch
-            if fitter.shadow is not None:
-                shadow = _global_sums(batch, uniforms, fitter.shadow, cfg, False)
-        except NotPositiveDefiniteError as err:
-            raise FitDivergedError(
-                epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.cures, number
-            ) from None
-        if sums is not None:  # of a plain batch of points, never empty (``PlainPass``)
-            fitter.observe_sums(*sums)
-        elif stats is not None and deferred_checks.positive_weight(stats.n_points):  # zero weight: nothing to update
-            if shadow is not None:
-                fitter.observe_shadow(shadow)
-            fitter.observe(stats)
+        engine.step(batch, epoch, number, uniforms)
         if checkpoint is not None and cfg.checkpoint_every and (number + 1) % cfg.checkpoint_every == 0:
             synchronize(cfg.device)
             checkpoint.save(

@@ -6,19 +6,11 @@ import dataclasses
 
 import torch
 
-from .. import deferred_checks
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
-from . import fitters, schedules  # fitters.fused_updates, read at each fitter's start (tests and benchmarks swap it)
+from . import engines, schedules  # engines.compiled_rule, read at each fitter's start (tests and benchmarks swap it)
 from .fitters import Capabilities, mixture_from_state, mixture_state
-from .updates import (
-    FixedParameters,
-    online_em_update,
-    online_em_update_naive,
-    regularised,
-    ridge_vector,
-    share_weights,
-)
+from .updates import FixedParameters, online_em_update, online_em_update_naive, regularised, ridge_vector
 
 
 class MinibatchEM(Capabilities):
@@ -45,6 +37,7 @@ class MinibatchEM(Capabilities):
     """
 
     _reads_batch_loglik = False  # its update takes the sums alone
+    rule = "online_em"
 
     def __init__(
         self,
@@ -64,7 +57,7 @@ class MinibatchEM(Capabilities):
     ):
         if covariance_update == "naive" and fixed is not None and fixed.any():
             raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
-        self._held: tuple | None = None  # (state, E-step) arrays of the last compiled step (``observe_sums``)
+        self._held: tuple | None = None  # (state, E-step) arrays of the last compiled step (``hold``)
         self._state: Mixture | None = None  # made from ``_held`` when asked for
         self.state = mixture
         self.initial = mixture
@@ -80,27 +73,17 @@ class MinibatchEM(Capabilities):
         self.truncation = truncation
         self.data_size = data_size
         self.naive = covariance_update == "naive"  # the paper's eq. 7, kept for study
-        self._fused = fitters.fused_updates(mixture.means.device) if covariance_update == "stable" else None
-        self._views = None if self._fused is None else self._fused.ArrayViews()  # its arrays of W and the masks
-        self._graph_update = fitters.graph_updates(mixture.means.device)
-        self._constants: torch.Tensor | None = None  # (data_size or 0, float64's tiny) on the device
         self._no_fixed = FixedParameters.none(mixture.n_components, mixture.means.device)
         self.n_updates = 0
         self.restarts = 0
         self._epoch = 0
-        self._step: torch.Tensor | None = None  # the step size on the device (``prepare_step``)
+        self.compiled = engines.compiled_rule(self, mixture.means.device)
 
     def resize(self, data_size: float) -> None:
         """The training data's total weight, where it grows (online learning, ``fit.online``): the E-step's
         prior follows it."""
         self.data_size = data_size
         self.state = self.state  # the E-step mixture is made again, with the new prior
-        if self._constants is not None:  # in place: a captured step reads this tensor
-            self._constants[0].fill_(self._prior_size())
-
-    def _prior_size(self) -> float:
-        """The E-step prior's data size for the Triton update; 0 where V = Vr + W (or Vr): no prior."""
-        return 0.0 if self.data_size is None or self.w is None else float(self.data_size)
 
     def step_size(self, epoch: int) -> float:
         if self.schedule == "cappe_moulines":
@@ -111,6 +94,15 @@ class MinibatchEM(Capabilities):
 
     def start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
+
+    def next_step_size(self) -> float:
+        """The step size of the next update."""
+        return self.step_size(self._epoch)
+
+    @property
+    def fixed_parameters(self) -> FixedParameters:
+        """``fixed``, or the masks of no parameter fixed."""
+        return self.fixed or self._no_fixed
 
     @property
     def state(self) -> Mixture:
@@ -136,89 +128,43 @@ class MinibatchEM(Capabilities):
         return self.mixture
 
     def observe(self, stats: Statistics) -> None:
-        if self._fused is not None:
-            self.observe_sums(*self._fused.sums_of(stats))
+        if self.compiled is not None:
+            self.compiled.observe(stats)
             return
-        step = self.step_size(self._epoch)
-        fixed, data_size = self.fixed or self._no_fixed, self.data_size
+        step = self.next_step_size()
         if self.naive:
-            self.state = online_em_update_naive(self.state, stats.double(), step, self.w, data_size)
+            self.state = online_em_update_naive(self.state, stats.double(), step, self.w, self.data_size)
         else:
-            self.state = online_em_update(self.state, stats.double(), step, self.w, fixed, data_size)
-        self._counted()
+            self.state = online_em_update(
+                self.state, stats.double(), step, self.w, self.fixed_parameters, self.data_size
+            )
+        self.counted()
 
-    @property
-    def takes_sums(self) -> bool:
-        return self._fused is not None
+    # The parameters as a compiled rule reads and writes them: arrays, made tensors only when asked for.
+    def state_arrays(self) -> tuple:
+        """The running state's (weights, means, covariances) as C-contiguous float64 arrays."""
+        return self._held[0] if self._held is not None else self.state.arrays()
 
     def e_step_arrays(self) -> tuple:
+        """``mixture``'s (weights, means, covariances) as C-contiguous float64 arrays, which the caller reads."""
         return self._held[1] if self._held is not None else self.mixture.arrays()
 
-    def observe_sums(self, n: float, q, U, UU, P) -> None:
-        """``observe``'s compiled update from the sums as arrays; the state and E-step mixture are kept as
-        the update's arrays, and made tensors only when asked for."""
-        if self._fused is None:
-            raise TypeError("observe_sums runs the compiled update (takes_sums)")
-        state = self._held[0] if self._held is not None else self.state.arrays()
-        fixed = self.fixed or self._no_fixed
-        held = self._fused.online_em_step(
-            state, n, q, U, UU, P, self.step_size(self._epoch), self.w, fixed, self.data_size, self._views
-        )
-        self._held, self._state, self._e_step = held, None, None
-        self._counted()
+    def bind(self, state: Mixture, e_step: Mixture) -> None:
+        """Take these tensors as the running state and the E-step mixture (a replayed step writes them)."""
+        self._state, self._e_step, self._held = state, e_step, None
 
-    def _counted(self) -> None:
+    def hold(self, state: tuple, e_step: tuple) -> None:
+        """Take a compiled update's new state and E-step mixture as arrays (that no later step writes to),
+        and count the update."""
+        self._held, self._state, self._e_step = (state, e_step), None, None
+        self.counted()
+
+    def counted(self) -> None:
         """An update done: counted, and under truncation a restart where it left the compact set."""
         self.n_updates += 1
         if self.truncation is not None and not inside_compact_set(self.mixture, self.truncation + self.restarts):
             self.state = self.initial
             self.restarts += 1
-
-    # The step as ``cuda_graphs`` replays it: the host's part, then the device's, in place.
-    @property
-    def graphable(self) -> bool:
-        """Whether the step can be replayed (truncation asks the host, the naive update is kept for study)."""
-        return not self.naive and self.truncation is None
-
-    def live_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step reads and writes: the running state's and the E-step mixture's."""
-        return [*self.state.tensors(), *self.mixture.tensors()]
-
-    def bind(self, tensors: list[torch.Tensor]) -> None:
-        self._state, self._e_step, self._held = Mixture(*tensors[:3]), Mixture(*tensors[3:]), None
-
-    def prepare_step(self) -> None:
-        """The host's part of the next step: its step size, into a scalar on the device."""
-        if self._step is None:
-            self._step = torch.zeros((), dtype=torch.float64, device=self.state.means.device)
-        self._step.fill_(self.step_size(self._epoch))
-        self.n_updates += 1
-        if self._graph_update is not None and self._constants is None:
-            tiny = torch.finfo(torch.float64).tiny
-            self._constants = torch.full((2,), tiny, dtype=torch.float64, device=self.state.means.device)
-            self._constants[0].fill_(self._prior_size())  # filled, not copied: no wait
-
-    def step_in_place(self, stats: Statistics) -> None:
-        """``observe``'s update (less truncation) written into ``live_tensors``, asking the host nothing."""
-        fixed, step = self.fixed or self._no_fixed, self._step
-        if step is None:
-            raise RuntimeError("prepare_step sets the step size on the device before step_in_place")
-        if self._graph_update is not None:
-            e_step = self.mixture
-            suspect = self._graph_update.online_em_step_in_place(
-                self.state, e_step, stats, step, self.w, fixed, self._constants
-            )
-            checks = deferred_checks.active()
-            if checks is None:
-                raise RuntimeError("the graphed step runs with its checks deferred (cuda_graphs.GraphedStep)")
-            checks.note(suspect)  # a covariance rounding left indefinite: the epoch runs again
-            if fixed.any():  # as ``regularised``: the weights shared, the fixed ones restored
-                e_step.weights.copy_(share_weights(self.state.weights, fixed.weight_values, fixed.weights))
-            return
-        state = online_em_update(self.state, stats.double(), step, self.w, fixed, self.data_size)
-        e_step = regularised(state, self.w, self.fixed, self.data_size)
-        for live, new in zip(self.live_tensors(), [*state.tensors(), *e_step.tensors()]):
-            live.copy_(new)
 
     def end_epoch(self) -> None:
         return None

@@ -8,7 +8,7 @@ import torch
 
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
-from . import fitters, schedules  # fitters.fused_updates, read at each fitter's start (tests and benchmarks swap it)
+from . import engines, schedules  # engines.compiled_rule, read at each fitter's start (tests and benchmarks swap it)
 from .adam import Adam
 from .fitters import Capabilities, mixture_from_state, mixture_state
 from .updates import (
@@ -36,6 +36,7 @@ class SGD(Capabilities):
     """
 
     _reads_batch_loglik = False  # its update takes the sums alone
+    rule = "sgd"
 
     def __init__(
         self,
@@ -55,12 +56,10 @@ class SGD(Capabilities):
         self.lr_decay = lr_decay
         self.decay_epoch = decay_epoch
         self.optimizer = Adam(self.params.tensors(), lr=lr)
-        self._held: tuple | None = None  # the mixture's arrays from the last compiled step (``observe_sums``)
+        self._held: tuple | None = None  # the mixture's arrays from the last compiled step (``hold``)
         self._mixture: Mixture | None = None  # made from ``_held`` when asked for
         self.mixture = self.params.mixture()
-        self._fused = fitters.fused_updates(mixture.means.device)
-        self._views = None if self._fused is None else self._fused.ArrayViews()  # the compiled step's arrays
-        self._corrections: torch.Tensor | None = None  # Adam's, on the device (``prepare_step``)
+        self.compiled = engines.compiled_rule(self, mixture.means.device)
 
     def step_size(self, epoch: int) -> float:
         return schedules.step_decay(self.base_lr, self.lr_decay, self.decay_epoch, epoch)
@@ -79,55 +78,20 @@ class SGD(Capabilities):
         self._mixture, self._held = mixture, None
 
     def observe(self, stats: Statistics) -> None:
-        if self._fused is not None:
-            self.observe_sums(*self._fused.sums_of(stats))
+        if self.compiled is not None:
+            self.compiled.observe(stats)
             return
         self.optimizer.step(self.params.loss_gradients(stats.double(), self.w))
         self.mixture = self.params.mixture()
 
-    @property
-    def takes_sums(self) -> bool:
-        return self._fused is not None
-
-    def e_step_arrays(self) -> tuple:
+    # The mixture as a compiled rule reads and writes it: arrays, made tensors only when asked for.
+    def mixture_arrays(self) -> tuple:
+        """``mixture``'s (weights, means, covariances) as C-contiguous float64 arrays, which the caller reads."""
         return self._held if self._held is not None else self.mixture.arrays()
 
-    def observe_sums(self, n: float, q, U, UU, P) -> None:
-        """``observe``'s compiled step from the sums as arrays; the new mixture is kept as its arrays, and
-        made tensors only when asked for."""
-        if self._fused is None:
-            raise TypeError("observe_sums runs the compiled step (takes_sums)")
-        self._held = self._fused.sgd_step(self.params, self.optimizer, n, q, U, UU, P, self.w, self._views)
-        self._mixture = None
-
-    # The step as ``cuda_graphs`` replays it: the host's part, then the device's, in place.
-    @property
-    def graphable(self) -> bool:
-        """Whether the step can be replayed (fixed weights select the free ones by a mask, asking the host)."""
-        return not self.params.fixed.has_fixed_weights
-
-    def live_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step rebinds (the parameters and Adam's moments are updated in place anyway)."""
-        return list(self.mixture.tensors())
-
-    def bind(self, tensors: list[torch.Tensor]) -> None:
-        self.mixture = Mixture(*tensors)
-
-    def prepare_step(self) -> None:
-        """The host's part of the next step: Adam's step count and corrections, into the device."""
-        if self._corrections is None:
-            self._corrections = torch.zeros(2, dtype=torch.float64, device=self.mixture.means.device)
-        self.optimizer.steps += 1
-        for slot, value in zip(self._corrections, self.optimizer.corrections()):
-            slot.fill_(value)
-
-    def step_in_place(self, stats: Statistics) -> None:
-        """``observe``'s Adam step, its mixture written into ``live_tensors``, asking the host nothing."""
-        if self._corrections is None:
-            raise RuntimeError("prepare_step sets Adam's corrections on the device before step_in_place")
-        self.optimizer.step_on_device(self.params.loss_gradients(stats.double(), self.w), self._corrections)
-        for live, new in zip(self.live_tensors(), self.params.mixture().tensors()):
-            live.copy_(new)
+    def hold(self, mixture: tuple) -> None:
+        """Take a compiled step's new mixture as arrays (that no later step writes to)."""
+        self._held, self._mixture = mixture, None
 
     @property
     def result(self) -> Mixture:

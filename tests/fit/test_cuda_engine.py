@@ -1,7 +1,7 @@
-"""The minibatch step that CUDA graphs replay (fit.cuda_graphs): run on the CPU on its static buffers, it
-gives the fit of the ordinary step, waits for the device at no batch, and hands over to the ordinary step
-where it must (an epoch's last, smaller batch; an epoch run again after a deferred check tripped). On CUDA
-it is captured and replayed (skipped without a GPU)."""
+"""The minibatch step that the CUDA engine replays as a CUDA graph (fit.engines.cuda): run on the CPU on its
+static buffers, it gives the fit of the ordinary step, waits for the device at no batch, and hands over to
+the reference engine where it must (an epoch's last, smaller batch; an epoch run again after a deferred
+check tripped). On CUDA it is captured and replayed (skipped without a GPU)."""
 
 import os
 
@@ -12,14 +12,15 @@ from helpers import draw_xd_data, random_spd, rounding_prone_fit
 from test_deferred_checks import count_waits_per_epoch
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import cuda_graphs, driver, fitters
+from scalable_xd.fit import driver, engines
 from scalable_xd.fit.adam import Adam
+from scalable_xd.fit.engines import cuda
 
 
 @pytest.fixture
 def gpu_path(monkeypatch):
     """Fits on the CPU taking the GPU's path: torch updates, checks deferred (graphs as each test says)."""
-    monkeypatch.setattr(fitters, "fused_updates", lambda device: None)
+    monkeypatch.setattr(engines, "compiled_rule", lambda fitter, device: None)
     monkeypatch.setattr(driver, "defers_checks", lambda device: True)
 
 
@@ -28,13 +29,13 @@ def graphed_steps(monkeypatch):
     """Counts the steps the graphed path takes, with graphs asked for on the CPU."""
     monkeypatch.setattr(driver, "graphs_steps", lambda device: True)
     taken = []
-    original = cuda_graphs.GraphedStep._body
+    original = cuda.GraphedStep._body
 
     def counted(self):
         taken.append(self.layout[0])
         original(self)
 
-    monkeypatch.setattr(cuda_graphs.GraphedStep, "_body", counted)
+    monkeypatch.setattr(cuda.GraphedStep, "_body", counted)
     return taken
 
 
@@ -45,9 +46,9 @@ def triton_update(monkeypatch):
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("runs the GPU's kernel on the CPU: needs TRITON_INTERPRET=1 (set where there is no GPU)")
-    from scalable_xd.fit import triton_updates
+    from scalable_xd.fit.engines import cuda_rules
 
-    monkeypatch.setattr(fitters, "graph_updates", lambda device: triton_updates)
+    monkeypatch.setattr(cuda, "triton_rules", lambda device: cuda_rules)
 
 
 def _data(seed=50, n=2050, k=3, d=3):
@@ -174,14 +175,14 @@ def test_adams_step_on_the_device_equals_its_host_step():
 @pytest.mark.parametrize("backend", ["triton", "unrolled"])
 def test_cuda_captures_the_step_and_replays_it_to_the_uncaptured_fit(method, backend, monkeypatch):
     replays = []
-    original = cuda_graphs.GraphedStep.step
+    original = cuda.GraphedStep.step
 
     def watched(self, batch, uniforms):
         taken = original(self, batch, uniforms)
         replays.append(self.replays)
         return taken
 
-    monkeypatch.setattr(cuda_graphs.GraphedStep, "step", watched)
+    monkeypatch.setattr(cuda.GraphedStep, "step", watched)
     x, S = _data()
     settings = dict(batch_size=200, epochs=3, tol=None, device="cuda", backend=backend, dtype="float64")
     captured = XDGMM(3, method, random_state=0, **settings).fit(x, Xcov=S)

@@ -1,10 +1,10 @@
-"""Online EM's update as one Triton kernel, for the minibatch step a GPU replays (``cuda_graphs``).
+"""Online EM's update as one Triton kernel, for the minibatch step the CUDA engine replays (``cuda``).
 
 Written as torch calls, online EM's float64 update (``updates.online_em_update``, then ``regularised``) is
 about a hundred small kernels (products, sums, scatters and copies of K 7 x 7 matrices); replayed from a
 CUDA graph each still costs the GPU a few microseconds, and together they were two thirds of a step at the
 paper's batch of 500 (``profile_batch_cuda_K512_b500.json``: 107 kernels a step). Here the whole update
-is one kernel, following ``fused_updates`` (the CPU's) operation for operation, so the results agree with
+is one kernel, following ``cpu_rules`` (the CPU's) operation for operation, so the results agree with
 the torch update to rounding. It reads the running state and the batch's sums; it writes, in place, the
 new running state and the mixture the next E-step uses, and flags the components whose new covariance
 rounding left without a Cholesky factor (for ``deferred_checks``). Measured on an H100 (2026-11-26), a
@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernel.statistics import Statistics
-from ..mixture import Mixture
+from ...kernel.statistics import Statistics
+from ...mixture import Mixture
 
 BLOCK = 4  # components per program: with the (B, D, D, D) products, 2,048 float64 numbers at D <= 8
 
@@ -52,7 +52,7 @@ def _online_em(
     DP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """``fused_updates._online_em_components`` for BLOCK components, as (BLOCK, DP, DP) blocks (DP: D padded
+    """``cpu_rules._online_em_components`` for BLOCK components, as (BLOCK, DP, DP) blocks (DP: D padded
     to a power of two; the padding is masked, and zero)."""
     k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     on = k < n_comp

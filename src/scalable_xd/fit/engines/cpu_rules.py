@@ -1,4 +1,4 @@
-"""The minibatch updates as single numba loops over the components, for the CPU.
+"""The minibatch rules as single numba loops over the components: the CPU engine's compiled forms.
 
 A minibatch step's float64 update (online EM's, or SGD's gradient and Adam step) is a few hundred numbers
 per component; written as torch calls it is dozens of small operations whose dispatch costs several times
@@ -20,10 +20,10 @@ import numba
 import numpy as np
 import torch
 
-from ..kernel.statistics import Statistics
-from ..mixture import Mixture
-from .adam import Adam
-from .updates import clip_rounding, e_step_covariances, ridge_vector, share_weights
+from ...kernel.statistics import Statistics
+from ...mixture import Mixture
+from ..adam import Adam
+from ..updates import clip_rounding, e_step_covariances, ridge_vector, share_weights
 
 # Typed as what they make of a function: numba's stubs give a compiled function's call no arguments.
 _jit: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(cache=True, error_model="numpy")

@@ -1,4 +1,4 @@
-"""Online EM's update as one Triton kernel (fit/triton_updates.py) against the torch update that defines it:
+"""Online EM's update as one Triton kernel (fit/engines/cuda_rules.py) against the torch update that defines it:
 compiled on a GPU where there is one, else through Triton's interpreter (tests/conftest.py sets
 TRITON_INTERPRET=1 there)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import random_spd
 
-from scalable_xd.fit import triton_updates
+from scalable_xd.fit.engines import cuda_rules
 from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
@@ -46,7 +46,7 @@ def _kernel_update(state, stats, step, w, fixed, data_size):
     paper = data_size is None or w is None
     constants = torch.tensor([0.0 if paper else data_size, torch.finfo(torch.float64).tiny], dtype=torch.float64)
     on_device = [t.to(DEVICE) for t in (stats.q, stats.U, stats.UU, stats.P)]
-    suspect = triton_updates.online_em_step_in_place(
+    suspect = cuda_rules.online_em_step_in_place(
         new,
         e_step,
         type(stats)(stats.n_points, *on_device, stats.loglik, stats.criteria),
@@ -105,7 +105,7 @@ _COMPILE_FOR_HOPPER = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
-from scalable_xd.fit.triton_updates import BLOCK, _online_em
+from scalable_xd.fit.engines.cuda_rules import BLOCK, _online_em
 
 dim = int(sys.argv[1])
 signature = {name: "*fp64" for name in _online_em.arg_names}

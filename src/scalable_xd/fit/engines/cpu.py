@@ -1,0 +1,147 @@
+"""The CPU's engine: plain batches through the fused kernel's pass (``kernel.fused.PlainPass``), into the
+compiled (numba) forms of the minibatch rules (``cpu_rules``), on the pass's arrays.
+
+A minibatch step's float64 update written as torch calls is dozens of small operations whose dispatch costs
+several times the arithmetic; compiled, each rule is one call. Fed the pass's sums as arrays and keeping the
+fitter's parameters as arrays until a tensor is asked for (``MinibatchEM.hold``, ``SGD.hold``), a step
+makes no tensor at all. A fitter on the CPU runs its rule's compiled form at every update, whichever pass
+made the statistics, so that a fit's arithmetic does not depend on which batches the plain pass took.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+import torch
+
+from ... import deferred_checks
+from ...data.batching import Batch
+from ...kernel import TABLE
+from ...kernel.dispatch import choose_backend
+from ...kernel.fused import PlainPass
+from ...kernel.statistics import Statistics
+from ..background_fit import background_of
+from ..fitters import Fitter
+from ..loop_config import LoopConfig
+from .reference import ReferenceEngine
+
+if TYPE_CHECKING:
+    from ..online_em import MinibatchEM
+    from ..sgd import SGD
+
+
+class ArrayRule:
+    """A compiled rule bound to its fitter: ``observe_sums`` takes a batch's sums as the pass's arrays (n
+    points, q, U, UU, P), ``observe`` a batch's ``Statistics`` (made arrays), ``arrays`` is the mixture the
+    pass reads; ``views`` keeps the arrays of the tensors that live from step to step."""
+
+    def __init__(self, fitter):
+        from . import cpu_rules
+
+        self.fitter, self._rules, self._views = fitter, cpu_rules, cpu_rules.ArrayViews()
+
+    def observe(self, stats: Statistics) -> None:
+        self.observe_sums(*self._rules.sums_of(stats))
+
+    def observe_sums(self, n: float, q, U, UU, P) -> None:
+        raise NotImplementedError
+
+    def arrays(self) -> tuple:
+        raise NotImplementedError
+
+
+class OnlineEMArrays(ArrayRule):
+    """Online EM's centred update (``updates.online_em_update``, then ``regularised``) as one compiled call
+    (``cpu_rules.online_em_step``) on a ``MinibatchEM``'s arrays."""
+
+    fitter: MinibatchEM
+
+    @staticmethod
+    def accepts(fitter: MinibatchEM) -> bool:
+        return not fitter.naive  # the paper's eq. 7 is kept for study, in torch alone
+
+    def arrays(self) -> tuple:
+        return self.fitter.e_step_arrays()
+
+    def observe_sums(self, n: float, q, U, UU, P) -> None:
+        f = self.fitter
+        held = self._rules.online_em_step(
+            f.state_arrays(), n, q, U, UU, P, f.next_step_size(), f.w, f.fixed_parameters, f.data_size, self._views
+        )
+        f.hold(*held)
+
+
+class AdamArrays(ArrayRule):
+    """SGD's gradient (``CholeskyParameters.loss_gradients``) and Adam's step as one compiled call
+    (``cpu_rules.sgd_step``) on an ``SGD``'s parameters, updated in place."""
+
+    fitter: SGD
+
+    @staticmethod
+    def accepts(fitter: SGD) -> bool:
+        return True
+
+    def arrays(self) -> tuple:
+        return self.fitter.mixture_arrays()
+
+    def observe_sums(self, n: float, q, U, UU, P) -> None:
+        f = self.fitter
+        f.hold(self._rules.sgd_step(f.params, f.optimizer, n, q, U, UU, P, f.w, self._views))
+
+
+# The compiled forms of the rules, by the rule's name (``Fitter.rule``).
+RULES: dict[str, type[OnlineEMArrays] | type[AdamArrays]] = {"online_em": OnlineEMArrays, "sgd": AdamArrays}
+
+
+def compiled_rule(fitter: Fitter, device: torch.device):
+    """``fitter``'s rule compiled, where its parameters are on the CPU and numba is installed."""
+    if device.type != "cpu" or importlib.util.find_spec("numba") is None:
+        return None
+    rule = RULES.get(fitter.rule) if fitter.rule is not None else None
+    return rule(fitter) if rule is not None and rule.accepts(fitter) else None  # type: ignore[arg-type]
+
+
+class CpuEngine:
+    """Plain batches through ``PlainPass``, into the fitter's compiled rule on the pass's arrays (or its
+    ``observe``); it takes a batch only when the step needs nothing else (no draws, criteria or trial model
+    at that batch, as split-and-merge asks for at some epochs). The batches it does not take (projected,
+    weighted, with missing entries, or with a pair that fails to factorise) go to the reference engine."""
+
+    checks = None
+
+    def __init__(self, fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine):
+        mixture = fitter.mixture
+        self.fitter, self.general = fitter, general
+        self.plain = PlainPass(mixture.dim, mixture.n_components, cfg.dtype, TABLE["fused"].max_pairs["cpu"])
+        self.in_place = not fitter.samples_assignments  # the plain pass will read the batches where they lie
+
+    def step(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
+        fitter = self.fitter
+        if uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
+            rule = fitter.compiled
+            if isinstance(rule, ArrayRule):  # the pass's arrays, no tensor made
+                sums = self.plain.sums(batch, *rule.arrays())
+                if sums is not None:  # of a plain batch of points, never empty
+                    rule.observe_sums(*sums)
+                    return
+            else:
+                stats = self.plain.statistics(batch, fitter.mixture, fitter.reads_batch_loglik)
+                if stats is not None:
+                    if deferred_checks.positive_weight(stats.n_points):
+                        fitter.observe(stats)
+                    return
+        self.general.step(batch, epoch, number, uniforms)
+
+    def restart(self) -> None:
+        return None
+
+
+def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CpuEngine | None:
+    """The CPU's engine where the fit can take it: on the CPU with the fused kernel, one process, no
+    selection or background."""
+    if cfg.device.type != "cpu" or choose_backend(cfg.backend, None, cfg.device) != "fused" or cfg.group.parallel:
+        return None
+    if cfg.selection is not None or background_of(fitter) is not None:
+        return None
+    return CpuEngine(fitter, cfg, general)

@@ -1,0 +1,29 @@
+"""What the epoch loop and the engines that take its batches read of a fit: ``LoopConfig``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .parallel import ONE_PROCESS, Group
+from .selection import Selection
+
+
+@dataclass
+class LoopConfig:
+    epochs: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    device: torch.device
+    dtype: torch.dtype
+    backend: str  # kernel backend for R = I batches (see ``kernel``)
+    cures: str  # what could stop a divergence, for FitDivergedError (``driver.divergence_cures``)
+    tol: float | None
+    verbose: int = 0
+    group: Group = ONE_PROCESS  # data-parallel processes (see ``parallel``)
+    checkpoint_every: int = 0  # batches between checkpoints inside an epoch (0: at epochs' ends only)
+    defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
+    graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``engines.cuda``)
+    selection: Selection | None = None  # each batch's sums gain the points it removed (``selection``)
