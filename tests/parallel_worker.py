@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-import scalable_xd.fit.loop
+import scalable_xd.fit.engines.reference
 from scalable_xd import XDGMM, NoiseMixture
 from scalable_xd.fit.selection import Selection
 
@@ -46,7 +46,7 @@ def main(output, settings, checkpoint=None, die_after=None):
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     if die_after is not None and dist.get_rank() == 1:
         calls = {"n": 0}
-        real = scalable_xd.fit.loop.batch_statistics
+        real = scalable_xd.fit.engines.reference.batch_statistics
 
         def dying(*args, **kwargs):
             calls["n"] += 1
@@ -54,7 +54,7 @@ def main(output, settings, checkpoint=None, die_after=None):
                 os._exit(3)  # a killed process: no clean shutdown
             return real(*args, **kwargs)
 
-        scalable_xd.fit.loop.batch_statistics = dying
+        scalable_xd.fit.engines.reference.batch_statistics = dying
     x, S = problem()
     if dist.get_rank() == 1 and os.environ.get("RANK1_DATA") == "fewer rows":
         x, S = x[:-100], S[:-100]

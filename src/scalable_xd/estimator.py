@@ -28,7 +28,7 @@ from .data.noise import CompactCovariance
 from .data.source import DataSource
 from .fit.background_fit import check_fit as check_background
 from .fit.driver import Start, fit_mixture, fixed_masks, settings_record
-from .fit.methods import METHODS, SETTING_CHOICES, check_settings, setting_help
+from .fit.methods import METHODS, SETTING_CHOICES, check_fixed, check_settings, setting_help
 from .fit.online import OnlineFit, refusal
 from .fit.parallel import Group, fail_together
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
@@ -36,7 +36,6 @@ from .fit.selection import Selection
 from .fit.selection import check_fit as check_selection
 from .fit.selection import from_limits as selection_from_limits
 from .jackknife import ParameterErrors, jackknife_errors
-from .kernel import check_backend
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .model_file import read_model, read_online_state, write_model
@@ -151,14 +150,14 @@ class XDGMM(DensityMixin, BaseEstimator):
         parameter."""
         params = self.get_params()
         settings = check_settings(FitSettings(**{name: params[name] for name in FitSettings.defaults()}))
-        check_backend(settings.backend)
         kmeans = KMeansSettings(epochs=self.kmeans_epochs, batch_size=self.kmeans_batch_size)
         check_count("n_components", self.n_components)
         if not isinstance(self.random_state, (np.random.RandomState, np.random.Generator, type(None))):
             check_seed("random_state", self.random_state)
         if not isinstance(self.warm_start, bool):
             raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
-        self._fixed_masks()
+        check_fixed(settings, any(mask.any() for mask in self._fixed_masks().values()))
+        fit_backend(settings.backend, resolve_device(settings.device))  # one that cannot run there: named now
         return settings, kmeans
 
     def _fixed_masks(self) -> dict[str, np.ndarray]:

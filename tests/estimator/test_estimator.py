@@ -12,7 +12,8 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 import scalable_xd.data.dataset
 import scalable_xd.estimator
 import scalable_xd.fit.driver
-import scalable_xd.fit.loop
+import scalable_xd.fit.engines.reference
+import scalable_xd.kernel.fused
 from scalable_xd import XDGMM, FitDivergedError
 
 K, D = 3, 3
@@ -157,11 +158,11 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(
     checkpoint = tmp_path / "fit.ckpt"
     with killed_after_checkpoint(1, every):
         XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
-    calls, loop = [], scalable_xd.fit.loop
-    real, real_plain = loop.batch_statistics, loop.PlainPass._pass  # the plain pass, as Statistics or arrays
+    calls, general, plain = [], scalable_xd.fit.engines.reference, scalable_xd.kernel.fused.PlainPass
+    real, real_plain = general.batch_statistics, plain._pass  # the plain pass, as Statistics or arrays
     counted = lambda stats: (calls.append(1) if stats is not None else None, stats)[1]  # noqa: E731  # a pass
-    monkeypatch.setattr(loop, "batch_statistics", lambda *a, **k: counted(real(*a, **k)))
-    monkeypatch.setattr(loop.PlainPass, "_pass", lambda *a, **k: counted(real_plain(*a, **k)))
+    monkeypatch.setattr(general, "batch_statistics", lambda *a, **k: counted(real(*a, **k)))
+    monkeypatch.setattr(plain, "_pass", lambda *a, **k: counted(real_plain(*a, **k)))
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
     per_epoch = 2 if method in ("em", "stochastic_em") else len(x) // batch_size
     assert len(calls) == 2 * per_epoch - every  # the rest of epoch 2, then epoch 3

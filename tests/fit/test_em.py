@@ -108,8 +108,9 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
     after e epochs), from the E-step that starts from them: one pass an iteration, one more at the end."""
     from helpers import xd_loglik
 
-    import scalable_xd.fit.loop as loop
+    import scalable_xd.fit.engines.reference as reference
     import scalable_xd.fit.scoring as scoring
+    from scalable_xd.kernel.fused import PlainPass
 
     rng = np.random.default_rng(12)
     means = rng.normal(scale=3, size=(3, 2))
@@ -118,14 +119,14 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
     settings = dict(n_components=3, method=method, tol=None, dtype="float64", device="cpu", random_state=1, **init)
     settings["acceleration"] = acceleration
     passes = {"E-step": 0, "evaluation": 0}
-    real_stats, real_plain, real_dens = loop.batch_statistics, loop.PlainPass.statistics, scoring.log_densities
+    real_stats, real_plain, real_dens = reference.batch_statistics, PlainPass.statistics, scoring.log_densities
 
     def counted(stats):  # an E-step pass, through the plain pass (not None) or the general one
         passes["E-step"] += stats is not None
         return stats
 
-    monkeypatch.setattr(loop, "batch_statistics", lambda *a, **k: counted(real_stats(*a, **k)))
-    monkeypatch.setattr(loop.PlainPass, "statistics", lambda *a, **k: counted(real_plain(*a, **k)))
+    monkeypatch.setattr(reference, "batch_statistics", lambda *a, **k: counted(real_stats(*a, **k)))
+    monkeypatch.setattr(PlainPass, "statistics", lambda *a, **k: counted(real_plain(*a, **k)))
     monkeypatch.setattr(
         scoring,
         "log_densities",

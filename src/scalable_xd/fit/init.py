@@ -111,13 +111,12 @@ def initial_mixture(
     means=None,
     covariances=None,
 ) -> Mixture:
-    """The mixture a fit starts from, in float64 on ``device``: the given arrays where there are any,
-    k-means for the means (and then the weights) where not, and covariances from the spread of the points
-    nearest each mean (``cluster_covariances``; identity where R projects the model onto fewer features)."""
+    """The mixture a fit starts from, in float64 on ``device``: the given arrays where there are any (checked
+    before any k-means runs, ``given_start``), k-means for the means (and then the weights) where not, and
+    covariances from the spread of the points nearest each mean (``cluster_covariances``; identity where R
+    projects the model onto fewer features)."""
     k, dim = n_components, data.model_dim
-    f64 = torch.float64
-    means = None if means is None else torch.as_tensor(np.asarray(means), dtype=f64)
-    weights = None if weights is None else torch.as_tensor(np.asarray(weights), dtype=f64)
+    weights, means, covariances = given_start(k, dim, weights, means, covariances)
     projected = data.R is not None and data.obs_dim != dim
     if means is None:
         if projected:
@@ -125,26 +124,37 @@ def initial_mixture(
         kmeans_weights, means = kmeans_init(_kmeans_points(data, k), k, kmeans, seed, device, dtype)
         weights = kmeans_weights if weights is None else weights
     if weights is None:
-        weights = torch.ones(k, dtype=f64)
-    if covariances is None and (projected or tuple(means.shape) != (k, dim)):
-        covariances = torch.eye(dim, dtype=f64).expand(k, dim, dim).clone()  # (a wrong shape is named below)
+        weights = torch.ones(k, dtype=torch.float64)
+    if covariances is None and projected:
+        covariances = torch.eye(dim, dtype=torch.float64).expand(k, dim, dim).clone()
     elif covariances is None:
         covariances = cluster_covariances(data.X, data.observed_entries(), data.weights, means, device)
-    else:
-        covariances = torch.as_tensor(np.asarray(covariances), dtype=f64)
+    return Mixture(weights / weights.sum(), means, covariances).to(device, torch.float64)  # see ``fitters``
+
+
+def given_start(k: int, dim: int, weights, means, covariances) -> tuple:
+    """The given initial arrays (any may be None) as float64 tensors, or a ValueError naming the parameter
+    where one has the wrong shape, NaN or inf, a weight not positive or a covariance without a Cholesky
+    factor."""
+    given = []
     for name, value, shape in (
         ("weights_init", weights, (k,)),
         ("means_init", means, (k, dim)),
         ("covariances_init", covariances, (k, dim, dim)),
     ):
-        if tuple(value.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
-        if not torch.isfinite(value).all():
-            raise ValueError(f"{name} contains NaN or inf")
-    if (weights <= 0).any():
+        if value is not None:
+            value = torch.as_tensor(np.asarray(value), dtype=torch.float64)
+            if tuple(value.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
+            if not torch.isfinite(value).all():
+                raise ValueError(f"{name} contains NaN or inf")
+        given.append(value)
+    weights, means, covariances = given
+    if weights is not None and (weights <= 0).any():
         raise ValueError("weights_init must be positive")
-    mixture = Mixture(weights / weights.sum(), means, covariances)
-    problem = mixture.first_invalid_component()
-    if problem is not None:
-        raise ValueError(f"covariances_init component {problem[0]} is not symmetric positive definite")
-    return mixture.to(device, f64)  # parameters live in float64 (see ``fitters``)
+    if covariances is not None:
+        _, info = torch.linalg.cholesky_ex(covariances)
+        if (info > 0).any():
+            row = int(torch.nonzero(info > 0)[0, 0])
+            raise ValueError(f"covariances_init component {row} is not symmetric positive definite")
+    return weights, means, covariances

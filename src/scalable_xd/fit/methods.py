@@ -45,6 +45,8 @@ class Method:
     log-likelihood by less. ``split_merge``: how it takes split-and-merge moves, ``"converged"`` (after
     convergence by ``tol``, Bovy et al. 2011), ``"epoch"`` (one trial an epoch, judged on a validation
     sample) or None (not at all). ``truncation``: it can run Nguyen, Forbes & McLachlan's truncated form.
+    ``naive_update``: ``covariance_update="naive"`` gives it the paper's eq. 7, whose raw sums keep no
+    fixed parameters.
     ``in_paper``: one of the three methods Ritchie & Murray (2019) compare, whose claims the report checks.
     ``build(settings, mixture, fixed, data_size, w)`` returns its fitter (``data_size``: the training data's
     total weight, which minibatch EM's prior regularisation is scaled by; ``w``: the regularisation per
@@ -59,6 +61,7 @@ class Method:
     uses_tol: bool = False
     split_merge: str | None = "epoch"
     truncation: bool = False
+    naive_update: bool = False
     in_paper: bool = False
     epochs: int = 20
     min_updates: int = 0
@@ -132,6 +135,7 @@ METHODS: dict[str, Method] = {
             per_batch=True,
             build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=False, data_size=n),
             truncation=True,
+            naive_update=True,
             in_paper=True,
             min_updates=3_000,
         ),
@@ -147,6 +151,7 @@ METHODS: dict[str, Method] = {
             per_batch=True,
             build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=True, data_size=n),
             truncation=True,
+            naive_update=True,
             min_updates=3_000,
         ),
     )
@@ -191,6 +196,17 @@ def check_settings(s: FitSettings) -> FitSettings:
     if s.truncation and not row.truncation:
         raise ValueError(f"truncation applies to {_methods_where('truncation')}, not {s.method!r}")
     return s
+
+
+def check_fixed(s: FitSettings, fixed: bool) -> None:
+    """A ValueError where parameters are held at their initial values (``fixed``: any of ``fix_weights``,
+    ``fix_means``, ``fix_covariances``) in a fit that cannot keep them: asked before any work is done."""
+    if not fixed:
+        return
+    if s.split_merge:
+        raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
+    if s.covariance_update == "naive" and method(s.method).naive_update:
+        raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
 
 
 def for_data(s: FitSettings, n_points: int) -> FitSettings:
