@@ -40,4 +40,5 @@ report: "workflow/report/workflow.rst"
 rule all:
     input:
         final_outputs(),
+        survey_figures,
     default_target: True

@@ -11,8 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 # GNU OpenMP (torch's and numba's thread pools) spins a thread waiting at a parallel region's end 300,000
 # times before it sleeps. On a machine shared with other work the spinning thread takes the core from the
 # thread being waited for; 3,000 spins lose far less beside other work, and still outlast the serial part
-# of a minibatch step (~60 us), so the kernel's threads are awake for its next pass: 1,000 let them fall
-# asleep at every step, and waking them took ~30 us of a ~0.4 ms step (docs/performance.md,
+# of a minibatch step, so the kernel's threads are awake for its next pass: 1,000 let them fall asleep at
+# every step, and waking them cost more than the spinning saved (docs/performance.md,
 # ``benchmarks/bench_contention.py``). It is read when OpenMP loads, so it is set before torch or numba is
 # imported, and only where unset.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")

@@ -80,3 +80,38 @@ def test_gaia_dr2_is_one_spec():
 def test_a_spec_that_does_not_add_up_is_refused(units, correlations, message):
     with pytest.raises(ValueError, match=message):
         FeatureSpec("toy_survey", ("colour", "magnitude", "distance"), units, correlations)
+
+
+@pytest.mark.parametrize(
+    "roles, labels, message",
+    [
+        ((("shape", "colour"),), (), "unknown role 'shape'"),
+        ((("parallax", "distance_pc"),), (), "role parallax names 'distance_pc', not one of its features"),
+        ((("colour", "colour"), ("colour", "magnitude")), (), "a role is given twice"),
+        ((), ("g - r",), "3 feature names but 1 labels"),
+    ],
+)
+def test_roles_and_labels_that_do_not_add_up_are_refused(roles, labels, message):
+    with pytest.raises(ValueError, match=message):
+        FeatureSpec("toy_survey", TOY.names, TOY.units, TOY.correlations, roles, labels)
+
+
+def test_a_spec_says_which_features_play_which_roles_and_so_which_figures_apply():
+    """Gaia's features play every role, so every figure applies; a spec without roles (as an older file's
+    metadata reads) has none of the figures that read features by role, and labels its features by name
+    and unit."""
+    from scalable_xd.pipeline.report import figures_for
+
+    assert GAIA_DR2.feature("colour") == "bp_rp" and GAIA_DR2.index("magnitude") == 6
+    assert GAIA_DR2.feature_labels[5:] == ("BP-RP [mag]", "G [mag]")
+    assert figures_for(GAIA_DR2) == ["sky_density", "denoised"]
+    older = {key: value for key, value in TOY.as_dict().items() if key not in ("roles", "labels")}
+    assert FeatureSpec.from_dict(older) == TOY and figures_for(TOY) == []
+    assert TOY.feature_labels == ("colour [mag]", "magnitude [mag]", "distance [pc]")
+    with pytest.raises(ValueError, match="toy_survey: no feature plays the role ra"):
+        TOY.index("ra")
+    played = FeatureSpec(
+        "toy", TOY.names, TOY.units, TOY.correlations, (("colour", "colour"), ("magnitude", "magnitude"))
+    )
+    assert FeatureSpec.from_dict(played.as_dict()) == played and played.has("colour", "magnitude")
+    assert not played.has("colour", "parallax") and figures_for(played) == []

@@ -1,5 +1,6 @@
 """A survey is one module and its config (``pipeline.surveys``): a made-up survey defined in the tests alone
-(``surveys/toy_survey.py``) goes through the real ``snakemake`` from its raw file to a fitted model."""
+(``surveys/toy_survey.py``) goes through the real ``snakemake``'s default target from its raw file to every
+table and every figure its features' roles allow, labelled as it labels them."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from scalable_xd.pipeline.features_file import read_features
+from scalable_xd.pipeline.report.figures import plot_corner
 from scalable_xd.pipeline.surveys import survey_module
 
 REPO = Path(__file__).parents[2]
@@ -49,7 +51,6 @@ def test_a_new_survey_is_its_module_and_its_config(tmp_path):
         "report": {"figure_K": 2, "sky_method": "em", "samples": 1000, "seed": 0},
     }
     (tmp_path / "toy.yaml").write_text(yaml.safe_dump(config))
-    targets = [f"results/toy/fits/{method}/K2_seed0/metrics.json" for method in ("em", "minibatch_em")]
     paths = [str(SURVEYS), os.environ.get("PYTHONPATH", "")]  # the survey's module, as a user's installed one
     # run as from an activated environment: this interpreter's directory first on PATH
     env = {
@@ -58,18 +59,33 @@ def test_a_new_survey_is_its_module_and_its_config(tmp_path):
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     command = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(tmp_path / "toy.yaml")]
-    command += ["--directory", str(tmp_path), "--snakefile", str(REPO / "Snakefile"), *targets]
+    command += ["--directory", str(tmp_path), "--snakefile", str(REPO / "Snakefile")]  # the default target
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    train = read_features(tmp_path / "results" / "toy" / "data" / "train.parquet")
+    results = tmp_path / "results" / "toy"
+    train = read_features(results / "data" / "train.parquet")
     assert train.spec.survey == "toy_survey" and train.spec.names == ("colour", "magnitude", "distance")
-    for target in targets:
-        metrics = json.loads((tmp_path / target).read_text())
+    assert json.loads((results / "data" / "features.json").read_text())["figures"] == []  # no sky, no parallax
+    for method in ("em", "minibatch_em"):
+        metrics = json.loads((results / "fits" / method / "K2_seed0" / "metrics.json").read_text())
         assert metrics["n_components"] == 2 and np.isfinite(metrics["val"]["loglik"])
+    figures = sorted(path.name for path in (results / "figures").glob("*.png"))
+    assert figures == ["corner_em_K2.png", "corner_minibatch_em_K2.png", "timing_vs_K.png", "training_curves_K2.png"]
+    assert (results / "tables" / "loglik.md").exists() and (results / "claims.md").exists()
+    drawn = plot_corner(
+        results / "fits" / "em" / "K2_seed0" / "model.npz",
+        results / "data" / "test.parquet",
+        [tmp_path / "corner.png"],
+        n_samples=500,
+    )
+    assert list(drawn["outside"]) == ["g - r [mag]", "r [mag]", "distance [pc]"]  # the survey's own labels
 
 
-def test_a_survey_that_cannot_be_used_is_refused_naming_it():
+def test_a_survey_that_cannot_be_used_is_refused_naming_it(monkeypatch):
+    monkeypatch.syspath_prepend(str(SURVEYS))
     with pytest.raises(ValueError, match="survey 'no_such_survey': no module 'no_such_survey'"):
         survey_module("no_such_survey")
     with pytest.raises(ValueError, match="module json has no write_feature_splits"):
         survey_module("json")
+    with pytest.raises(ValueError, match="survey 'no_spec': module no_spec has no SPEC, the FeatureSpec of its"):
+        survey_module("no_spec")

@@ -194,16 +194,30 @@ def figure_model(method):
     return f"{fit_dir(method, FIGURE_K, FIGURE_SEED)}/model.npz"
 
 
+def survey_figures(wildcards):
+    """The figures that read features by role which the survey's features allow (Figure 2's sky density,
+    the denoised colour-magnitude diagram), as the features' summary lists them (``report.figures_for``)."""
+    path = checkpoints.features.get().output.summary
+    with open(path) as summary:
+        figures = json.load(summary).get("figures")
+    if figures is None:
+        from snakemake.exceptions import WorkflowError
+
+        raise WorkflowError(f"{path} lists no figures (written by an older version): run the features step again")
+    return [f"{RESULTS}/figures/{name}.{ext}" for name in figures for ext in ("png", "pdf")]
+
+
 def final_outputs():
-    """The final targets: each fit's model and metrics (deliverables in their own right, and requested so
-    that deleting one reruns that fit and what depends on it), the table and the figures."""
+    """The final targets but ``survey_figures``: each fit's model and metrics (deliverables in their own
+    right, and requested so that deleting one reruns that fit and what depends on it), the tables and the
+    figures every survey has."""
     fits = [f"{fit_dir(m, k, s)}/{name}" for m in METHODS for k in KS for s in SEEDS for name in ("model.npz", "metrics.json")]
     tables = [f"{RESULTS}/tables/loglik.{ext}" for ext in ("csv", "md", "tex")] + [f"{RESULTS}/claims.md"]
-    figures = [f"{RESULTS}/figures/{name}.{ext}" for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}",
-                                                               "sky_density") for ext in ("png", "pdf")]
+    figures = [f"{RESULTS}/figures/{name}.{ext}" for name in ("timing_vs_K", f"training_curves_K{FIGURE_K}")
+               for ext in ("png", "pdf")]
     corners = [f"{RESULTS}/figures/corner_{m}_K{FIGURE_K}.{ext}" for m in METHODS for ext in ("png", "pdf")]
     denoised = [f"{RESULTS}/denoised/test.parquet", f"{RESULTS}/tables/calibration.json",
-                f"{RESULTS}/tables/calibration.md"] + [f"{RESULTS}/figures/denoised.{ext}" for ext in ("png", "pdf")]
+                f"{RESULTS}/tables/calibration.md"]
     selection = [f"{RESULTS}/figures/selection.{ext}" for ext in ("png", "pdf")] if SELECTION_PAIR else []
     errors = [f"{RESULTS}/tables/parameter_errors_K{ERRORS_K}.{ext}" for ext in ("json", "md")]
     return fits + tables + figures + corners + denoised + selection + errors

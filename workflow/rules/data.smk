@@ -34,8 +34,9 @@ rule mock_catalogue:
         "{params.cli} mock --n-rows {wildcards.n_rows} --seed {wildcards.seed} --output {output} 2> {log}"
 
 
-rule features:
-    """The survey's features and per-star noise (Gaia: 7 sigmas + 10 correlations), split 80/10/10."""
+checkpoint features:
+    """The survey's features and per-star noise (Gaia: 7 sigmas + 10 correlations), split 80/10/10; a
+    checkpoint, as its summary names the figures the features' roles allow (``survey_figures``)."""
     input:
         raw=raw_catalogue(),
     output:

@@ -96,7 +96,7 @@ rule sky_density:
 
 
 rule corner:
-    """Corner plot of one method's model samples over the data, all seven features."""
+    """Corner plot of one method's model samples over the data, every feature."""
     input:
         model=lambda wildcards: figure_model(wildcards.method),
         data=f"{DATA}/test.parquet",

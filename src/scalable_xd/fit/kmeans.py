@@ -7,7 +7,7 @@ scikit-learn is not used here because the data may live on a GPU and be far larg
 CPU code likes; its KMeans is the oracle in the tests.
 
 Batches reach the device a window of many at a time. A batch's step is a dozen small kernels, whose
-launches from Python, not their arithmetic, set a GPU's pace (about 340 us a step on an H100), so on CUDA
+launches from Python, not their arithmetic, set a GPU's pace (docs/performance.md), so on CUDA
 a window's steps are captured once as a CUDA graph and replayed with one launch a window (``_Windows``).
 """
 

@@ -3,9 +3,9 @@
 Arithmetic that reads or yields a subnormal float (below 1.2e-38 in float32) takes a slow path on x86's vector
 units. A fit meets them once a component collapses: a component whose weight dies away in online EM shrinks
 its covariance to 1e-17 and below, and the factorisation of V + S in float32 then yields subnormal products
-for every point. In a one-epoch fit of the sweep's data (2e6 rows, K = 64, float32), half the components had
-collapsed by the epoch's end, and the pass's call on the last step's mixture took 196 us per 500 rows against
-168 on the first step's; with subnormals flushed, the same on both.
+for every point. In a one-epoch fit of the sweep's data, half the components had collapsed by the epoch's
+end, and the pass on the last step's mixture was a sixth slower than on the first step's; with subnormals
+flushed, the same on both (docs/performance.md).
 
 ``flush_subnormals()`` sets the calling thread's MXCSR flush-to-zero and denormals-are-zero bits and returns
 the register's old value, which ``restore_float_env(old)`` puts back: each block of the float32 pass sets them

@@ -48,18 +48,18 @@ from .vector_math import helpers_source
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
 SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependence analysis gives up
-# (star, component) pairs below which a chunk runs on one thread: ~1 ms of work on one core, where a
-# parallel region's cost and its threads' spinning outweigh what a second thread saves (500 stars x K < 60)
+# (star, component) pairs below which a chunk runs on one thread, where a parallel region's cost and its
+# threads' spinning outweigh what a second thread saves (500 stars x K < 60)
 PARALLEL_PAIRS = 30_000
 # Dimensions up to which the algebra is unrolled entry by entry; above, it runs in loops over D (see above)
 UNROLLED_MAX_DIM = 12
 # exp(x) for x below this is < 1e-304 and is taken as 0 (responsibilities exactly 0): vector_math's exp
 # builds 2^n as a normal float, which it no longer is below -708
 EXP_CUTOFF = -700.0
-DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # numpy's str(dtype) costs ~2.5 us a call
+DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # a lookup: numpy's str(dtype) is slow
 NO_ROWS = np.empty(0, np.int64)  # the kernel's ``rows`` where x and S are the batch itself
 # Rows a block of the pass's sums takes at least, up to four blocks a thread of numba's pool: each block
-# zeroes and is summed over K x 63 sums, ~10 us a minibatch step at K = 64 in eight blocks of 62 rows
+# zeroes and is summed over K x 63 sums, which costs a minibatch step of 500 rows more in eight blocks
 BLOCK_ROWS = 100
 PIVOTS_PER_LOG = 7  # pivots multiplied in float64 before a log (``_log_det``)
 
@@ -386,8 +386,7 @@ def _pack_source(dim: int, dtype: str) -> list[str]:
     V = I, m = 0 and log alpha = -inf, so responsibility 0. The parameters may come in float64 for a float32
     kernel: each is rounded to ``dtype`` first, as ``Mixture.to`` would (log alpha too), so the packed
     numbers are the same either way. (Compiled, as the kernel: it runs once a batch, where numpy's dozen
-    calls cost ~50 us, a tenth of a step at K = 64. Loops over D, so that its source does not grow with
-    D.)"""
+    calls cost a tenth of a step at K = 64. Loops over D, so that its source does not grow with D.)"""
     at = layout(dim)
     row = lambda name, offset="": f"par[t * {at['n_params'] * TILE} + ({at[name]}{offset}) * TILE + c]"  # noqa: E731
     return [
@@ -437,7 +436,7 @@ def _unpack_source(dim: int, dtype: str) -> list[str]:
 def _unpack_checked_source() -> list[str]:
     """``unpack_checked(failed, acc, n_blocks, n_comp)``: the first point whose pair failed to factorise (-1
     for none) and ``unpack``'s sums, in one call as ``PlainPass`` takes a minibatch step's statistics (numpy's
-    max and a second call from Python cost ~5 us a step more). The kernel is not called from here: compiled
+    max and a second call from Python cost a step more). The kernel is not called from here: compiled
     into a caller, LLVM may reorder its fast-math sums differently for each kind of input."""
     return [
         "@njit(error_model='numpy', cache=True)",
@@ -563,8 +562,8 @@ def fused_chunk(
 class PlainPass:
     """The statistics pass over plain batches (R = I; no weights, draws, criteria or missing entries; one
     chunk) of one fit on the CPU, as ``fused_chunk`` computes it, with its module, thread count and buffers
-    settled once: a minibatch step's pass with ~50 us less around the kernel's ~0.33 ms (K = 64, batch 500,
-    2 threads), where ``dispatch`` and ``fused_chunk`` settle them at every call. A batch whose rows lie in
+    settled once, where ``dispatch`` and ``fused_chunk`` settle them at every call (a seventh of a minibatch
+    step's pass at K = 64: docs/performance.md). A batch whose rows lie in
     memory (``Batch.in_memory``) is read in place (``row_access``), never gathered. Its buffers are reused
     from call to call: one fit loop calls it, from one thread."""
 
@@ -584,7 +583,7 @@ class PlainPass:
     def _module(self, n: int):
         """The compiled module for a batch of n points, threaded or not (``_threads_for``), and the batch's
         buffers (each point's log-likelihood and failed pair, and its blocks' sums: ``blocks_for``), settled
-        once for each thread count and batch size (~6 us a step: a batch size recurs at every step): numba's
+        once for each thread count and batch size (a batch size recurs at every step): numba's
         thread count is set only to torch's, so it holds while torch's does."""
         key = (torch.get_num_threads(), n)
         settled = self._modules.get(key)
@@ -597,8 +596,8 @@ class PlainPass:
         return settled
 
     def statistics(self, batch: Batch, mixture: Mixture, with_loglik: bool = True) -> Statistics | None:
-        """The batch's Statistics (without its summed log-likelihood unless ``with_loglik``: ~7 us of a
-        minibatch step whose update does not read it), or None where it is not plain (the general pass takes
+        """The batch's Statistics (without its summed log-likelihood unless ``with_loglik``, which a
+        minibatch step's update does not read), or None where it is not plain (the general pass takes
         it) or a pair of it could not be factorised (the general pass retries it in float64, or names it)."""
         done = self._pass(batch, *mixture.arrays())  # float64 or the data's dtype: pack rounds them
         if done is None:

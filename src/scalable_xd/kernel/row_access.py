@@ -1,9 +1,9 @@
 """How the compiled CPU pass reads a batch's rows where they lie in memory (``fused``), for numba.
 
 A shuffled minibatch is 500 rows from anywhere in the data set. Gathered into a batch first, they cost a
-step ~35-40 us of waiting for memory (2e5 rows of 7-D data; more at 2e6), a tenth of the pass itself at
-K = 64. Read in place, each point's row is fetched while the point before it is computed
-(``prefetch_row``), and the wait is hidden behind the arithmetic.
+step a tenth of the pass itself in waiting for memory at K = 64 (docs/performance.md). Read in place, each
+point's row is fetched while the point before it is computed (``prefetch_row``), and the wait is hidden
+behind the arithmetic.
 
 ``noise_entry`` reads S_ij of a row of dense (N, d, d) noise, diagonal (N, d) variances or compact noise
 (standard deviations and correlations), so that one kernel source serves every form (numba compiles one

@@ -38,9 +38,8 @@ from .unrolled_source import factorise_and_solve, import_generated, invert_facto
 
 BLOCK = 128  # stars per program
 # One warp a program: the sums kernel's 63 block reductions then stay within a warp (shuffles, no shared
-# memory or barriers). On an H100 at K = 512, batch 50,000, float32, one warp took the sums kernel from 3.7
-# to 0.82 ms and the densities kernel from 0.61 to 0.51 ms against four (2, 8 and blocks of 64 and 256
-# stars were slower: benchmarks/bench_triton_launch.py, bench_triton_launch_cuda.json).
+# memory or barriers); on an H100 it ran several times faster than with four, and 2, 8 and blocks of 64
+# and 256 stars were slower (benchmarks/bench_triton_launch.py, bench_triton_launch_cuda.json).
 NUM_WARPS = 1
 MAX_DIM = 8
 

@@ -9,7 +9,7 @@ and the posterior covariance (lower triangle, row-major), a batch of rows at a t
 checks them against the true values where the catalogue knows them: the spread of the pulls
 (true - mean) / sd (1 if the uncertainties are right), the share of true values inside the 68% and 95%
 intervals, and the precision gain RMSE(mean - true) / RMSE(measured - true), per feature and per bin of
-G magnitude.
+the magnitude (Gaia's G bins, on the feature that plays the magnitude role in the file's spec).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ QUANTILES = (0.025, 0.16, 0.5, 0.84, 0.975)
 QUANTILE_NAMES = ("q025", "q16", "q50", "q84", "q975")
 G_EDGES = (-np.inf, 14.0, 16.0, 18.0, 19.5, 20.5, np.inf)  # the bins of Lindegren et al. (2018)'s errors
 BATCH_ROWS = 65_536
+DENOISED_KEY = b"scalable_xd.denoised"  # the denoised file's metadata: the model, the data and their spec
 
 
 def denoise(model_path, data_path, output, batch_rows: int = BATCH_ROWS) -> None:
@@ -44,7 +45,8 @@ def denoise(model_path, data_path, output, batch_rows: int = BATCH_ROWS) -> None
             for batch in iter_features(data_path, batch_rows):
                 table = pa.table(_posterior_columns(model, batch))
                 if writer is None:
-                    meta = {b"scalable_xd.denoised": json.dumps({"model": str(model_path), "data": str(data_path)})}
+                    about = {"model": str(model_path), "data": str(data_path), "spec": batch.spec.as_dict()}
+                    meta = {DENOISED_KEY: json.dumps(about)}
                     writer = pq.ParquetWriter(tmp, table.schema.with_metadata(meta))
                 writer.write_table(table)
         finally:
@@ -89,7 +91,9 @@ def calibration(denoised_path) -> dict:
         )
     if f"true_{names[0]}" not in table.columns:
         return {"available": False, "reason": "the data carry no true values (not a mock)"}
-    g = table["x_phot_g_mean_mag"].to_numpy() if "x_phot_g_mean_mag" in table.columns else None
+    spec = denoised_spec(denoised_path)
+    magnitude = spec.feature("magnitude") if spec is not None and spec.has("magnitude") else None
+    g = None if magnitude is None else table[f"x_{magnitude}"].to_numpy()
     out: dict = {"available": True, "n_stars": len(table), "features": {}}
     for name in names:
         overall = _feature_calibration(table, name, slice(None))
@@ -102,6 +106,18 @@ def calibration(denoised_path) -> dict:
                     overall["by_g"].append({**bounds, **_feature_calibration(table, name, rows)})
         out["features"][name] = overall
     return out
+
+
+def denoised_spec(path):
+    """The ``FeatureSpec`` of the features a denoised file was written from, or None for a file written
+    before it was recorded."""
+    import pyarrow.parquet as pq
+
+    from .features_file import FeatureSpec
+
+    raw = (pq.read_schema(path).metadata or {}).get(DENOISED_KEY)
+    about = {} if raw is None else json.loads(raw)
+    return FeatureSpec.from_dict(about["spec"]) if "spec" in about else None
 
 
 def read_calibration(path) -> dict:

@@ -1,12 +1,13 @@
 """The features file: the survey-neutral table that every fit step of the workflow reads.
 
-A survey describes its features once, as a ``FeatureSpec`` (feature names and units, and which pairs of
-features have a correlation column); Gaia DR2's is ``gaia.schema.GAIA_DR2``. A features file then holds,
-per star, ``source_id``, ``random_index``, the values ``x_<feature>``, the standard deviations
-``sigma_<feature>``, the correlation columns, ``n_missing`` (entries given the missing variance of
-``data.missing.MISSING_VARIANCE``) and, on a mock, the noise-free values ``true_<feature>``. The spec travels in
-the file's metadata, so reading a file needs nothing but the file. Another survey is a new spec and a
-module that turns its catalogue into ``Features`` chunks for ``write_splits``.
+A survey describes its features once, as a ``FeatureSpec`` (feature names and units, which pairs of
+features have a correlation column, the roles some play, such as sky position or magnitude, for the
+figures that need them, and the labels figures give them); Gaia DR2's is ``gaia.schema.GAIA_DR2``. A
+features file then holds, per star, ``source_id``, ``random_index``, the values ``x_<feature>``, the
+standard deviations ``sigma_<feature>``, the correlation columns, ``n_missing`` (entries given the missing
+variance of ``data.missing.MISSING_VARIANCE``) and, on a mock, the noise-free values ``true_<feature>``. The
+spec travels in the file's metadata, so reading a file needs nothing but the file. Another survey is a new
+spec and a module that turns its catalogue into ``Features`` chunks for ``write_splits``.
 
 Rows go to train/val/test (80/10/10) by a hash of (random_index, split seed): deterministic per star, so
 chunks can be processed one at a time in any order.
@@ -30,17 +31,24 @@ SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
 ROW_GROUP = 65_536
 METADATA_KEY = b"scalable_xd"
 WHAT = "a features file written by `scalable-xd features`"
+# The roles a feature can play, which figures ask for (``pipeline.report.FIGURE_ROLES``): sky position in
+# degrees (ICRS), parallax in mas, an apparent magnitude and a colour in magnitudes.
+ROLES = ("ra", "dec", "parallax", "magnitude", "colour")
 
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """A survey's features: ``names`` with their ``units`` (None where unitless), and ``correlations``,
-    (column, i, j) for each pair of features i < j whose noise correlation the survey publishes."""
+    """A survey's features: ``names`` with their ``units`` (None where unitless), ``correlations``,
+    (column, i, j) for each pair of features i < j whose noise correlation the survey publishes, ``roles``,
+    (role, feature name) for the features that play one of ``ROLES``, and ``labels``, what figures call each
+    feature (by default its name and unit)."""
 
     survey: str
     names: tuple[str, ...]
     units: tuple[str | None, ...]
     correlations: tuple[tuple[str, int, int], ...]
+    roles: tuple[tuple[str, str], ...] = ()
+    labels: tuple[str, ...] = ()
 
     def __post_init__(self):
         if len(self.units) != len(self.names):
@@ -48,6 +56,38 @@ class FeatureSpec:
         for column, i, j in self.correlations:
             if not 0 <= i < j < len(self.names):
                 raise ValueError(f"{self.survey}: correlation {column} couples features {i} and {j}")
+        for role, name in self.roles:
+            if role not in ROLES:
+                raise ValueError(f"{self.survey}: unknown role {role!r} (the roles are {', '.join(ROLES)})")
+            if name not in self.names:
+                raise ValueError(f"{self.survey}: role {role} names {name!r}, not one of its features")
+        if len({role for role, _ in self.roles}) != len(self.roles):
+            raise ValueError(f"{self.survey}: a role is given twice in {self.roles}")
+        if self.labels and len(self.labels) != len(self.names):
+            raise ValueError(f"{self.survey}: {len(self.names)} feature names but {len(self.labels)} labels")
+
+    def has(self, *roles: str) -> bool:
+        """Whether some feature plays each of ``roles``."""
+        played = {role for role, _ in self.roles}
+        return all(role in played for role in roles)
+
+    def feature(self, role: str) -> str:
+        """The name of the feature that plays ``role``; a ValueError naming the survey where none does."""
+        for played, name in self.roles:
+            if played == role:
+                return name
+        raise ValueError(f"{self.survey}: no feature plays the role {role} (its roles: {dict(self.roles)})")
+
+    def index(self, role: str) -> int:
+        """The column of the feature that plays ``role`` (see ``feature``)."""
+        return self.names.index(self.feature(role))
+
+    @property
+    def feature_labels(self) -> tuple[str, ...]:
+        """What figures call each feature: ``labels``, or each name with its unit in brackets."""
+        if self.labels:
+            return self.labels
+        return tuple(name if unit is None else f"{name} [{unit}]" for name, unit in zip(self.names, self.units))
 
     @property
     def x_columns(self) -> tuple[str, ...]:
@@ -87,9 +127,13 @@ class FeatureSpec:
             raise ValueError(f"its feature spec lacks {', '.join(missing)}")
         try:
             pairs = tuple((str(c), int(i), int(j)) for c, i, j in data["correlations"])
+            roles = tuple((str(role), str(name)) for role, name in data.get("roles", ()))  # absent: older files
         except (TypeError, ValueError):
-            raise ValueError("its feature spec's correlations must be [column, i, j] triples") from None
-        return cls(data["survey"], tuple(data["names"]), tuple(data["units"]), pairs)
+            raise ValueError(
+                "its feature spec's correlations must be [column, i, j] triples, its roles pairs"
+            ) from None
+        labels = tuple(str(label) for label in data.get("labels", ()))
+        return cls(data["survey"], tuple(data["names"]), tuple(data["units"]), pairs, roles, labels)
 
 
 @dataclass
@@ -244,6 +288,11 @@ def iter_features(path, batch_rows: int):
     spec, meta = _checked_spec(path)
     for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
         yield _features_of(pa.Table.from_batches([batch]), spec, meta)
+
+
+def read_features_spec(path) -> FeatureSpec:
+    """The ``FeatureSpec`` a features file's metadata holds (its columns checked against it)."""
+    return _checked_spec(path)[0]
 
 
 def _checked_spec(path) -> tuple[FeatureSpec, dict]:

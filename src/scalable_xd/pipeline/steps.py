@@ -114,11 +114,15 @@ def hats_catalogue(index, csv_dir, output, *, pixel_threshold: int, highest_orde
 
 def features(raw, out_dir, mode: str, split_seed: int, survey: str = "gaia_dr2") -> None:
     """The features file of ``survey``'s raw catalogue (``surveys``), split 80/10/10, and the survey's
-    summary of it beside the splits (``features.json``)."""
+    summary of it beside the splits (``features.json``), with the figures its features' roles allow
+    (``report.figures_for``), which the workflow's default target then draws."""
+    from .features_file import read_features_spec
+    from .report import figures_for
     from .surveys import survey_module
 
     summary = survey_module(survey).write_feature_splits(raw, out_dir, mode=mode, split_seed=split_seed)
-    write_json(Path(out_dir) / "features.json", {"survey": survey, **summary})
+    figures = figures_for(read_features_spec(Path(out_dir) / "train.parquet"))
+    write_json(Path(out_dir) / "features.json", {"survey": survey, **summary, "figures": figures})
     log.info("features of %s: %s", survey, summary)
 
 

@@ -2,7 +2,7 @@
 
 A minibatch step's float64 update (online EM's, or SGD's gradient and Adam step) is a few hundred numbers
 per component; written as torch calls it is dozens of small operations whose dispatch costs several times
-the arithmetic (~0.3 ms a step at K = 64, as much as the statistics pass itself). Here each is one compiled
+the arithmetic (as much as the statistics pass itself: docs/performance.md). Here each is one compiled
 call. The arithmetic follows ``updates`` operation for operation, so the results agree with the torch
 updates to rounding (the matrix products' summation order differs); ``updates`` stays the definition and
 the path on other devices. What is rare stays in torch: the eigenvalue clipping of a covariance that
@@ -32,8 +32,7 @@ _jit_parallel: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
 )
 # Components from which online EM's update is shared among threads (``threads`` parts below 128 components,
 # four a thread from there): right after the pass, whose threads still spin (``GOMP_SPINCOUNT``), a parallel
-# region starts in a few us, against ~0.4 us a component. Measured on 2 cores, after the pass, median of
-# 3,000: K = 64, 31.7 us on one thread, 26.1 in 2 parts, 28.7 in 4; K = 32, 17.8 against 18.7 in 2 parts.
+# region starts in about the time of ten components' updates (docs/performance.md, "The minibatch step").
 PARALLEL_COMPONENTS = 64
 LANES = 64  # components updated together: their scratch (~150 kB) stays in the L2 cache
 TINY = float(np.finfo(np.float64).tiny)
@@ -41,7 +40,7 @@ TINY = float(np.finfo(np.float64).tiny)
 
 def dimensions(dim: int) -> tuple[int, ...]:
     """D as the length of a tuple, which numba knows when it compiles a loop (one compilation per D): its
-    D x D loops then unroll, ~25% off online EM's update at D = 7 (40 -> 30 us at K = 64), with the same
+    D x D loops then unroll (a quarter off online EM's update at D = 7: docs/performance.md), with the same
     arithmetic in the same order, so the same results to the bit."""
     return (0,) * dim
 
@@ -80,7 +79,7 @@ def _online_em_outputs(means):
 
 @_jit
 def _with_any_suspect(out):
-    """The outputs and whether any component is suspect (asked of numpy, ~5 us a step beside the loop's 25)."""
+    """The outputs and whether any component is suspect (compiled: asked of numpy it costs a fifth of the loop)."""
     weights, means, cov, e_step_cov, suspect = out
     return weights, means, cov, e_step_cov, suspect, suspect.any()
 
@@ -90,8 +89,8 @@ def _online_em_lanes(first, last, args, out, dims):
     """The update of components ``first`` to ``last`` - 1 as lanes: each quantity is held as (D, D, lanes)
     or (lanes,), and every loop runs over the lanes innermost, so that LLVM vectorises the arithmetic
     across components (the divisions above all). Each lane's arithmetic is ``updates``' in the same order
-    as a loop over one component at a time does it, so the results are the same to the bit: ~25 against
-    ~36 us at K = 64, D = 7; 190 against 260 us at K = 512."""
+    as a loop over one component at a time does it, so the results are the same to the bit, in about
+    two thirds of the time (docs/performance.md)."""
     weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny = args
     new_weights, new_means, new_cov, e_step_cov, suspect = out
     D, L = len(dims), last - first  # D known when compiled: the D x D loops unroll
@@ -405,7 +404,7 @@ class ArrayViews:
     """The arrays a compiled step reads from tensors that live from step to step (SGD's parameters, Adam's
     moments, the fixed parameters), made once and made again only where one of those tensors was replaced
     (a state loaded, fixed parameters released): the step updates them in place, so the views stay theirs.
-    SGD's step reads 17 of them: made at every step, they took its call from ~40 to ~54 us (K = 64)."""
+    SGD's step reads 17 of them: made at every step, they added a third to its call (docs/performance.md)."""
 
     def __init__(self) -> None:
         self._held: tuple[tuple, tuple] = ((), ())

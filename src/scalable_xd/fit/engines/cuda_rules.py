@@ -7,8 +7,8 @@ paper's batch of 500 (``profile_batch_cuda_K512_b500.json``: 107 kernels a step)
 is one kernel, following ``cpu_rules`` (the CPU's) operation for operation, so the results agree with
 the torch update to rounding. It reads the running state and the batch's sums; it writes, in place, the
 new running state and the mixture the next E-step uses, and flags the components whose new covariance
-rounding left without a Cholesky factor (for ``deferred_checks``). Measured on an H100 (2026-11-26), a
-graphed minibatch-EM step went from 330 to 206 us at K = 512 and from 272 to 161 us at K = 64.
+rounding left without a Cholesky factor (for ``deferred_checks``). It took a graphed minibatch-EM step's
+time down by about a third on an H100 (docs/performance.md).
 
 A program takes a few components as (component, D, D) blocks, D padded to a power of two: the products
 are broadcast sums, the Cholesky test a right-looking elimination, so that the kernel compiles in seconds

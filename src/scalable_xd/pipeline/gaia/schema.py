@@ -73,4 +73,12 @@ GAIA_DR2 = FeatureSpec(
     FEATURES,
     ("deg", "deg", "mas", _MAS_PER_YR, _MAS_PER_YR, "mag", "mag"),
     CORRELATIONS,
+    roles=(
+        ("ra", "ra"),
+        ("dec", "dec"),
+        ("parallax", "parallax"),
+        ("colour", "bp_rp"),
+        ("magnitude", "phot_g_mean_mag"),
+    ),
+    labels=("ra [deg]", "dec [deg]", "parallax [mas]", "pmra [mas/yr]", "pmdec [mas/yr]", "BP-RP [mag]", "G [mag]"),
 )

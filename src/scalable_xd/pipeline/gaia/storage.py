@@ -14,6 +14,8 @@ from ..features_file import require_columns, write_splits
 from .features import REPAIRS, TRUE_COLUMNS, compute_features
 from .schema import GAIA_DR2, QUERY_COLUMNS
 
+SPEC = GAIA_DR2  # the survey's features (``pipeline.surveys``)
+
 
 def _raw_dataset(path):
     """A raw catalogue: one Parquet file, a directory of chunk files, a HATS catalogue (``bulk``) or a query

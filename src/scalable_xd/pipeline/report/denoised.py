@@ -1,6 +1,7 @@
 """What the denoised catalogue buys: the colour-magnitude diagram of the test stars measured, denoised and
 (on a mock) true, on the same axes; the pulls of every feature against a unit Gaussian; and each feature's
-posterior RMSE over its measurement's against G magnitude (``pipeline.denoise``)."""
+posterior RMSE over its measurement's against the magnitude (``pipeline.denoise``). The diagram's features
+are those playing the colour, magnitude and parallax roles in the data's spec."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from ...data.missing import MISSING_VARIANCE
 from .style import PAGE, pyplot, save
 
 
-def absolute_g(g, parallax_mas):
-    """M_G = G + 5 log10(parallax / 100 mas), NaN where the parallax is not positive."""
+def absolute_magnitude(magnitude, parallax_mas):
+    """M = m + 5 log10(parallax / 100 mas), NaN where the parallax is not positive."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(parallax_mas > 0, g + 5.0 * np.log10(parallax_mas / 100.0), np.nan)
+        return np.where(parallax_mas > 0, magnitude + 5.0 * np.log10(parallax_mas / 100.0), np.nan)
 
 
 def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
@@ -21,6 +22,17 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     import pandas as pd
     from scipy.stats import norm
 
+    from ..denoise import denoised_spec
+
+    spec = denoised_spec(denoised_path)
+    if spec is None or not spec.has("colour", "magnitude", "parallax"):
+        raise ValueError(
+            f"{denoised_path}: the colour-magnitude diagram needs features playing the colour, magnitude and "
+            "parallax roles, which its spec does not give (written before roles were recorded? run `scalable-xd "
+            "denoise` again)"
+        )
+    roles = {role: spec.feature(role) for role in ("colour", "magnitude", "parallax")}
+    colour_label, magnitude_label = (spec.feature_labels[spec.index(role)] for role in ("colour", "magnitude"))
     table = pd.read_parquet(denoised_path)
     truth = calibration["available"]
     plt = pyplot()
@@ -30,7 +42,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
         ("measured", "x", "colour measured, parallax > 0"),
         ("denoised (posterior mean)", "mean", "parallax > 0"),
     ] + ([("true", "true", "parallax > 0")] if truth else [])
-    cmd = {(label, why): _cmd(table, prefix) for label, prefix, why in versions}
+    cmd = {(label, why): _cmd(table, prefix, roles) for label, prefix, why in versions}
     finite = np.concatenate([np.column_stack(xy)[np.isfinite(np.column_stack(xy)).all(1)] for xy in cmd.values()])
     x_range = np.percentile(finite[:, 0], [0.5, 99.5])
     y_range = np.percentile(finite[:, 1], [0.5, 99.5])
@@ -38,8 +50,8 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
         ok = np.isfinite(colour) & np.isfinite(mag)
         ax.hist2d(colour[ok], mag[ok], bins=80, range=[x_range, y_range], cmap="Greys", norm="log")
         title = f"{label}: {ok.sum():,} of {len(table):,} stars\n(those with {why})"
-        ax.set(xlim=x_range, ylim=y_range[::-1], xlabel="BP − RP (mag)", title=title)
-    axes[0, 0].set_ylabel("absolute G (mag, from parallax > 0)")
+        ax.set(xlim=x_range, ylim=y_range[::-1], xlabel=colour_label, title=title)
+    axes[0, 0].set_ylabel(f"absolute {magnitude_label} (from parallax > 0)")
     if not truth:
         for ax in axes[0, len(versions) :].tolist() + axes[1].tolist():
             ax.set_axis_off()
@@ -62,7 +74,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
             centres = [_centre(r) for r in rows]
             axes[1, 1].plot(centres, [r["rmse_ratio"] for r in rows], marker="o", markersize=2, color=colours[name])
     axes[1, 1].axhline(1.0, color="black", linewidth=0.6)
-    axes[1, 1].set(xlabel="G (mag)", ylabel="RMSE posterior / measured", title="precision gain (below 1)")
+    axes[1, 1].set(xlabel=magnitude_label, ylabel="RMSE posterior / measured", title="precision gain (below 1)")
     # one legend for both panels, below them, off the data
     fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncols=len(names) + 1, fontsize=6)
     levels = (
@@ -80,15 +92,16 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     save(fig, outputs)
 
 
-def _cmd(table, prefix: str):
-    """(BP - RP, absolute G) of one version of the values; measured ones NaN where missing."""
+def _cmd(table, prefix: str, roles: dict):
+    """(colour, absolute magnitude) of one version of the values, the features of ``roles`` (role: name);
+    measured ones NaN where missing."""
     values = {}
-    for name in ("bp_rp", "phot_g_mean_mag", "parallax"):
+    for role, name in roles.items():
         value = table[f"{prefix}_{name}"].to_numpy()
         if prefix == "x":  # a missing entry is stored as 0 with variance 1e12
             value = np.where(table[f"sigma_{name}"].to_numpy() ** 2 < MISSING_VARIANCE, value, np.nan)
-        values[name] = value
-    return values["bp_rp"], absolute_g(values["phot_g_mean_mag"], values["parallax"])
+        values[role] = value
+    return values["colour"], absolute_magnitude(values["magnitude"], values["parallax"])
 
 
 def _centre(row: dict) -> float:

@@ -24,15 +24,6 @@ from .style import (
     save,
 )
 
-FEATURE_LABELS = [
-    "ra [deg]",
-    "dec [deg]",
-    "parallax [mas]",
-    "pmra [mas/yr]",
-    "pmdec [mas/yr]",
-    "BP-RP [mag]",
-    "G [mag]",
-]
 CONTOUR_LEVELS = (0.39, 0.86)  # the mass inside 1 and 2 sigma of a 2-D Gaussian
 LAST_EPOCHS = 10  # the training curves' y axis spans these last epochs of every method
 
@@ -183,11 +174,22 @@ def _fit_histograms(fig, n_features: int) -> None:
             ax.set_ylim(0, 1.1 * max(tops))
 
 
+def _beyond_note(spec, outside: dict) -> str:
+    """The share of model samples beyond the panels: in the magnitude (past the survey's limits), where a
+    feature plays that role, and at most in any feature."""
+    most = f"{100 * max(outside.values()):.1f}% at most in any feature"
+    if not spec.has("magnitude"):
+        return most
+    label = spec.feature_labels[spec.index("magnitude")]
+    return f"{100 * outside[label]:.1f}% in {label.split(' [')[0]} (past the survey's limits), {most}"
+
+
 def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0) -> dict:
     """Corner plot of the deconvolved model's samples over the noisy data and, where the data know them (a
     mock), the true values: every feature, 1-D histograms normalised to unit area, contours holding 39% and
     86% of each set (1 and 2 sigma of a 2-D Gaussian). Each panel spans the 0.5-99.5 percentiles of the data;
-    the share of model samples beyond them is stated (for G, beyond the survey's faint limit)."""
+    the share of model samples beyond them is stated (for the magnitude, where a feature plays that role,
+    beyond the survey's faint limit). Each feature is labelled as the data's spec labels it."""
     import corner
     from matplotlib.lines import Line2D
 
@@ -208,7 +210,8 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
     colour = LOOKS[model.method][1] if model.method in LOOKS else "tab:red"
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, PAGE))
-    corner.corner(observed, fig=fig, labels=FEATURE_LABELS, color=DATA_COLOUR, hist_kwargs={"density": True}, **style)
+    labels = data.spec.feature_labels
+    corner.corner(observed, fig=fig, labels=labels, color=DATA_COLOUR, hist_kwargs={"density": True}, **style)
     corner.corner(samples, fig=fig, color=colour, hist_kwargs={"density": True}, **style)
     handles = [
         Line2D([], [], color=DATA_COLOUR, label=f"data: {len(observed):,} stars with every feature measured"),
@@ -226,7 +229,7 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         handles.append(Line2D([], [], color=TRUE_COLOUR, linestyle="dashed", label=f"true values: {len(true):,} stars"))
     outside = {
         label: float(np.mean((samples[:, k] < lo) | (samples[:, k] > hi)))
-        for k, (label, (lo, hi)) in enumerate(zip(FEATURE_LABELS, ranges))
+        for k, (label, (lo, hi)) in enumerate(zip(labels, ranges, strict=True))
     }
     _fit_histograms(fig, observed.shape[1])
     for ax in fig.axes:
@@ -240,9 +243,7 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         0.83,
         "1-D histograms: normalised to unit area\n"
         "contours: 39% and 86% of each set (1 and 2 sigma in 2-D)\n"
-        "panels: the data's 0.5-99.5 percentiles; model samples beyond them:\n"
-        f"{100 * outside['G [mag]']:.1f}% in G (past the survey's limits), "
-        f"{100 * max(outside.values()):.1f}% at most in any feature",
+        "panels: the data's 0.5-99.5 percentiles; model samples beyond them:\n" + _beyond_note(data.spec, outside),
         ha="right",
         va="top",
         fontsize=7,

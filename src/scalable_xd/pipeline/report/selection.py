@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...fit.selection import from_limits, limits
-from .figures import FEATURE_LABELS, model_samples, read_split
+from .figures import model_samples, read_split
 from .style import COLUMN, COLUMN_HEIGHT, DATA_COLOUR, pyplot, save
 
 NAIVE_COLOUR, AWARE_COLOUR = "tab:orange", "tab:blue"
@@ -22,9 +22,9 @@ LEVELS = (0.39, 0.86)
 def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samples: int, seed: int) -> dict:
     """The figure of the module; returns the share of each set beyond the limit (the removed part)."""
     split = read_split(data_path)
-    names = list(split.spec.names)
+    names, labels = list(split.spec.names), split.spec.feature_labels
     feature, operator, limit = limits(spec, names)[0]  # the figure's feature: the first clause's
-    colour = names.index("bp_rp") if "bp_rp" in names else (feature + 1) % len(names)
+    colour = split.spec.index("colour") if split.spec.has("colour") else (feature + 1) % len(names)
     population = split.true if split.true is not None else split.X[split.n_missing == 0]
     naive_samples = model_samples(naive_path, n_samples, seed)[1]
     aware, aware_samples = model_samples(aware_path, n_samples, seed)
@@ -42,7 +42,7 @@ def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samp
         label = f"{name} model: {100 * beyond[name]:.0f}% beyond the limit"
         left.hist(sets[name][:, feature], bins=bins, density=True, histtype="step", color=tint, lw=1.5, label=label)
     left.axvline(limit, color="k", ls="--", lw=1)
-    left.set_xlabel(_label(names, feature))
+    left.set_xlabel(labels[feature])
     left.set_ylabel("density")
     left.set_title(f"{100 * (1 - beyond['population']):.0f}% of the population is within the limit", fontsize=8)
     left.set_ylim(top=1.35 * left.get_ylim()[1])  # room for the legend above the histograms
@@ -55,21 +55,16 @@ def plot_selection(naive_path, aware_path, data_path, spec: str, outputs, n_samp
     for name, tint in (("naive", NAIVE_COLOUR), ("aware", AWARE_COLOUR)):
         if len(faint[name]) > 50:
             _contours(right, faint[name][:, colour], faint[name][:, feature], x_range, y_range, tint)
-    right.set_xlabel(_label(names, colour))
-    right.set_ylabel(_label(names, feature))
+    right.set_xlabel(labels[colour])
+    right.set_ylabel(labels[feature])
     right.set_title("beyond it: population, model contours (39%, 86%)", fontsize=8)
-    if names[feature] == "phot_g_mean_mag":
-        right.invert_yaxis()
+    if split.spec.has("magnitude") and feature == split.spec.index("magnitude"):
+        right.invert_yaxis()  # brighter up, as magnitudes are drawn
     k = aware.n_components
     fig.suptitle(f"Training stars cut to {spec}: the naive and the selection-aware fit, K = {k}", fontsize=9)
     fig.tight_layout()
     save(fig, outputs)
     return beyond
-
-
-def _label(names: list[str], k: int) -> str:
-    gaia = ("ra", "dec", "parallax", "pmra", "pmdec", "bp_rp", "phot_g_mean_mag")
-    return FEATURE_LABELS[k] if tuple(names) == gaia else names[k]
 
 
 def _contours(ax, x, y, x_range, y_range, tint) -> None:

@@ -82,10 +82,12 @@ def plot_sky_density(
     if frame not in ("icrs", "galactic"):
         raise ValueError(f"unknown frame {frame!r}: choose icrs or galactic")
     model, samples = model_samples(model_path, n_samples, seed)
-    stars = data_rows(read_split(data_path), n_samples, seed, complete=False)  # ra and dec are never missing
-    on_sky = np.abs(samples[:, 1]) <= 90
-    wrapped = np.column_stack([np.mod(samples[on_sky, 0], 360.0), samples[on_sky, 1]])  # ra is periodic
-    points = {"data": stars[:, :2], "model": wrapped}
+    data = read_split(data_path)
+    ra, dec = data.spec.index("ra"), data.spec.index("dec")  # the features playing them (a clear error if none)
+    stars = data_rows(data, n_samples, seed, complete=False)  # ra and dec are never missing
+    on_sky = np.abs(samples[:, dec]) <= 90
+    wrapped = np.column_stack([np.mod(samples[on_sky, ra], 360.0), samples[on_sky, dec]])  # ra is periodic
+    points = {"data": stars[:, [ra, dec]], "model": wrapped}
     if frame == "galactic":
         points = {name: np.column_stack(to_galactic(p[:, 0], p[:, 1])) for name, p in points.items()}
     nside = resolution(points["data"][:, 0], points["data"][:, 1])
