@@ -1,7 +1,8 @@
 """``XDGMM``: the user-facing estimator, in scikit-learn's style (fit / score / sample / save / load).
 
-``fit`` validates the settings and the data and hands them to ``fit.driver.fit_mixture``, which runs the
-fit; everything else uses a fitted model.
+``fit`` makes the fit's plan (``fit.plan``: the settings and the data checked before any work) and hands it
+to ``fit.driver.fit_mixture``, which runs it; ``save`` and ``load`` are ``saved_model``'s; everything else
+uses a fitted model.
 """
 
 from __future__ import annotations
@@ -17,35 +18,30 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils._available_if import available_if
 from sklearn.utils.validation import check_array, validate_data
 
-from ._torch import dtype_name, resolve_device, resolve_dtype
+from . import saved_model
+from ._torch import resolve_dtype
 from .background import Background
-from .background import from_setting as background_from_setting
 from .conditioning import condition, floats, measured_features, measurement_noise
 from .data.dataset import Dataset
-from .data.inputs import data_source, monitored_data, training_data, training_source
+from .data.inputs import data_source, training_source
 from .data.iterable import is_batch_iterable
 from .data.noise import CompactCovariance
 from .data.source import DataSource
-from .fit.background_fit import check_fit as check_background
-from .fit.driver import Start, fit_mixture, fixed_masks, settings_record
-from .fit.methods import METHODS, SETTING_CHOICES, check_fixed, check_settings, setting_help
-from .fit.online import OnlineFit, refusal
+from .fit.driver import fit_mixture
+from .fit.methods import METHODS, SETTING_CHOICES, setting_help
+from .fit.online import OnlineFit, check_options, refusal
 from .fit.parallel import Group, fail_together
+from .fit.plan import FIXED_MASKS, Start, checked_settings, fixed_masks, plan_fit, settings_record
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
-from .fit.selection import Selection
-from .fit.selection import check_fit as check_selection
-from .fit.selection import from_limits as selection_from_limits
 from .jackknife import ParameterErrors, jackknife_errors
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture
-from .model_file import read_model, read_online_state, write_model
 from .posterior import posterior_summary
-from .settings import FitSettings, KMeansSettings, check_count, check_seed, numpydoc_parameters, resolve_seed
+from .settings import FitSettings, KMeansSettings, check_count, numpydoc_parameters, resolve_seed
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
 
-FIXED_MASKS = ("fix_weights", "fix_means", "fix_covariances")
 # The posterior's precision, whatever the fit's (see ``XDGMM.posterior``).
 POSTERIOR_DTYPE = torch.float64
 
@@ -146,19 +142,8 @@ class XDGMM(DensityMixin, BaseEstimator):
     # ------------------------------------------------------------------ configuration
 
     def _validated(self) -> tuple[FitSettings, KMeansSettings]:
-        """The settings, checked once per fit (as scikit-learn estimators do); raises ValueError naming the
-        parameter."""
-        params = self.get_params()
-        settings = check_settings(FitSettings(**{name: params[name] for name in FitSettings.defaults()}))
-        kmeans = KMeansSettings(epochs=self.kmeans_epochs, batch_size=self.kmeans_batch_size)
-        check_count("n_components", self.n_components)
-        if not isinstance(self.random_state, (np.random.RandomState, np.random.Generator, type(None))):
-            check_seed("random_state", self.random_state)
-        if not isinstance(self.warm_start, bool):
-            raise ValueError(f"warm_start must be True or False, got {self.warm_start!r}")
-        check_fixed(settings, any(mask.any() for mask in self._fixed_masks().values()))
-        fit_backend(settings.backend, resolve_device(settings.device))  # one that cannot run there: named now
-        return settings, kmeans
+        """The settings, checked once per fit (as scikit-learn estimators do): ``plan.checked_settings``."""
+        return checked_settings(self.get_params())
 
     def _fixed_masks(self) -> dict[str, np.ndarray]:
         """``fix_weights``, ``fix_means`` and ``fix_covariances`` as boolean arrays of length K (checked)."""
@@ -219,77 +204,26 @@ class XDGMM(DensityMixin, BaseEstimator):
             settings, kmeans = self._validated()
             X, sample_weight = self._checked_input(X, y, R, sample_weight, "fit", reset=True)
             self._online = None  # a fit starts afresh, whatever partial_fit did before
-            check_count("checkpoint_every", checkpoint_every, minimum=0)
-            if checkpoint_every and checkpoint is None:
-                raise ValueError(
-                    "checkpoint_every: checkpoints inside an epoch need a checkpoint path (checkpoint=...)"
-                )
-            if checkpoint_every and settings.split_merge:
-                raise ValueError(
-                    "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
-                )
-            train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, self.n_components, settings)
-            if checkpoint_every and not getattr(train, "replays_epochs", True):
-                raise ValueError(
-                    "checkpoint_every: X is an iterable of batches without set_epoch(epoch), so a resumed fit could "
-                    "not read the rest of the epoch it stopped in; checkpoint at epochs' ends (checkpoint_every=0), "
-                    "or give the iterable (or its sampler) a set_epoch that fixes each epoch's order"
-                )
-            monitored = monitored_data(eval_sets, train, settings)
-            selection = self._selection(selection, train, settings)
-            background = self._background_start(train, settings, selection)
             warm = self._mixture if self.warm_start and hasattr(self, "_mixture") else None
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
-        fitted = fit_mixture(
-            train,
-            val,
-            settings,
-            kmeans,
-            self.random_state,
-            start,
-            checkpoint,
-            checkpoint_every,
-            monitored,
-            selection,
-            background,
-        )
+            plan = plan_fit(
+                settings,
+                kmeans,
+                start,
+                (X, Xcov, R, X_val, Xcov_val, R_val, sample_weight),
+                random_state=self.random_state,
+                checkpoint=checkpoint,
+                checkpoint_every=checkpoint_every,
+                eval_sets=eval_sets,
+                selection=selection,
+                feature_names=getattr(self, "feature_names_in_", None),
+            )
+        fitted = fit_mixture(plan)
         history = fitted.history if warm is None else _continued(self.history_, fitted.history)
         self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans, fitted.background)
-        self.n_features_in_ = train.obs_dim
+        self.n_features_in_ = plan.train.obs_dim
         return self
-
-    def _background_start(self, train, settings: FitSettings, selection) -> Background | None:
-        """The ``background`` setting's box with its starting weight, checked against the fit; None where
-        there is none."""
-        if settings.background is None:
-            return None
-        X = train.X if isinstance(train, Dataset) else None
-        background = background_from_setting(settings.background, X, settings.background_weight)
-        check_background(background, train, settings, selection)
-        return background
-
-    def _selection(self, given, train, settings: FitSettings) -> Selection | None:
-        """The fit's selection, checked: ``fit``'s ``selection`` argument (a ``Selection`` or a callable), or
-        the ``selection`` setting's limits on the features by name (a Parquet source's columns, a
-        DataFrame's, else x0, x1, ...), or both where the argument was read from the setting's limits (the
-        workflow's, which names its features); None where neither is given or ``selection_aware`` is False."""
-        if given is not None and settings.selection is not None and getattr(given, "spec", None) != settings.selection:
-            raise ValueError(
-                f"selection: given twice, to fit and as the setting selection={settings.selection!r}; give one"
-            )
-        if not settings.selection_aware:
-            return None
-        if given is not None:
-            selection = given if isinstance(given, Selection) else Selection(given, on=settings.selection_on)
-        elif settings.selection is not None:
-            names = getattr(train, "x_columns", None) or getattr(self, "feature_names_in_", None)
-            names = list(names) if names is not None else [f"x{i}" for i in range(train.obs_dim)]
-            selection = selection_from_limits(settings.selection, names, settings.selection_on)
-        else:
-            return None
-        check_selection(selection, train, settings)
-        return selection
 
     def _updates_per_batch(self) -> bool:
         """Whether this estimator has ``partial_fit``: a minibatch method without split-and-merge (whose
@@ -313,13 +247,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         state and ``load`` restores it; a model fitted by ``fit`` goes on from its parameters with a fresh
         state. ``fit`` starts afresh."""
         settings, kmeans = self._validated()
-        if settings.selection is not None and settings.selection_aware:
-            raise ValueError(
-                f"selection={settings.selection!r}: partial_fit takes no selection (a stream has no population "
-                "to draw the removed points against); fit takes one"
-            )
-        if settings.background is not None:
-            raise ValueError(f"background={settings.background!r}: partial_fit fits no background; fit does")
+        check_options(settings)
         online = getattr(self, "_online", None)
         if online is not None:
             online.check_settings(settings_record(self.n_components, settings, kmeans))
@@ -581,27 +509,7 @@ class XDGMM(DensityMixin, BaseEstimator):
 
     def save(self, path) -> None:
         """Write parameters, settings and history to one ``.npz`` file, atomically (see ``model_file``)."""
-        online = getattr(self, "_online", None)
-        write_model(
-            path,
-            self._fitted(),
-            {
-                # as given, so that a loaded model refits as this one would: the budget resolved anew for its data
-                "params": {
-                    **self.describe(),
-                    "epochs": self.epochs,
-                    "decay_epoch": self.decay_epoch,
-                    # the held parameters, so that a loaded model (and its partial_fit) holds them too
-                    **{name: np.asarray(getattr(self, name)).tolist() for name in FIXED_MASKS},
-                },
-                "history": self.history_,
-                "converged": self.converged_,
-                "dtype": dtype_name(self._dtype),
-                "n_features_in": getattr(self, "n_features_in_", None),
-                "background": None if self._background is None else self._background.as_dict(),
-            },
-            None if online is None else online.state_dict(),
-        )
+        saved_model.save(self, path)
 
     @classmethod
     def load(cls, path, device: str | None = None) -> XDGMM:
@@ -609,36 +517,7 @@ class XDGMM(DensityMixin, BaseEstimator):
 
         The file is read without unpickling, and its parameters and settings are checked as strictly as a
         fit's: a damaged, foreign or invalid file raises ValueError naming it."""
-        mixture, meta = read_model(path)
-        params = dict(meta.get("params", {}))
-        saved = params.get("device", "cpu")
-        if device is None and saved != "cpu" and not torch.cuda.is_available():
-            device = "cpu"
-        if device is not None and device != saved:  # the saved backend may not run there (triton on a CPU)
-            params.update(device=device, backend="auto")
-        try:
-            model = cls(**params)
-            settings, kmeans = model._validated()
-            on = resolve_device(settings.device)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"model {path} has invalid settings: {err}") from None
-        if model.n_components != mixture.n_components:
-            raise ValueError(
-                f"model {path}: n_components is {model.n_components} but it holds {mixture.n_components} components"
-            )
-        try:
-            background = Background.from_dict(meta["background"]) if meta.get("background") else None
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"model {path} holds an invalid background: {err}") from None
-        history, converged = meta.get("history", []), meta.get("converged", False)
-        model._set_fitted(mixture.to(on), history, converged, settings, kmeans, background)
-        model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
-        if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
-            start = Start(model.n_components, model._fixed_masks())
-            state = read_online_state(path, on)
-            what = f"model {path}: its online_state"
-            model._online = OnlineFit.resumed(model._mixture, settings, kmeans, start, state, what)
-        return model
+        return saved_model.load(cls, path, device)
 
 
 def _background_share(proba: np.ndarray) -> np.ndarray:

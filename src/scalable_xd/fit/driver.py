@@ -1,9 +1,10 @@
 """One fit from start to finish, apart from the estimator that exposes it: the data sources in, the
 fitted mixture, its history and whether it converged out.
 
-``fit_mixture`` reads as: open the checkpoint, choose the seed, find the starting point (the checkpoint's
-state, the previous fit's parameters, or ``fit.init`` from the given arrays and k-means), build the method's
-fitter (``fit.methods``), configure the loop from the method's row, run it, and judge whether it converged.
+``fit_mixture`` executes a fit's plan (``fit.plan``, made and checked before any work): open the
+checkpoint, choose the seed, find the starting point (the checkpoint's state, the previous fit's
+parameters, or ``fit.init`` from the given arrays and k-means), build the method's fitter
+(``fit.methods``), configure the loop from the method's row, run it, and judge whether it converged.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..data.iterable import IterableSource
 from ..data.source import DataSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
-from ..settings import FitSettings, KMeansSettings, resolve_seed
+from ..settings import FitSettings, resolve_seed
 from .background_fit import BackgroundFit, background_of
 from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
@@ -31,8 +32,8 @@ from .loop import last_gain, run
 from .loop_config import LoopConfig
 from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
+from .plan import FitPlan, Start, settings_record
 from .scoring import EVAL_BATCH, total_loglik
-from .selection import Selection
 from .selection import record as selection_record
 from .updates import FixedParameters, feature_scale
 
@@ -40,25 +41,6 @@ from .updates import FixedParameters, feature_scale
 JUDGE_SAMPLE = 20_000
 # Training stars that k-means sees when the training data are not in memory (a ``ParquetSource``, an iterable).
 KMEANS_SAMPLE = 1_000_000
-
-
-@dataclass
-class Start:
-    """Where a fit begins unless its checkpoint says otherwise: the previous fit's parameters (``warm``,
-    for ``warm_start``), else the given initial arrays (any may be None: k-means for the means and weights,
-    identity covariances), with the ``fixed`` masks (``fix_weights``, ``fix_means``, ``fix_covariances``:
-    boolean arrays of length K) holding parameters at their initial values."""
-
-    n_components: int
-    fixed: dict[str, np.ndarray]
-    weights: object = None
-    means: object = None
-    covariances: object = None
-    warm: Mixture | None = None
-
-    def record(self) -> dict:
-        """The fixed masks as lists, for the checkpoint's fingerprint."""
-        return {name: mask.tolist() for name, mask in self.fixed.items()}
 
 
 @dataclass
@@ -73,49 +55,15 @@ class Fitted:
     background: Background | None = None  # with its fitted weight, where the fit had one
 
 
-def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> dict[str, np.ndarray]:
-    """``fix_weights``, ``fix_means`` and ``fix_covariances`` (each True, False or a boolean array of length
-    K) as boolean arrays of length K, or a ValueError naming the parameter."""
-    masks = {}
-    for name, value in (("fix_weights", fix_weights), ("fix_means", fix_means), ("fix_covariances", fix_covariances)):
-        if isinstance(value, (bool, np.bool_)):
-            masks[name] = np.full(n_components, bool(value))
-            continue
-        mask = np.asarray(value)
-        if mask.dtype != bool or mask.shape != (n_components,):
-            raise ValueError(
-                f"{name} must be True, False or a boolean array of length n_components ({n_components}), got {value!r}"
-            )
-        masks[name] = np.ascontiguousarray(mask)  # a reversed view has negative strides torch refuses
-    return masks
-
-
-def settings_record(n_components, settings: FitSettings, kmeans: KMeansSettings) -> dict:
-    """K and every fit and k-means setting as JSON-friendly values (k-means ones prefixed ``kmeans_``)."""
-    return {
-        "n_components": int(n_components),
-        **settings.as_dict(),
-        **{f"kmeans_{key}": value for key, value in kmeans.as_dict().items()},
-    }
-
-
-def fit_mixture(
-    train: DataSource,
-    val: DataSource | None,
-    settings: FitSettings,
-    kmeans: KMeansSettings,
-    random_state,
-    start: Start,
-    checkpoint=None,
-    checkpoint_every: int = 0,
-    monitored: dict | None = None,
-    selection: Selection | None = None,
-    background: Background | None = None,
-) -> Fitted:
-    """Fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and each ``monitored`` set after
-    every epoch where given), resuming from the ``checkpoint`` file where it exists and saving to it as it goes;
-    under a known ``selection``, each batch with the points it removed (``selection``); with a uniform
-    ``background`` (its starting weight), whose weight is fitted beside the mixture (``background_fit``)."""
+def fit_mixture(plan: FitPlan) -> Fitted:
+    """Run ``plan`` (``fit.plan``): fit a mixture of ``start.n_components`` to ``train`` (scored on ``val`` and
+    each ``monitored`` set after every epoch where given), resuming from the ``checkpoint`` file where it
+    exists and saving to it as it goes; under a known ``selection``, each batch with the points it removed
+    (``selection``); with a uniform ``background`` (its starting weight), whose weight is fitted beside the
+    mixture (``background_fit``)."""
+    train, val, settings, kmeans, start = plan.train, plan.val, plan.settings, plan.kmeans, plan.start
+    random_state, checkpoint, monitored = plan.random_state, plan.checkpoint, plan.monitored
+    selection, background = plan.selection, plan.background
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
     with fail_together(group, "checking the data and the checkpoint"):  # one rank's failure fails every rank
         if group.parallel and isinstance(train, IterableSource):
@@ -181,7 +129,7 @@ def fit_mixture(
         tol=settings.tol if row.uses_tol and not settings.split_merge else None,
         verbose=settings.verbose,
         group=group,
-        checkpoint_every=checkpoint_every if store is not None else 0,
+        checkpoint_every=plan.checkpoint_every if store is not None else 0,
         defer_checks=defers_checks(device),
         graph_steps=settings.cuda_graphs and graphs_steps(device),
         selection=selection,

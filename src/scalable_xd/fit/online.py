@@ -20,9 +20,10 @@ from .._torch import resolve_device, resolve_dtype, synchronize
 from ..errors import brief
 from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
-from .driver import Start, fixed_parameters, regularisation, settings_record, starting_mixture
+from .driver import fixed_parameters, regularisation, starting_mixture
 from .loop import assignment_uniforms, resume_state
 from .methods import METHODS, for_data, make_fitter, method
+from .plan import Start, settings_record
 
 
 def refusal(method_name: str, split_merge: bool) -> str | None:
@@ -35,6 +36,17 @@ def refusal(method_name: str, split_merge: bool) -> str | None:
         f"{' with split_merge' if split_merge else ''} does not: use one of {minibatch} "
         "(split-and-merge trials span whole epochs), or fit"
     )
+
+
+def check_options(settings: FitSettings) -> None:
+    """Refuse, naming the setting, what a stream fitted a batch at a time cannot take."""
+    if settings.selection is not None and settings.selection_aware:
+        raise ValueError(
+            f"selection={settings.selection!r}: partial_fit takes no selection (a stream has no population "
+            "to draw the removed points against); fit takes one"
+        )
+    if settings.background is not None:
+        raise ValueError(f"background={settings.background!r}: partial_fit fits no background; fit does")
 
 
 class OnlineFit:
@@ -51,7 +63,7 @@ class OnlineFit:
         self.seen, self.seconds, self.updates = 0.0, 0.0, 0
 
     def check_settings(self, record: dict) -> None:
-        """Refuse a call whose settings (``driver.settings_record``, K included) differ from those the
+        """Refuse a call whose settings (``plan.settings_record``, K included) differ from those the
         running state was started with: set_params between calls would otherwise be ignored."""
         started = settings_record(self.fitter.result.n_components, self.given, self.kmeans)
         changed = [key for key in record if key != "verbose" and record[key] != started.get(key)]
