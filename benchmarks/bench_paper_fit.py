@@ -30,8 +30,8 @@ import scalable_xd.fit.driver
 import scalable_xd.fit.loop
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
+from scalable_xd.files import atomic_path
 from scalable_xd.fit.init import kmeans_init
-from scalable_xd.io import atomic_path
 from scalable_xd.kernel.dispatch import fit_backend
 from scalable_xd.pipeline.features_file import read_features
 from scalable_xd.pipeline.gaia.mock import make_mock

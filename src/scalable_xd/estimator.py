@@ -29,8 +29,8 @@ from .data.noise import CompactCovariance
 from .data.source import DataSource
 from .fit.driver import fit_mixture
 from .fit.methods import METHODS, SETTING_CHOICES, setting_help
-from .fit.online import OnlineFit, check_options, refusal
 from .fit.parallel import Group, fail_together
+from .fit.partial import OnlineFit, check_options, refusal
 from .fit.plan import FIXED_MASKS, Start, checked_settings, fixed_masks, plan_fit, settings_record
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
 from .jackknife import ParameterErrors, jackknife_errors
@@ -242,7 +242,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         stream's batches give the model ``fit`` would over the same batches in the same order. Minibatch
         methods only. A stream has no epochs and no known size: the step size is the schedule's first (the
         "cappe_moulines" and "power" schedules decay with the updates), and minibatch EM's prior counts the
-        stars seen so far (``fit.online``). ``history_`` gains an entry per call (its batch's mean
+        stars seen so far (``fit.partial``). ``history_`` gains an entry per call (its batch's mean
         log-likelihood before the update) and ``n_iter_`` counts the updates. ``save`` keeps the running
         state and ``load`` restores it; a model fitted by ``fit`` goes on from its parameters with a fresh
         state. ``fit`` starts afresh."""

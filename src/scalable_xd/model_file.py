@@ -15,7 +15,7 @@ import json
 import numpy as np
 import torch
 
-from .io import atomic_path, read_npz
+from .files import atomic_path, read_npz
 from .mixture import Mixture
 
 FORMAT_VERSION = 2  # 1: no checksum (still read)

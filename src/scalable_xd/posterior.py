@@ -17,7 +17,7 @@ import torch
 from .data.noise_mixture import NoiseMixture
 from .kernel.dispatch import chunks, log_densities, patterns
 from .kernel.linalg import convolved_terms
-from .kernel.noise_mixtures import row_shares
+from .kernel.noise_mixture_pass import row_shares
 from .mixture import Mixture
 
 # Pairs per chunk: the (pairs, D, D) temporaries stay near 10 MB in float64 at D = 7.
@@ -88,7 +88,7 @@ def posterior_summary(x, S, mixture: Mixture, R=None, observed=None, quantiles=N
 def _mixture_noise_moments(x, S: NoiseMixture, mixture: Mixture, R=None):
     """(mean (B, D), covariance (B, D, D)) of p(v_i | x_i) where the noise is a mixture: the moments of each
     of a point's rows (x_i - o_im, S_im), mixed with the rows' shares beta_im p_im / p(x_i)
-    (``kernel.noise_mixtures``)."""
+    (``kernel.noise_mixture_pass``)."""
     (rows_x, rows_S, rows_R), _, shares = row_shares(x, S, mixture, R, log_densities, backend="linalg")
     b, m = shares.shape
     row_mean, row_cov, _ = posterior_summary(rows_x, rows_S, mixture, rows_R)

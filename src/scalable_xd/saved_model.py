@@ -8,7 +8,7 @@ import torch
 
 from ._torch import dtype_name, resolve_device
 from .background import Background
-from .fit.online import OnlineFit
+from .fit.partial import OnlineFit
 from .fit.plan import FIXED_MASKS, Start
 from .model_file import read_model, read_online_state, write_model
 

@@ -1,4 +1,4 @@
-"""Noise given as per-point Gaussian mixtures (``data.noise_mixture``, ``kernel.noise_mixtures``): the
+"""Noise given as per-point Gaussian mixtures (``data.noise_mixture``, ``kernel.noise_mixture_pass``): the
 double-sum likelihood and one EM step against Bovy's (2014) note computed here independently, M = 1 against
 Gaussian noise, the fit against truth on a mock whose noise is a known skewed mixture, and refusals."""
 

@@ -7,7 +7,7 @@ covariances S_im; samples of a noise distribution are M components of zero width
     p(x_i) = sum_j sum_m alpha_j beta_im N(x_i - o_im | m_j, V_j + S_im),
 
 which is the Gaussian-noise likelihood of M rows per point, (x_i - o_im, S_im), weighted by beta_im: the
-kernel sees the rows (``kernel.noise_mixtures``), and EM goes through with (component, noise component)
+kernel sees the rows (``kernel.noise_mixture_pass``), and EM goes through with (component, noise component)
 pairs. M is fixed per data set; M = 1 with zero offset is Gaussian noise.
 """
 

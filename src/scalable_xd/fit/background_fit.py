@@ -81,7 +81,7 @@ class BackgroundFit:
 _HIGHEST = 1.0 - 1e-9
 
 
-def check_fit(background: Background, train, settings, selection) -> None:
+def check_background(background: Background, train, settings, selection) -> None:
     """Refuse, naming the setting, what a fit with a background cannot take (``train``: the training
     ``DataSource``; ``settings``: its ``FitSettings``; ``selection``: the fit's, or None)."""
     if not isinstance(background, Background):

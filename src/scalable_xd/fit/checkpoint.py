@@ -26,7 +26,7 @@ import torch
 
 from ..data.source import DataSource
 from ..errors import brief
-from ..io import atomic_path
+from ..files import atomic_path
 
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
 # 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds);

@@ -80,7 +80,7 @@ class MinibatchEM(Capabilities):
         self.compiled = engines.compiled_rule(self, mixture.means.device)
 
     def resize(self, data_size: float) -> None:
-        """The training data's total weight, where it grows (online learning, ``fit.online``): the E-step's
+        """The training data's total weight, where it grows (online learning, ``fit.partial``): the E-step's
         prior follows it."""
         self.data_size = data_size
         self.state = self.state  # the E-step mixture is made again, with the new prior

@@ -23,10 +23,9 @@ from ..data.source import DataSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, check_count, check_seed
-from .background_fit import check_fit as check_background
+from .background_fit import check_background
 from .methods import check_fixed, check_settings
-from .selection import Selection
-from .selection import check_fit as check_selection
+from .selection import Selection, check_selection
 from .selection import from_limits as selection_from_limits
 
 FIXED_MASKS = ("fix_weights", "fix_means", "fix_covariances")

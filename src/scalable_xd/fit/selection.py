@@ -211,7 +211,7 @@ def refuse_unsupported(data) -> None:
             raise ValueError(f"selection: not with {what} (the points drawn for what the selection removed have none)")
 
 
-def check_fit(selection: Selection, train, settings) -> None:
+def check_selection(selection: Selection, train, settings) -> None:
     """Refuse, naming the setting, what a fit under a selection cannot take (``train``: the training
     ``DataSource``, ``settings``: its ``FitSettings``)."""
     if not isinstance(selection, Selection):

@@ -42,7 +42,7 @@ import torch
 from ..data.noise_mixture import NoiseMixture
 from ..errors import NotPositiveDefiniteError
 from ..mixture import Mixture
-from . import TABLE, check_backend, noise_mixtures
+from . import TABLE, check_backend, noise_mixture_pass
 from .statistics import Statistics, assign, n_points
 
 log = logging.getLogger(__name__)
@@ -223,9 +223,9 @@ def log_densities(
 ):
     """Per-point log-likelihood (B,) and log alpha_j N(x_i | R_i m_j, T_ij) (B, K) for one batch (of the
     ``observed`` entries only, where given); noise given as mixtures (``S`` a ``NoiseMixture``) through
-    ``noise_mixtures``."""
+    ``noise_mixture_pass``."""
     if isinstance(S, NoiseMixture):
-        return noise_mixtures.log_densities(x, S, mixture, R, log_densities, backend=backend, max_pairs=max_pairs)
+        return noise_mixture_pass.log_densities(x, S, mixture, R, log_densities, backend=backend, max_pairs=max_pairs)
     if observed is not None:
         loglik = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         log_dens = mixture.log_weights.to(x.dtype).expand(x.shape[0], -1).clone()  # nothing observed: alpha_j
@@ -256,7 +256,7 @@ def batch_statistics(
     responsibilities, and ``uniforms`` (B,) replace them by sampled assignments (``statistics.assign``);
     ``with_criteria`` adds the split-and-merge sums (``statistics.Criteria``); ``observed`` (B, d)
     marginalises the other entries (see the module). Noise given as mixtures (``S`` a ``NoiseMixture``) runs
-    through ``noise_mixtures``, which takes neither ``uniforms`` nor criteria."""
+    through ``noise_mixture_pass``, which takes neither ``uniforms`` nor criteria."""
     if isinstance(S, NoiseMixture):
         if uniforms is not None or with_criteria or observed is not None:
             raise ValueError(
@@ -264,7 +264,7 @@ def batch_statistics(
                 "are over components, not (component, noise component) pairs)"
             )
         options = dict(backend=backend, max_pairs=max_pairs)
-        return noise_mixtures.batch_statistics(
+        return noise_mixture_pass.batch_statistics(
             x, S, mixture, R, point_weights, log_densities, batch_statistics, **options
         )
     if observed is not None:

@@ -35,7 +35,7 @@ def denoise(model_path, data_path, output, batch_rows: int = BATCH_ROWS) -> None
     import pyarrow.parquet as pq
 
     from ..estimator import XDGMM
-    from ..io import atomic_path
+    from ..files import atomic_path
     from .features_file import iter_features
 
     model = XDGMM.load(model_path)
@@ -122,7 +122,7 @@ def denoised_spec(path):
 
 def read_calibration(path) -> dict:
     """A calibration file (``calibration`` as JSON), checked: a ValueError naming the file where it is not one."""
-    from ..io import read_json
+    from ..files import read_json
 
     result = read_json(path)
     not_ours = f"{path} is not a calibration written by `scalable-xd calibrate`"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import atomic_path
+from ..files import atomic_path
 
 SPLITS = {"train": range(0, 8), "val": range(8, 9), "test": range(9, 10)}
 # Rows per Parquet row group of a features file: small enough that a streamed fit's shuffle window

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import atomic_path, read_json, read_npz, write_json
+from ..files import atomic_path, read_json, read_npz, write_json
 from ..settings import FitSettings, KMeansSettings
 
 log = logging.getLogger("scalable_xd")
@@ -422,7 +422,7 @@ def denoise(model, data, output, batch_rows: int) -> None:
 
 def calibrate(denoised, output_json, output_md) -> None:
     """The denoised values' calibration against the mock's truth, as JSON and a Markdown table."""
-    from ..io import write_text
+    from ..files import write_text
     from .denoise import calibration, calibration_markdown
 
     result = calibration(denoised)
@@ -432,7 +432,7 @@ def calibrate(denoised, output_json, output_md) -> None:
 
 def parameter_errors(model, train, n_folds: int, max_iter: int, tol: float, seed: int, output_json, output_md) -> None:
     """``model``'s parameter errors by the jackknife over ``train``, as JSON and a Markdown table."""
-    from ..io import write_text
+    from ..files import write_text
     from .parameter_errors import parameter_errors as jackknife
     from .parameter_errors import parameter_errors_markdown
 

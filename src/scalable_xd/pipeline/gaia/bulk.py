@@ -21,7 +21,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from ...io import atomic_path, write_text
+from ...files import atomic_path, write_text
 from .schema import QUERY_COLUMNS
 
 BULK_URL = "http://cdn.gea.esac.esa.int/Gaia/gdr2/gaia_source/csv/"

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...io import atomic_path
+from ...files import atomic_path
 from .schema import GAIA_TABLE, QUERY_COLUMNS, QUERY_DEFAULTS
 from .tap import DEFAULT_TAP_URL, Connections, HttpStatusError, check_reachable, make_client, redact_url, run_job
 
@@ -173,7 +173,7 @@ def _describe(err: BaseException) -> str:
 
 def write_manifest(path, chunks, *, n_rows: int, tap_url: str | None) -> None:
     """A JSON file naming the complete chunk files (relative to the manifest), for the workflow to depend on."""
-    from ...io import write_json
+    from ...files import write_json
 
     base = Path(path).resolve().parent
     write_json(

@@ -49,8 +49,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...files import write_text
 from ...fit.methods import paper_methods
-from ...io import write_text
 from .metrics import CONVERGED_NATS, metrics_frame
 from .style import method_name
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ...data.missing import MISSING_LOGLIK_CONSTANT
-from ...io import read_json, write_json
+from ...files import read_json, write_json
 from ..truth import SHARE_MARKS
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.

@@ -3,8 +3,8 @@ method (the same in every figure and table), and each figure written as PNG and 
 
 from __future__ import annotations
 
+from ...files import atomic_path
 from ...fit.methods import METHODS
-from ...io import atomic_path
 
 DPI = 200
 SAMPLES = 100_000  # model samples drawn for the sky and corner figures

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...io import atomic_path, write_text
+from ...files import atomic_path, write_text
 from .metrics import metrics_frame
 from .style import in_paper_order, method_name
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scalable_xd import XDGMM
-from scalable_xd.io import atomic_path, write_json
+from scalable_xd.files import atomic_path, write_json
 
 
 @pytest.fixture
