@@ -78,18 +78,7 @@ def fit_mixture(plan: FitPlan) -> Fitted:
         seed = store.seed  # a fit without random_state resumes with its checkpoint's seed
     else:
         seed = resolve_seed(random_state)
-    # how the fit is logged and which kernel computes it do not change its result: resume across them
-    record = {
-        **settings_record(start.n_components, settings, kmeans),
-        "verbose": None,
-        "backend": None,
-        "cuda_graphs": None,
-    }
-    record.update(start.record())
-    if selection is not None:  # absent otherwise: checkpoints from before selections resume
-        record["selection"] = selection_record(selection, train)
-    if background is not None:  # likewise
-        record["background"] = background.as_dict()
+    record = _fingerprint(plan, settings)
     digest = data_digest(train) if group.parallel or store is not None else ""  # one pass over X, where needed
     if group.parallel:  # everything the processes must share, checked at once before any other collective
         check_same_fit(
@@ -112,28 +101,11 @@ def fit_mixture(plan: FitPlan) -> Fitted:
             judged = _resident(_training_sample(train, JUDGE_SAMPLE, seed, "split-and-merge judging"), device, dtype)
         judge = _judge(judged, device, dtype, backend, group)
     fixed = fixed_parameters(start.fixed, mixture)
-    if settings.epochs is None:
-        raise RuntimeError("methods.for_data resolves the epoch budget for the data")
     fitter = make_fitter(settings, mixture, fixed, judge, data_size=train.total_weight, w=w)
     if background is not None:
         fitter = BackgroundFit(fitter, background)
-    loop = LoopConfig(
-        epochs=settings.epochs,
-        batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
-        shuffle=row.per_batch,
-        seed=seed,
-        device=device,
-        dtype=dtype,
-        backend=backend,
-        cures=divergence_cures(settings),
-        tol=settings.tol if row.uses_tol and not settings.split_merge else None,
-        verbose=settings.verbose,
-        group=group,
-        checkpoint_every=plan.checkpoint_every if store is not None else 0,
-        defer_checks=defers_checks(device),
-        graph_steps=settings.cuda_graphs and graphs_steps(device),
-        selection=selection,
-    )
+    every = plan.checkpoint_every if store is not None else 0
+    loop = _loop_config(settings, seed, device, dtype, group, every, selection)
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
     if row.per_batch:  # scored after every epoch: held on the device (a batch method scores its own pass)
         scored = _resident(scored, device, dtype)
@@ -141,6 +113,50 @@ def fit_mixture(plan: FitPlan) -> Fitted:
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
     return Fitted(fitter.result, history, converged, settings, background_of(fitter))
+
+
+def _fingerprint(plan: FitPlan, settings: FitSettings) -> dict:
+    """What a checkpoint must have been written by to be resumed: the settings (``settings``: the budget
+    resolved), the fixed masks, the selection and the background. How the fit is logged and which kernel
+    computes it do not change its result: a fit resumes across them."""
+    record = {
+        **settings_record(plan.start.n_components, settings, plan.kmeans),
+        "verbose": None,
+        "backend": None,
+        "cuda_graphs": None,
+    }
+    record.update(plan.start.record())
+    if plan.selection is not None:  # absent otherwise: checkpoints from before selections resume
+        record["selection"] = selection_record(plan.selection, plan.train)
+    if plan.background is not None:  # likewise
+        record["background"] = plan.background.as_dict()
+    return record
+
+
+def _loop_config(
+    settings: FitSettings, seed: int, device, dtype, group: Group, checkpoint_every: int, selection
+) -> LoopConfig:
+    """The loop's configuration, as the method's row says it runs."""
+    row = method(settings.method)
+    if settings.epochs is None:
+        raise RuntimeError("methods.for_data resolves the epoch budget for the data")
+    return LoopConfig(
+        epochs=settings.epochs,
+        batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),
+        shuffle=row.per_batch,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        backend=fit_backend(settings.backend, device),
+        cures=divergence_cures(settings),
+        tol=settings.tol if row.uses_tol and not settings.split_merge else None,
+        verbose=settings.verbose,
+        group=group,
+        checkpoint_every=checkpoint_every,
+        defer_checks=defers_checks(device),
+        graph_steps=settings.cuda_graphs and graphs_steps(device),
+        selection=selection,
+    )
 
 
 def _resident(data: DataSource, device, dtype) -> DataSource:

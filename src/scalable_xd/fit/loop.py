@@ -89,36 +89,11 @@ def run(
     A checkpoint written inside an epoch records the batches done; a resumed fit runs the same epoch's
     batches from there (the data source serves that epoch's batches again, skipping those done: a streamed
     source reads the windows before them again, computing nothing), so it ends as an uninterrupted fit."""
-
-    def evaluate(epoch: int, seconds: float, score_train: bool) -> dict:
-        """A history entry for the fitter's current result; its training figure left to the next pass
-        (``score_train`` False: batch EM, whose E-step computes it)."""
-        return {
-            "epoch": epoch,
-            "seconds": seconds,
-            "train_loglik": _mean_loglik(scored_data, fitter, cfg) if score_train else None,
-            "val_loglik": None if val is None else _mean_loglik(val, fitter, cfg),
-            **{f"{name}_loglik": _mean_loglik(data, fitter, cfg) for name, data in (monitored or {}).items()},
-            "step_size": fitter.step_size(max(epoch - 1, 0)),
-            **fitter.diagnostics(),
-        }
-
     one_pass = fitter.scores_its_pass
     scored_data = train if scored is None or one_pass else scored
+    evaluate = functools.partial(_entry, fitter, cfg, scored_data, val, monitored or {})
     store = checkpoint if checkpoint is not None and cfg.group.writes else None  # what this process saves to
-    done, done_seconds = 0, 0.0  # batches of the epoch in progress that the checkpoint already holds
-    resumed: dict = {}  # the fitter's state the checkpoint holds
-    if checkpoint is not None and checkpoint.saved is not None:
-        saved = checkpoint.saved
-        resumed = saved["fitter"]
-        path = checkpoint.path
-        resume_state(fitter, saved["fitter"], f"checkpoint {path}", f"delete {path} to start the fit afresh")
-        start, history, converged = saved["epoch"], saved["history"], saved["converged"]
-        done, done_seconds = saved["batch"], saved["epoch_seconds"]
-    else:
-        start, history, converged = 0, [evaluate(0, 0.0, score_train=not one_pass)], False
-        if not one_pass:
-            _log(cfg, history[0])
+    start, history, converged, done, done_seconds, resumed = _starting_point(fitter, cfg, checkpoint, evaluate)
     epoch = start + 1
     engine = engine_for(fitter, cfg)
     while epoch <= cfg.epochs and not converged:
@@ -128,17 +103,7 @@ def run(
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
             fitter.load_state_dict(resumed)
         train_epoch = functools.partial(
-            _train_epoch,
-            fitter,
-            train,
-            cfg,
-            epoch,
-            done,
-            done_seconds,
-            tick,
-            store,
-            history,
-            engine,
+            _train_epoch, fitter, train, cfg, epoch, done, done_seconds, tick, store, history, engine
         )
         with one_thread(_small_steps(cfg, fitter)):
             if cfg.defer_checks and not cfg.checkpoint_every:
@@ -148,15 +113,9 @@ def run(
         synchronize(cfg.device)
         seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
         done, done_seconds = 0, 0.0
-        if one_pass:  # the pass scored the parameters it started from: the last entry's figure
-            history[-1]["train_loglik"] = fitter.pass_loglik() / train.total_weight
-            objective = fitter.pass_objective()
-            if objective is not None:
-                history[-1]["train_objective"] = objective / train.total_weight
-            _log(cfg, history[-1])
-            if improved_less_than(cfg.tol, history):
-                converged = True  # at the parameters just scored: no update from this pass
-                break
+        if one_pass and _scored_by_its_pass(fitter, train, cfg, history):
+            converged = True  # at the parameters just scored: no update from this pass
+            break
         fitter.end_epoch()
         _check_mixture(fitter.mixture, epoch, cfg.cures)
         _check_mixture(fitter.result, epoch, cfg.cures)
@@ -172,6 +131,48 @@ def run(
         history[-1]["train_loglik"] = _mean_loglik(train, fitter, cfg)
         _log(cfg, history[-1])
     return history, converged
+
+
+def _entry(
+    fitter: Fitter, cfg: LoopConfig, scored, val, monitored: dict, epoch: int, seconds: float, score_train: bool
+):
+    """A history entry for the fitter's current result; its training figure left to the next pass
+    (``score_train`` False: batch EM, whose E-step computes it)."""
+    return {
+        "epoch": epoch,
+        "seconds": seconds,
+        "train_loglik": _mean_loglik(scored, fitter, cfg) if score_train else None,
+        "val_loglik": None if val is None else _mean_loglik(val, fitter, cfg),
+        **{f"{name}_loglik": _mean_loglik(data, fitter, cfg) for name, data in monitored.items()},
+        "step_size": fitter.step_size(max(epoch - 1, 0)),
+        **fitter.diagnostics(),
+    }
+
+
+def _starting_point(fitter: Fitter, cfg: LoopConfig, checkpoint: Checkpoint | None, evaluate) -> tuple:
+    """(epochs done, history, converged, batches of the epoch in progress done and their seconds, the
+    fitter's state then): the checkpoint's, loaded into the fitter, or a fresh fit's."""
+    if checkpoint is not None and checkpoint.saved is not None:
+        saved, path = checkpoint.saved, checkpoint.path
+        resume_state(fitter, saved["fitter"], f"checkpoint {path}", f"delete {path} to start the fit afresh")
+        done = (saved["batch"], saved["epoch_seconds"], saved["fitter"])
+        return (saved["epoch"], saved["history"], saved["converged"], *done)
+    one_pass = fitter.scores_its_pass
+    history = [evaluate(0, 0.0, score_train=not one_pass)]
+    if not one_pass:
+        _log(cfg, history[0])
+    return 0, history, False, 0, 0.0, {}
+
+
+def _scored_by_its_pass(fitter: Fitter, train: DataSource, cfg: LoopConfig, history: list) -> bool:
+    """Fill the last entry's training figures from the epoch's pass, which scored the parameters it
+    started from (batch EM); whether they improved by less than ``tol``."""
+    history[-1]["train_loglik"] = fitter.pass_loglik() / train.total_weight
+    objective = fitter.pass_objective()
+    if objective is not None:
+        history[-1]["train_objective"] = objective / train.total_weight
+    _log(cfg, history[-1])
+    return improved_less_than(cfg.tol, history)
 
 
 def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
