@@ -206,15 +206,26 @@ METRICS = option("--metrics", nargs="+", required=True, help="metrics files of t
 IMAGES = option("--output", nargs="+", required=True, help="one or more image files (.png, .pdf)")
 MODEL = option("--model", required=True, help="a model file (XDGMM.save)")
 DENOISED = option("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
+DATA = option("--data", required=True, help="a features file (e.g. test.parquet)")
 
 
 def commands() -> list[Command]:
     """Every subcommand, in the order ``--help`` lists them."""
-    from .gaia.schema import QUERY_DEFAULTS as query
-    from .report.style import SAMPLES
+    groups = (
+        _catalogue_commands,
+        _bulk_and_feature_commands,
+        _fit_commands,
+        _table_commands,
+        _denoising_commands,
+        _figure_commands,
+    )
+    return [command for group in groups for command in group()]
 
-    data = option("--data", required=True, help="a features file (e.g. test.parquet)")
-    samples = option("--n-samples", type=POSITIVE, default=SAMPLES, help=f"model samples (default: {SAMPLES})")
+
+def _catalogue_commands() -> list[Command]:
+    """The subcommands of the catalogue: a mock, or the archive's subset."""
+    from .gaia.schema import QUERY_DEFAULTS as query
+
     return [
         Command(
             "mock",
@@ -266,6 +277,12 @@ def commands() -> list[Command]:
             ),
             step="query",
         ),
+    ]
+
+
+def _bulk_and_feature_commands() -> list[Command]:
+    """The subcommands of all of DR2 from ESA's bulk files, and the features of any catalogue."""
+    return [
         Command(
             "bulk-index",
             "list ESA's DR2 bulk files and their MD5 sums (MD5SUM.txt)",
@@ -335,6 +352,12 @@ def commands() -> list[Command]:
             step="features",
             rename={"input": "raw"},
         ),
+    ]
+
+
+def _fit_commands() -> list[Command]:
+    """The subcommands of the fits: k-means starts, the fits themselves and their references."""
+    return [
         Command(
             "kmeans",
             "minibatch k-means initial weights and means",
@@ -443,6 +466,12 @@ def commands() -> list[Command]:
                 ),
             ),
         ),
+    ]
+
+
+def _table_commands() -> list[Command]:
+    """The subcommands of the tables, the claims and Figure 1."""
+    return [
         Command(
             "table",
             "Table 1: log-likelihoods per method and K (csv, md, tex)",
@@ -471,12 +500,18 @@ def commands() -> list[Command]:
             ),
             step="plot_curves",
         ),
+    ]
+
+
+def _denoising_commands() -> list[Command]:
+    """The subcommands of each star's posterior true values, their calibration and the parameters' errors."""
+    return [
         Command(
             "denoise",
             "each star's posterior true values under a model (Parquet)",
             (
                 MODEL,
-                data,
+                DATA,
                 option("--output", required=True, help="the denoised catalogue (.parquet)"),
                 option(
                     "--batch-rows",
@@ -527,12 +562,22 @@ def commands() -> list[Command]:
             ),
             step="plot_denoised",
         ),
+    ]
+
+
+def _figure_commands() -> list[Command]:
+    """The subcommands of the figures of models over data."""
+    from .report.style import SAMPLES
+
+    samples = option("--n-samples", type=POSITIVE, default=SAMPLES, help=f"model samples (default: {SAMPLES})")
+
+    return [
         Command(
             "plot-sky",
             "Figure 2: sky density of model samples beside the data",
             (
                 MODEL,
-                data,
+                DATA,
                 samples,
                 _seed("the sampling seed"),
                 IMAGES,
@@ -548,7 +593,7 @@ def commands() -> list[Command]:
         Command(
             "plot-corner",
             "corner plot of model samples over the data",
-            (MODEL, data, samples, _seed("the sampling seed"), IMAGES),
+            (MODEL, DATA, samples, _seed("the sampling seed"), IMAGES),
             step="plot_corner",
         ),
         Command(
@@ -557,7 +602,7 @@ def commands() -> list[Command]:
             (
                 option("--naive", required=True, help="the model fitted to the cut stars as they are"),
                 option("--aware", required=True, help="the model fitted aware of the selection"),
-                data,
+                DATA,
                 option("--selection", required=True, help="the limits the training stars were cut by"),
                 samples,
                 _seed("the sampling seed"),
