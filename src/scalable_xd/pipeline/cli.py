@@ -357,116 +357,127 @@ def _bulk_and_feature_commands() -> list[Command]:
 
 def _fit_commands() -> list[Command]:
     """The subcommands of the fits: k-means starts, the fits themselves and their references."""
-    return [
-        Command(
-            "kmeans",
-            "minibatch k-means initial weights and means",
-            (
-                option("--train", required=True, help="a features file (train.parquet)"),
-                option("--n-components", type=POSITIVE, required=True, help="K"),
-                _seed("k-means seed"),
-                THREADS,
-                option(
-                    "--max-rows",
-                    type=NON_NEGATIVE,
-                    default=0,
-                    help="k-means on this many training stars chosen by the seed (default: 0, all of them)",
-                ),
-                option("--output", required=True, help="the init file (.npz: weights, means, seconds)"),
+    return [_kmeans_command(), _fit_command(), _reference_command()]
+
+
+def _kmeans_command() -> Command:
+    """The ``kmeans`` subcommand."""
+    return Command(
+        "kmeans",
+        "minibatch k-means initial weights and means",
+        (
+            option("--train", required=True, help="a features file (train.parquet)"),
+            option("--n-components", type=POSITIVE, required=True, help="K"),
+            _seed("k-means seed"),
+            THREADS,
+            option(
+                "--max-rows",
+                type=NON_NEGATIVE,
+                default=0,
+                help="k-means on this many training stars chosen by the seed (default: 0, all of them)",
             ),
-            run=_kmeans,
-            settings=(
-                (KMeansSettings, {}),
-                (FitSettings, {"skip": set(FitSettings.defaults()) - {"device", "dtype"}}),
+            option("--output", required=True, help="the init file (.npz: weights, means, seconds)"),
+        ),
+        run=_kmeans,
+        settings=(
+            (KMeansSettings, {}),
+            (FitSettings, {"skip": set(FitSettings.defaults()) - {"device", "dtype"}}),
+        ),
+    )
+
+
+def _fit_command() -> Command:
+    """The ``fit`` subcommand."""
+    return Command(
+        "fit",
+        "fit one model and write its parameters and metrics",
+        (
+            option("--train", required=True, help="a features file (train.parquet)"),
+            option("--val", default=None, help="a features file scored after every epoch"),
+            option("--test", default=None, help="a features file scored once at the end"),
+            option("--init", required=True, help="the k-means init file (scalable-xd kmeans)"),
+            option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
+            _seed("the fit's seed (batch order)"),
+            THREADS,
+            option(
+                "--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved"
+            ),
+            option(
+                "--checkpoint-every",
+                type=NON_NEGATIVE,
+                default=0,
+                metavar="BATCHES",
+                help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)",
+            ),
+            option("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)"),
+            option("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)"),
+            option(
+                "--label",
+                default=None,
+                help="the name the fit is reported under in tables and figures (a workflow variant; default: "
+                "the method)",
+            ),
+            option(
+                "--stream-window",
+                type=NON_NEGATIVE,
+                default=0,
+                metavar="ROWS",
+                help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading "
+                "them (0: load; --train etc. may then be folders of Parquet files or HATS catalogues)",
+            ),
+            option(
+                "--group-timeout",
+                type=float,
+                default=600.0,
+                metavar="SECONDS",
+                help="under torchrun: how long a process waits for the others in one exchange before the fit "
+                "fails (default: 600)",
+            ),
+            option("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)"),
+            option("--config-hash", default=None, help="recorded in the metrics"),
+            option(
+                "--reference",
+                nargs="*",
+                default=None,
+                help="reference metrics (scalable-xd reference) for the truth metrics' gap closed",
             ),
         ),
-        Command(
-            "fit",
-            "fit one model and write its parameters and metrics",
-            (
-                option("--train", required=True, help="a features file (train.parquet)"),
-                option("--val", default=None, help="a features file scored after every epoch"),
-                option("--test", default=None, help="a features file scored once at the end"),
-                option("--init", required=True, help="the k-means init file (scalable-xd kmeans)"),
-                option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
-                _seed("the fit's seed (batch order)"),
-                THREADS,
-                option(
-                    "--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved"
-                ),
-                option(
-                    "--checkpoint-every",
-                    type=NON_NEGATIVE,
-                    default=0,
-                    metavar="BATCHES",
-                    help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)",
-                ),
-                option("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)"),
-                option("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)"),
-                option(
-                    "--label",
-                    default=None,
-                    help="the name the fit is reported under in tables and figures (a workflow variant; default: "
-                    "the method)",
-                ),
-                option(
-                    "--stream-window",
-                    type=NON_NEGATIVE,
-                    default=0,
-                    metavar="ROWS",
-                    help="stream the splits from disk, shuffling within windows of ROWS rows, instead of loading "
-                    "them (0: load; --train etc. may then be folders of Parquet files or HATS catalogues)",
-                ),
-                option(
-                    "--group-timeout",
-                    type=float,
-                    default=600.0,
-                    metavar="SECONDS",
-                    help="under torchrun: how long a process waits for the others in one exchange before the fit "
-                    "fails (default: 600)",
-                ),
-                option("--tag", default=None, help="free text recorded in the metrics (e.g. the config name)"),
-                option("--config-hash", default=None, help="recorded in the metrics"),
-                option(
-                    "--reference",
-                    nargs="*",
-                    default=None,
-                    help="reference metrics (scalable-xd reference) for the truth metrics' gap closed",
-                ),
+        run=_fit,
+        settings=((FitSettings, {"skip": {"verbose"}}),),
+    )
+
+
+def _reference_command() -> Command:
+    """The ``reference`` subcommand."""
+    return Command(
+        "reference",
+        "a reference fit for the truth metrics (mock data only)",
+        (
+            option("--train", required=True, help="a features file with true values"),
+            option("--test", required=True, help="the split scored on its true values"),
+            option("--init", required=True, help="the k-means init file"),
+            option("--output-metrics", required=True, help="the reference's metrics (JSON)"),
+            option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
+            option(
+                "--kind",
+                choices=REFERENCES,
+                required=True,
+                help="fit the true values, the noisy ones with the noise ignored, or XD itself to convergence",
             ),
-            run=_fit,
-            settings=((FitSettings, {"skip": {"verbose"}}),),
+            _seed("the reference's seed"),
+            THREADS,
         ),
-        Command(
-            "reference",
-            "a reference fit for the truth metrics (mock data only)",
+        run=_reference,
+        settings=(
             (
-                option("--train", required=True, help="a features file with true values"),
-                option("--test", required=True, help="the split scored on its true values"),
-                option("--init", required=True, help="the k-means init file"),
-                option("--output-metrics", required=True, help="the reference's metrics (JSON)"),
-                option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
-                option(
-                    "--kind",
-                    choices=REFERENCES,
-                    required=True,
-                    help="fit the true values, the noisy ones with the noise ignored, or XD itself to convergence",
-                ),
-                _seed("the reference's seed"),
-                THREADS,
-            ),
-            run=_reference,
-            settings=(
-                (
-                    FitSettings,
-                    {
-                        "skip": set(FitSettings.defaults()) - set(REFERENCE_SETTINGS),
-                        "defaults": steps.REFERENCE.as_dict(),
-                    },
-                ),
+                FitSettings,
+                {
+                    "skip": set(FitSettings.defaults()) - set(REFERENCE_SETTINGS),
+                    "defaults": steps.REFERENCE.as_dict(),
+                },
             ),
         ),
-    ]
+    )
 
 
 def _table_commands() -> list[Command]:

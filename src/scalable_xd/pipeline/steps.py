@@ -11,6 +11,7 @@ path fails in a second, not after the fit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import tempfile
@@ -164,6 +165,90 @@ def kmeans(
     log.info("k-means K=%d seed=%d: %.1f s", n_components, seed, seconds)
 
 
+def _split(path, name: str, *, settings: FitSettings, stream_window: int):
+    """A split as a fit's arguments (X, Xcov), streamed or in memory, its facts for the report, and the
+    split itself where it was loaded (None when streamed). The training and validation splits are cut by
+    the fit's selection, where it has one (``selected``)."""
+    from .features_file import features_source, read_features, split_facts
+
+    if stream_window:
+        if settings.selection is not None:
+            raise ValueError(
+                f"selection {settings.selection!r}: the workflow cuts its splits in memory; set fit.stream_window 0"
+            )
+        source = features_source(path, stream_window, name, missing=settings.missing)
+        return (source, None), split_facts(path), None
+    split = read_features(path)
+    if settings.selection is not None and name != "X_test":
+        split = split.subset(selected(split, settings))
+    facts = {
+        "n": len(split),
+        "missing_entries": int(split.n_missing.sum()),
+        "mode": split.mode,
+        "true_values": split.true is not None,
+    }
+    return (split.X, split.covariance()), facts, split
+
+
+def _selection(settings: FitSettings, train_split):
+    """The selection setting's limits on the training split's features by name (the estimator knows only
+    x0, x1, ...), where the fit is aware of one; else None."""
+    from ..fit.selection import from_limits
+
+    if settings.selection is None or not settings.selection_aware:
+        return None
+    assert train_split is not None  # a selection is refused on streamed splits (``_split``)
+    return from_limits(settings.selection, list(train_split.spec.names), settings.selection_on)
+
+
+def _fit_metrics(model, record: dict, timing: dict, facts: tuple):
+    """A fitted model's metrics record (``report.metrics.FitMetrics``): ``record`` names the fit (method,
+    K, seed, tag, config hash), ``timing`` its k-means, wall and CPU seconds, ``facts`` (the training and
+    validation splits' facts, the test split's ((X, Xcov), facts) to score it on, or None, the test split
+    itself, the reference files)."""
+    import torch
+
+    import scalable_xd
+
+    from .report.metrics import FitMetrics, loglik_summary
+    from .truth import truth_metrics
+
+    train_facts, val_facts, test_data, test_split, references = facts
+    test_summary = None
+    if test_data is not None:
+        (X_test, Xcov_test), test_facts = test_data
+        test_summary = loglik_summary(
+            model.score(X_test, Xcov=Xcov_test), test_facts["n"], test_facts["missing_entries"]
+        )
+    last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
+    device = model._device
+    return FitMetrics(
+        **record,
+        settings=model.describe(),
+        train_seconds=last["seconds"],
+        **timing,
+        threads=torch.get_num_threads(),
+        n_iter=model.n_iter_,
+        converged=model.converged_,
+        history=model.history_,
+        covariance_mode=train_facts["mode"],
+        device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        backend=model.backend_,
+        versions={
+            "scalable_xd": scalable_xd.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
+        train=loglik_summary(last["train_loglik"], train_facts["n"], train_facts["missing_entries"]),
+        val=None
+        if val_facts is None
+        else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
+        test=test_summary,
+        true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(read_json, references)}),
+    )
+
+
 def fit(
     *,
     train,
@@ -188,39 +273,12 @@ def fit(
     ``label`` (a workflow variant's name) or the method's name. ``stream_window`` > 0 streams the splits
     from disk a window of that many rows at a time (``stream``) instead of loading them; the test split is
     then loaded only where it holds true values (a mock), for the truth metrics."""
-    import torch
-
-    import scalable_xd
-
     from ..estimator import XDGMM
     from ..fit.parallel import Group
-    from ..fit.selection import from_limits
-    from .features_file import features_source, read_features, split_facts
-    from .report.metrics import FitMetrics, loglik_summary
-    from .truth import monitored_truth, truth_metrics
+    from .features_file import read_features
+    from .truth import monitored_truth
 
-    def data(path, name):
-        """A split as the fit's arguments (X, Xcov), streamed or in memory, its facts for the report, and
-        the split itself where it was loaded (None when streamed). The training and validation splits are
-        cut by the fit's selection, where it has one (``selected``)."""
-        if stream_window:
-            if settings.selection is not None:
-                raise ValueError(
-                    f"selection {settings.selection!r}: the workflow cuts its splits in memory; set fit.stream_window 0"
-                )
-            source = features_source(path, stream_window, name, missing=settings.missing)
-            return (source, None), split_facts(path), None
-        split = read_features(path)
-        if settings.selection is not None and name != "X_test":
-            split = split.subset(selected(split, settings))
-        facts = {
-            "n": len(split),
-            "missing_entries": int(split.n_missing.sum()),
-            "mode": split.mode,
-            "true_values": split.true is not None,
-        }
-        return (split.X, split.covariance()), facts, split
-
+    data = functools.partial(_split, settings=settings, stream_window=stream_window)
     _set_threads(threads)
     check_writable(output_model, output_metrics, checkpoint)
     (X, Xcov), train_facts, train_split = data(train, "X")
@@ -228,19 +286,15 @@ def fit(
     (X_val, Xcov_val), val_facts = (None, None), None
     if val is not None:
         (X_val, Xcov_val), val_facts, _ = data(val, "X_val")
-    test_split = None
+    test_data, test_split = None, None
     if test is not None:
-        (X_test, Xcov_test), test_facts, test_split = data(test, "X_test")
-        if test_split is None and test_facts["true_values"]:  # streamed: loaded for the truth metrics (a mock)
+        *test_data, test_split = data(test, "X_test")
+        if test_split is None and test_data[1]["true_values"]:  # streamed: loaded for the truth metrics (a mock)
             test_split = read_features(test)
     model = XDGMM(
         n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
     )
     tick, cpu_tick = time.perf_counter(), time.process_time()
-    selection = None  # the setting's limits on the features by name (the estimator knows only x0, x1, ...)
-    if settings.selection is not None and settings.selection_aware:
-        assert train_split is not None  # a selection is refused on streamed splits (``data``)
-        selection = from_limits(settings.selection, list(train_split.spec.names), settings.selection_on)
     model.fit(
         X,
         Xcov=Xcov,
@@ -249,50 +303,19 @@ def fit(
         checkpoint=checkpoint,
         checkpoint_every=checkpoint_every,
         eval_sets=monitored_truth(test_split),  # a mock's recovery of the truth, epoch by epoch
-        selection=selection,
+        selection=_selection(settings, train_split),
     )
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:
         model.save(output_model)
-    test_summary = None
-    if test is not None:
-        test_summary = loglik_summary(
-            model.score(X_test, Xcov=Xcov_test), test_facts["n"], test_facts["missing_entries"]
-        )
-    last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
-    device = model._device
-    metrics = FitMetrics(
-        method=label or settings.method,
-        n_components=n_components,
-        seed=seed,
-        tag=tag,
-        config_hash=config_hash,
-        settings=model.describe(),
-        train_seconds=last["seconds"],
-        kmeans_seconds=float(start["seconds"]),
-        wall_seconds=wall,
-        cpu_seconds=cpu,
-        threads=torch.get_num_threads(),
-        n_iter=model.n_iter_,
-        converged=model.converged_,
-        history=model.history_,
-        covariance_mode=train_facts["mode"],
-        device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
-        backend=model.backend_,
-        versions={
-            "scalable_xd": scalable_xd.__version__,
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        },
-        train=loglik_summary(last["train_loglik"], train_facts["n"], train_facts["missing_entries"]),
-        val=None
-        if val_facts is None
-        else loglik_summary(last["val_loglik"], val_facts["n"], val_facts["missing_entries"]),
-        test=test_summary,
-        true=truth_metrics(model, test_split, {ref["kind"]: ref for ref in map(read_json, references)}),
+    record = dict(
+        method=label or settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash
     )
+    timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu)
+    facts = (train_facts, val_facts, test_data, test_split, references)
+    metrics = _fit_metrics(model, record, timing, facts)
+    last = model.history_[-1]
     if group.writes:
         metrics.write(output_metrics)
         if checkpoint:
