@@ -27,11 +27,11 @@ from .data.inputs import data_source, training_source
 from .data.iterable import is_batch_iterable
 from .data.noise import CompactCovariance
 from .data.source import DataSource
-from .fit.driver import fit_mixture
 from .fit.methods import METHODS, SETTING_CHOICES, setting_help
 from .fit.parallel import Group, fail_together
 from .fit.partial import OnlineFit, check_options, refusal
 from .fit.plan import FIXED_MASKS, Start, checked_settings, fixed_masks, plan_fit, settings_record
+from .fit.restarts import fit_best_of
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
 from .jackknife import ParameterErrors, jackknife_errors
 from .kernel.dispatch import fit_backend
@@ -108,6 +108,7 @@ class XDGMM(DensityMixin, BaseEstimator):
         acceleration: str = _FIT.acceleration,
         split_merge: bool = _FIT.split_merge,
         split_merge_tries: int = _FIT.split_merge_tries,
+        n_init: int = _FIT.n_init,
         averaging: str = _FIT.averaging,
         truncation: bool = _FIT.truncation,
         truncation_bound: float = _FIT.truncation_bound,
@@ -195,6 +196,10 @@ class XDGMM(DensityMixin, BaseEstimator):
         whole population, every batch carrying its share of the points the selection removed, drawn from the
         current model (Monte Carlo EM, as in Melchior & Goulding 2018; docs/user-guide/selection.md).
 
+        ``n_init`` starts (seeds ``random_state + s``) are fitted one after another on the data read once, and
+        the best is kept (``fit.restarts``): ``start_scores_`` holds each start's final mean log-likelihood
+        (validation where given, else training; None where it diverged) and ``best_start_`` the one kept.
+
         Data-parallel: called on every process of an initialised ``torch.distributed`` group (each with the
         same data and settings), every global batch is split across the processes and their sums are
         reduced, so all of them end with the same model; only rank 0 writes the checkpoint (see
@@ -219,10 +224,11 @@ class XDGMM(DensityMixin, BaseEstimator):
                 selection=selection,
                 feature_names=getattr(self, "feature_names_in_", None),
             )
-        fitted = fit_mixture(plan)
+        fitted, restarts = fit_best_of(plan)
         history = fitted.history if warm is None else _continued(self.history_, fitted.history)
         self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans, fitted.background)
         self.n_features_in_ = plan.train.obs_dim
+        self.start_scores_, self.best_start_ = restarts.scores, restarts.best
         return self
 
     def _updates_per_batch(self) -> bool:

@@ -33,6 +33,7 @@ def save(model, path) -> None:
             "dtype": dtype_name(model._dtype),
             "n_features_in": getattr(model, "n_features_in_", None),
             "background": None if model._background is None else model._background.as_dict(),
+            "starts": {"scores": getattr(model, "start_scores_", None), "best": getattr(model, "best_start_", None)},
         },
         None if online is None else online.state_dict(),
     )
@@ -65,6 +66,9 @@ def load(cls, path, device: str | None = None):
     history, converged = meta.get("history", []), meta.get("converged", False)
     model._set_fitted(mixture.to(on), history, converged, settings, kmeans, background)
     model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
+    starts = meta.get("starts") or {}
+    if starts.get("scores") is not None:  # a model fit wrote (not partial_fit, nor files before restarts)
+        model.start_scores_, model.best_start_ = starts["scores"], starts["best"]
     if meta.get("online_state"):  # a model partial_fit was training: its running state goes on
         start = Start(model.n_components, model._fixed_masks())
         state = read_online_state(path, on)

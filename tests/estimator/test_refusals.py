@@ -62,6 +62,7 @@ REFUSALS = {
     "a selection's limits misspelt": refusal("selection:", method="em", selection="x0:-1:1"),
     "fixed masks of another length": refusal("fix_means must be", fix_means=[True]),
     "an unknown missing-data rule": refusal("unknown missing", missing="drop"),
+    "restarts need fresh starts": refusal("n_init=2: warm_start continues", n_init=2, warm_start=True),
     "kappa outside (0.5, 1]": refusal("kappa", method="minibatch_em", step_schedule="cappe_moulines", kappa=0.3),
 }
 

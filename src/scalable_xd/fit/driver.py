@@ -124,6 +124,7 @@ def _fingerprint(plan: FitPlan, settings: FitSettings) -> dict:
         "verbose": None,
         "backend": None,
         "cuda_graphs": None,
+        "n_init": None,  # each start is the fit of its own seed, whatever the number of starts
     }
     record.update(plan.start.record())
     if plan.selection is not None:  # absent otherwise: checkpoints from before selections resume

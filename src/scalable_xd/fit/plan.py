@@ -105,6 +105,8 @@ def checked_settings(params: dict) -> tuple[FitSettings, KMeansSettings]:
         check_seed("random_state", params["random_state"])
     if not isinstance(params["warm_start"], bool):
         raise ValueError(f"warm_start must be True or False, got {params['warm_start']!r}")
+    if params["warm_start"] and settings.n_init > 1:
+        raise ValueError(f"n_init={settings.n_init}: warm_start continues the fitted model, one start; set n_init=1")
     masks = fixed_masks(params["n_components"], *(params[name] for name in FIXED_MASKS))
     check_fixed(settings, any(mask.any() for mask in masks.values()))
     fit_backend(settings.backend, resolve_device(settings.device))  # one that cannot run there: named now

@@ -1,0 +1,110 @@
+"""Restarts (``n_init``): start s is the fit of seed random_state + s; the best start is kept by its final
+validation (else training) log-likelihood, every start's score recorded; a run killed inside a start
+resumes it and reads back the starts already done."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import scalable_xd.fit.checkpoint
+import scalable_xd.fit.restarts
+from scalable_xd import XDGMM, FitDivergedError
+
+RNG = np.random.default_rng(3)
+X = np.concatenate(
+    [RNG.normal(size=(500, 2)), RNG.normal(size=(500, 2)) * 0.5 + [4, 4], RNG.normal(size=(300, 2)) * 0.3 + [-3, 4]]
+)
+S = np.tile(np.eye(2) * 0.05, (len(X), 1, 1))
+SETTINGS = dict(n_components=3, epochs=5, dtype="float64", device="cpu")
+
+
+def _separate(method: str, seeds, **fit_kwargs) -> list[XDGMM]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short budgets: ConvergenceWarning
+        return [XDGMM(method=method, random_state=s, **SETTINGS).fit(X, Xcov=S, **fit_kwargs) for s in seeds]
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_the_best_of_n_starts_is_the_best_of_the_separate_seeded_fits_to_the_bit(method):
+    """Each start is its seed's fit, bit for bit (the same code on the same data: no tolerance)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = XDGMM(method=method, n_init=4, random_state=10, **SETTINGS).fit(X, Xcov=S)
+    separate = _separate(method, range(10, 14))
+    scores = [m.history_[-1]["train_loglik"] for m in separate]
+    assert model.start_scores_ == scores and model.best_start_ == int(np.argmax(scores))
+    best = separate[model.best_start_]
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(model, name), getattr(best, name)), name
+    untimed = lambda history: [{k: v for k, v in e.items() if k != "seconds"} for e in history]  # noqa: E731
+    assert untimed(model.history_) == untimed(best.history_)
+
+
+def test_with_validation_data_the_starts_are_judged_on_them():
+    held_out = RNG.permutation(len(X))[:300]
+    val = dict(X_val=X[held_out], Xcov_val=S[held_out])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = XDGMM(method="sgd", n_init=3, random_state=4, **SETTINGS).fit(X, Xcov=S, **val)
+    scores = [m.history_[-1]["val_loglik"] for m in _separate("sgd", range(4, 7), **val)]
+    assert model.start_scores_ == scores and model.best_start_ == int(np.argmax(scores))
+
+
+def test_a_run_killed_inside_a_start_resumes_it_and_reads_back_the_starts_done(tmp_path, monkeypatch):
+    settings = dict(method="minibatch_em", n_init=3, random_state=7, **SETTINGS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        uninterrupted = XDGMM(**settings).fit(X, Xcov=S)
+        save, saves = scalable_xd.fit.checkpoint.save, []
+
+        def save_then_crash(path, **state):  # killed after start 1's checkpoint of epoch 2
+            save(path, **state)
+            saves.append(str(path))
+            if ".start1." in str(path) and state["epoch"] == 2:
+                raise KeyboardInterrupt
+
+        with monkeypatch.context() as patch:
+            patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+            with pytest.raises(KeyboardInterrupt):
+                XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+        assert {p.name for p in tmp_path.iterdir()} == {"fit.start0.ckpt", "fit.start1.ckpt"}
+        fitted = []
+        fit_mixture = scalable_xd.fit.restarts.fit_mixture
+        monkeypatch.setattr(scalable_xd.fit.restarts, "fit_mixture", lambda plan: fitted.append(1) or fit_mixture(plan))
+        resumed = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+    assert resumed.start_scores_ == uninterrupted.start_scores_ and resumed.best_start_ == uninterrupted.best_start_
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(resumed, name), getattr(uninterrupted, name)), name
+    assert len(fitted) == 3 and (tmp_path / "fit.start2.ckpt").exists()
+
+
+def test_a_diverging_start_is_left_out_naming_it_and_the_scores_survive_save_and_load(tmp_path, monkeypatch):
+    fit_mixture = scalable_xd.fit.restarts.fit_mixture
+
+    def diverging_seed_11(plan):
+        if plan.random_state == 11:
+            raise FitDivergedError(3, 1, "has non-finite parameters", "a larger w")
+        return fit_mixture(plan)
+
+    monkeypatch.setattr(scalable_xd.fit.restarts, "fit_mixture", diverging_seed_11)
+    with pytest.warns(UserWarning, match=r"n_init: start 1 \(seed 11\) diverged and is left out"):
+        model = XDGMM(method="em", n_init=3, random_state=10, **SETTINGS).fit(X, Xcov=S)
+    assert model.start_scores_[1] is None and model.best_start_ in (0, 2)
+    model.save(tmp_path / "model.npz")
+    loaded = XDGMM.load(tmp_path / "model.npz")
+    assert loaded.start_scores_ == model.start_scores_ and loaded.best_start_ == model.best_start_
+
+    def diverging(plan):
+        raise FitDivergedError(2, 0, "has non-finite parameters", "a larger w")
+
+    monkeypatch.setattr(scalable_xd.fit.restarts, "fit_mixture", diverging)
+    with pytest.warns(UserWarning), pytest.raises(FitDivergedError, match="fit diverged at epoch 2"):
+        XDGMM(method="em", n_init=2, random_state=10, **SETTINGS).fit(X, Xcov=S)  # every start: the error
+
+
+def test_partial_fit_refuses_restarts_and_warm_start_takes_one_start():
+    with pytest.raises(ValueError, match="n_init=2: partial_fit carries one running state"):
+        XDGMM(method="minibatch_em", n_init=2, **SETTINGS).partial_fit(X, Xcov=S)
+    with pytest.raises(ValueError, match="n_init=2: warm_start continues the fitted model, one start"):
+        XDGMM(method="em", n_init=2, warm_start=True, **SETTINGS).fit(X, Xcov=S)
