@@ -154,6 +154,37 @@ def test_a_fit_without_validation_data(files):
     assert metrics.val is None and metrics.history[-1]["val_loglik"] is None and metrics.test is None
 
 
+def test_one_fit_command_fits_each_seed_as_a_fit_of_its_own(files, caplog):
+    """Seeds fitted by one command (the data read once) are the fits each seed's own command gives, bit
+    for bit (the same code on the same data), each with its own metrics; a seed without its own init or
+    outputs is refused naming the counts."""
+    from scalable_xd.pipeline.report.metrics import FitMetrics
+
+    out = files / "seeds"
+    together = {"--method": "minibatch_em", "--epochs": "2", "--seed": ["3", "4"], "--init": [files / "init.npz"] * 2}
+    together["--output-model"] = [out / "m3.npz", out / "m4.npz"]
+    together["--output-metrics"] = [out / "j3.json", out / "j4.json"]
+    args = {"--train": files / "data" / "train.parquet", "--n-components": "3", **together}
+    assert main(_argv(args)) == 0
+    for seed in ("3", "4"):
+        alone = {**args, "--seed": seed, "--init": files / "init.npz"}
+        alone.update({"--output-model": out / f"alone{seed}.npz", "--output-metrics": out / f"alone{seed}.json"})
+        assert main(_argv(alone)) == 0
+        one, two = FitMetrics.read(out / f"j{seed}.json"), FitMetrics.read(out / f"alone{seed}.json")
+        assert one.seed == two.seed == int(seed)
+        assert [h["train_loglik"] for h in one.history] == [h["train_loglik"] for h in two.history]
+        assert np.array_equal(np.load(out / f"m{seed}.npz")["means"], np.load(out / f"alone{seed}.npz")["means"])
+    _fails_with(
+        _argv({**args, "--output-metrics": out / "j.json"}), "2 seeds but 2 --init, 2 --output-model, 1", caplog
+    )
+
+
+def _argv(args: dict) -> list[str]:
+    """``scalable-xd -q fit`` with ``args`` (an option's values in a list where it takes several)."""
+    values = lambda value: value if isinstance(value, list) else [value]  # noqa: E731
+    return ["-q", "fit"] + [str(x) for key, value in args.items() for x in [key, *values(value)]]
+
+
 def test_every_option_has_help_and_says_its_default():
     from scalable_xd.pipeline.cli import build_parser
 

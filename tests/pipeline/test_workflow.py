@@ -206,15 +206,20 @@ def test_second_run_is_a_no_op(smoke):
     assert "Nothing to be done" in snakemake(smoke.parents[1], "--dry-run", "--cores", "2")
 
 
-def test_deleting_one_fit_reruns_only_it_and_its_dependents(smoke):
+def test_deleting_one_fit_reruns_only_its_method_and_k_and_their_dependents(smoke):
+    """A fit job fits every seed of one method and K (the data read once): deleting one seed's metrics
+    reruns that job, whose other seeds are fitted again to the same numbers, and no other fit."""
     victim = smoke / "fits" / "sgd" / f"K{KS[0]}_seed{SEEDS[-1]}"
+    sibling = smoke / "fits" / "sgd" / f"K{KS[0]}_seed{SEEDS[0]}" / "metrics.json"
     untouched = smoke / "fits" / "em" / f"K{KS[0]}_seed{SEEDS[-1]}" / "metrics.json"
-    before = untouched.stat().st_mtime_ns
+    before, sibling_before = untouched.stat().st_mtime_ns, json.loads(sibling.read_text())
     (victim / "metrics.json").unlink()
     plan = planned_jobs(snakemake(smoke.parents[1], "--dry-run", "--cores", "2"))
     assert plan == {"fit": 1, "loglik_table": 1, "claims": 1, "timing_vs_k": 1, "all": 1}
     snakemake(smoke.parents[1], "--cores", "2")
     assert (victim / "metrics.json").exists() and untouched.stat().st_mtime_ns == before
+    sibling_after = json.loads(sibling.read_text())
+    assert sibling_after["history"][-1]["train_loglik"] == sibling_before["history"][-1]["train_loglik"]
 
 
 def test_html_report_captions_every_output(smoke, tmp_path):
@@ -239,7 +244,7 @@ def test_lint_is_clean(tmp_path):
 def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="config.yaml")
     plan = planned_jobs(output)
-    assert plan["fit"] == 3 * 4 * 10 and plan["kmeans"] == 4 * 10
+    assert plan["fit"] == 3 * 4 and plan["kmeans"] == 4 * 10  # a fit job fits every seed of a method and K
     assert output.count(" --backend auto ") == plan["fit"]  # numba on the CPU, triton on CUDA
     assert plan["query_gaia"] == 1 and "mock_catalogue" not in plan
     assert "reference" not in plan and plan["claims"] == 1  # Gaia data have no truth to score against
@@ -249,12 +254,13 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
 def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp_path):
     output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="methods.yaml")
     commands = [line for line in output.splitlines() if " fit --train " in line]
-    assert len(commands) == 6 * 3
+    assert len(commands) == 6  # one job per method or variant (one K), fitting its 3 seeds
     for method in ("em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_em"):
         own = [c for c in commands if f"/fits/{method}/" in c]
-        assert len(own) == 3 and all(f" --method {method} " in c and "--averaging none" in c for c in own), method
+        assert len(own) == 1 and all(f" --method {method} " in c and "--averaging none" in c for c in own), method
+        assert all(c.count(f"/fits/{method}/") == 2 * 3 + 3 for c in own)  # each seed's model, metrics, checkpoint
     polyak = [c for c in commands if "/fits/minibatch_em_polyak/" in c]
-    assert len(polyak) == 3 and all(" --method minibatch_em " in c and "--averaging polyak" in c for c in polyak)
+    assert len(polyak) == 1 and all(" --method minibatch_em " in c and "--averaging polyak" in c for c in polyak)
     assert all("--label minibatch_em_polyak" in c for c in polyak)  # reported under the variant's name
 
 
@@ -275,7 +281,7 @@ def test_fit_processes_runs_each_fit_under_torchrun(tmp_path):
         tmp_path / "run", "--dry-run", "--printshellcmds", "--cores", "4", configfile=str(tmp_path / "config.yaml")
     )
     commands = [line for line in output.splitlines() if " fit --train " in line]
-    assert len(commands) == len(METHODS) * len(KS) * len(SEEDS)
+    assert len(commands) == len(METHODS) * len(KS)  # each fitting every seed
     for command in commands:
         assert "python -m torch.distributed.run --standalone --nproc-per-node 2 -m scalable_xd" in command
         assert "--threads 2 " in command  # the fit's threads shared among its processes
@@ -367,9 +373,7 @@ def test_slurm_profile_asks_one_gpu_per_fit(tmp_path):
     output = snakemake(tmp_path / "run", "--dry-run", "--profile", str(tmp_path / "profile"), "--cores", "4")
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", output, flags=re.M)
     resources = {rule: [r for name, r in jobs if name == rule] for rule in ("fit", "kmeans")}
-    assert len(resources["fit"]) == len(METHODS) * len(KS) * len(SEEDS) and len(resources["kmeans"]) == len(KS) * len(
-        SEEDS
-    )
+    assert len(resources["fit"]) == len(METHODS) * len(KS) and len(resources["kmeans"]) == len(KS) * len(SEEDS)
     for rule, lines in resources.items():
         for line in lines:
             assert "gpu=1" in line.split(", ") and "slurm_partition=gpu" in line.split(", "), (rule, line)

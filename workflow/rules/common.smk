@@ -27,6 +27,7 @@ ENV = "../envs/scalable_xd.yaml"
 
 wildcard_constraints:
     method="|".join(METHODS),
+    K=r"\d+",
 
 # The methods the schema allows a variant (tests/estimator/test_settings.py holds them equal to scalable_xd.fit.methods).
 with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as _schema:

@@ -1,24 +1,27 @@
-# One fit per (method, K, seed): parameters and a metrics JSON (log-likelihoods, timings, curve).
+# One job per (method, K) fits every seed, one after another on the data read once: each seed's parameters
+# and metrics JSON (log-likelihoods, timings, curve) are its own, as if fitted alone.
 
 
 rule fit:
-    """Fit an XD mixture with one method from the shared k-means init; checkpoints every epoch and
-    resumes from the checkpoint if a previous attempt was interrupted."""
+    """Fit an XD mixture with one method at one K for every seed, each from its own k-means init; each seed
+    checkpoints every epoch, and a job stopped part way resumes from the seed it was in (the seeds before
+    it read back from their checkpoints)."""
     input:
         train=f"{DATA}/train.parquet",
         val=f"{DATA}/val.parquet",
         test=f"{DATA}/test.parquet",
-        init=init_file("{K}", "{seed}"),
+        init=[init_file("{K}", seed) for seed in SEEDS],
         references=lambda wildcards: reference_metrics(wildcards.K),
     output:
-        model=f"{fit_dir('{method}', '{K}', '{seed}')}/model.npz",
-        metrics=f"{fit_dir('{method}', '{K}', '{seed}')}/metrics.json",
+        model=[f"{fit_dir('{method}', '{K}', seed)}/model.npz" for seed in SEEDS],
+        metrics=[f"{fit_dir('{method}', '{K}', seed)}/metrics.json" for seed in SEEDS],
     params:
         cli=FIT_CLI,
+        seeds=" ".join(map(str, SEEDS)),
         per_process=lambda wildcards, threads: max(1, threads // FIT_PROCESSES),
         stream_window=lambda wildcards: stream_window(wildcards.method),
         checkpoint_every=config["fit"]["checkpoint_every"],
-        checkpoint=lambda wildcards, output: output.model.replace("model.npz", "checkpoint.pt"),
+        checkpoints=lambda wildcards, output: " ".join(path.replace("model.npz", "checkpoint.pt") for path in output.model),
         settings=lambda wildcards: fit_options(method=wildcards.method),
         tag=NAME,
         config_hash=CONFIG_HASH,
@@ -28,14 +31,14 @@ rule fit:
         gpu=FIT_GPUS * FIT_PROCESSES,  # one GPU per process of a data-parallel fit (per node)
         nodes=FIT_NODES,
     log:
-        f"{RESULTS}/logs/fit/{{method}}/K{{K}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/fit/{{method}}/K{{K}}.log",
     conda:
         ENV
     shell:
         "{params.cli} fit --train {input.train} --val {input.val} --test {input.test} --init {input.init} "
-        "--n-components {wildcards.K} --seed {wildcards.seed} --label {wildcards.method} {params.settings} "
+        "--n-components {wildcards.K} --seed {params.seeds} --label {wildcards.method} {params.settings} "
         "--threads {params.per_process} --stream-window {params.stream_window} "
-        "--checkpoint {params.checkpoint} --checkpoint-every {params.checkpoint_every} --tag {params.tag} --config-hash {params.config_hash} "
+        "--checkpoint {params.checkpoints} --checkpoint-every {params.checkpoint_every} --tag {params.tag} --config-hash {params.config_hash} "
         "{params.references} --output-model {output.model} --output-metrics {output.metrics} 2> {log}"
 
 

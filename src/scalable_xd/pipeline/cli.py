@@ -160,7 +160,7 @@ def _fit(args) -> None:
             test=args.test,
             init=args.init,
             n_components=args.n_components,
-            seed=args.seed,
+            seeds=args.seed,
             settings=_settings_of(args, FitSettings, verbose=2, device=device),
             output_model=args.output_model,
             output_metrics=args.output_metrics,
@@ -390,17 +390,26 @@ def _fit_command() -> Command:
     """The ``fit`` subcommand."""
     return Command(
         "fit",
-        "fit one model and write its parameters and metrics",
+        "fit one model for each seed and write its parameters and metrics (the data read once)",
         (
             option("--train", required=True, help="a features file (train.parquet)"),
             option("--val", default=None, help="a features file scored after every epoch"),
             option("--test", default=None, help="a features file scored once at the end"),
-            option("--init", required=True, help="the k-means init file (scalable-xd kmeans)"),
-            option("--n-components", type=POSITIVE, required=True, help="K (checked against the init file)"),
-            _seed("the fit's seed (batch order)"),
+            option("--init", nargs="+", required=True, help="each seed's k-means init file (scalable-xd kmeans)"),
+            option("--n-components", type=POSITIVE, required=True, help="K (checked against the init files)"),
+            option(
+                "--seed",
+                type=NON_NEGATIVE,
+                nargs="+",
+                default=[0],
+                help="the fits' seeds (batch order), fitted one after another (default: 0)",
+            ),
             THREADS,
             option(
-                "--checkpoint", default=None, help="resume from this file if present; removed once the fit is saved"
+                "--checkpoint",
+                nargs="+",
+                default=None,
+                help="each seed's checkpoint: resumed from where present; removed once every seed is saved",
             ),
             option(
                 "--checkpoint-every",
@@ -409,8 +418,10 @@ def _fit_command() -> Command:
                 metavar="BATCHES",
                 help="also checkpoint every BATCHES batches inside an epoch (default: 0, at epochs' ends only)",
             ),
-            option("--output-model", required=True, help="the model (.npz, XDGMM.load reads it)"),
-            option("--output-metrics", required=True, help="the metrics record (JSON, see report.metrics)"),
+            option("--output-model", nargs="+", required=True, help="each seed's model (.npz, XDGMM.load reads it)"),
+            option(
+                "--output-metrics", nargs="+", required=True, help="each seed's metrics record (JSON, report.metrics)"
+            ),
             option(
                 "--label",
                 default=None,

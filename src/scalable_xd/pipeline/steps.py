@@ -254,13 +254,13 @@ def fit(
     train,
     val,
     test,
-    init,
+    init: list,
     n_components: int,
-    seed: int,
+    seeds: list[int],
     settings: FitSettings,
-    output_model,
-    output_metrics,
-    checkpoint=None,
+    output_model: list,
+    output_metrics: list,
+    checkpoint: list | None = None,
     references=(),
     tag=None,
     config_hash=None,
@@ -269,28 +269,55 @@ def fit(
     stream_window: int = 0,
     checkpoint_every: int = 0,
 ) -> None:
-    """One fit from a k-means init: the model, and its metrics record (``report.metrics``), reported under
-    ``label`` (a workflow variant's name) or the method's name. ``stream_window`` > 0 streams the splits
+    """Fits of one method and K, one for each of ``seeds`` from its k-means init (``init``, in the seeds'
+    order, as the outputs and checkpoints are), on the splits read and checked once: each seed's model and
+    metrics record (``report.metrics``), reported under ``label`` (a workflow variant's name) or the
+    method's name. The seeds are fitted one after another, each timed as a fit of its own. Each seed's
+    checkpoint is removed only once every seed is written, so a job stopped at its third seed resumes
+    there, the seeds before it read back from their checkpoints. ``stream_window`` > 0 streams the splits
     from disk a window of that many rows at a time (``stream``) instead of loading them; the test split is
     then loaded only where it holds true values (a mock), for the truth metrics."""
-    from ..estimator import XDGMM
     from ..fit.parallel import Group
     from .features_file import read_features
-    from .truth import monitored_truth
 
-    data = functools.partial(_split, settings=settings, stream_window=stream_window)
+    checkpoints = checkpoint or [None] * len(seeds)
+    given = {"--init": init, "--output-model": output_model, "--output-metrics": output_metrics}
+    given["--checkpoint"] = checkpoints
+    if any(len(paths) != len(seeds) for paths in given.values()):
+        counts = ", ".join(f"{len(paths)} {name}" for name, paths in given.items())
+        raise ValueError(f"{len(seeds)} seeds but {counts}: give one of each per seed, in the seeds' order")
     _set_threads(threads)
-    check_writable(output_model, output_metrics, checkpoint)
-    (X, Xcov), train_facts, train_split = data(train, "X")
-    start = read_init(init, n_components, X.shape[1] if hasattr(X, "shape") else len(X.x_columns))
-    (X_val, Xcov_val), val_facts = (None, None), None
-    if val is not None:
-        (X_val, Xcov_val), val_facts, _ = data(val, "X_val")
+    check_writable(*output_model, *output_metrics, *checkpoints)
+    data = functools.partial(_split, settings=settings, stream_window=stream_window)
+    train_data = data(train, "X")
+    val_data = None if val is None else data(val, "X_val")[:2]
     test_data, test_split = None, None
     if test is not None:
         *test_data, test_split = data(test, "X_test")
         if test_split is None and test_data[1]["true_values"]:  # streamed: loaded for the truth metrics (a mock)
             test_split = read_features(test)
+    splits = (train_data, val_data, test_data, test_split)
+    record = dict(method=label or settings.method, n_components=n_components, tag=tag, config_hash=config_hash)
+    for seed, seed_init, model, metrics, seed_checkpoint in zip(seeds, init, output_model, output_metrics, checkpoints):
+        outputs = (model, metrics, seed_checkpoint, checkpoint_every)
+        _fit_seed(settings, {**record, "seed": seed}, seed_init, splits, outputs, references)
+    if Group.current().writes:
+        for path in filter(None, checkpoints):
+            Path(path).unlink(missing_ok=True)
+
+
+def _fit_seed(settings: FitSettings, record: dict, init, splits: tuple, outputs: tuple, references) -> None:
+    """One seed's fit (``fit``) from its k-means ``init``: its model and metrics record written to
+    ``outputs`` (model, metrics, checkpoint, checkpoint_every) by the process that writes."""
+    from ..estimator import XDGMM
+    from ..fit.parallel import Group
+    from .truth import monitored_truth
+
+    ((X, Xcov), train_facts, train_split), val_data, test_data, test_split = splits
+    (X_val, Xcov_val), val_facts = val_data if val_data is not None else ((None, None), None)
+    output_model, output_metrics, checkpoint, checkpoint_every = outputs
+    n_components, seed = record["n_components"], record["seed"]
+    start = read_init(init, n_components, X.shape[1] if hasattr(X, "shape") else len(X.x_columns))
     model = XDGMM(
         n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
     )
@@ -309,23 +336,17 @@ def fit(
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:
         model.save(output_model)
-    record = dict(
-        method=label or settings.method, n_components=n_components, seed=seed, tag=tag, config_hash=config_hash
-    )
     timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu)
     facts = (train_facts, val_facts, test_data, test_split, references)
     metrics = _fit_metrics(model, record, timing, facts)
-    last = model.history_[-1]
     if group.writes:
         metrics.write(output_metrics)
-        if checkpoint:
-            Path(checkpoint).unlink(missing_ok=True)
     log.info(
         "%s K=%d seed=%d: train %.4f in %.1f s",
         settings.method,
         n_components,
         seed,
-        last["train_loglik"],
+        model.history_[-1]["train_loglik"],
         metrics.train_seconds,
     )
 
