@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-import scalable_xd.estimator
 import scalable_xd.fit.driver
 import scalable_xd.fit.loop
+import scalable_xd.fit.plan
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.files import atomic_path
@@ -59,7 +59,7 @@ def prepared_features(n_rows: int) -> tuple[Path, float]:
 
 # The parts of a fit beside its training epochs, each timed where the library calls it: (name, module, function).
 PHASES = (
-    ("data_checks", scalable_xd.estimator, "training_data"),  # reading the arrays in, checking every row
+    ("data_checks", scalable_xd.fit.plan, "training_data"),  # reading the arrays in, checking every row
     ("starting_mixture", scalable_xd.fit.driver, "starting_mixture"),  # the covariances about the given means
     ("regularisation", scalable_xd.fit.driver, "regularisation"),
     ("scoring", scalable_xd.fit.loop, "_mean_loglik"),  # every epoch's training sample and validation set
