@@ -291,8 +291,45 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     """The kernel's Python source for dimension ``dim`` and scalar type ``real``: arrays are flat, and
     every index is a tile's base plus a literal offset, so that the strides are compile-time constants."""
     at = layout(dim)
-    indent = lambda lines, n=1: ["    " * n + s for s in lines]  # noqa: E731
-    span = lambda rows, first="t": f"{first} * {rows * TILE}:({first} + 1) * {rows * TILE}"  # noqa: E731
+    looped = dim > UNROLLED_MAX_DIM
+    # float32 only: float64 meets subnormals only below 2.2e-308 (a responsibility near exp(-700) times a
+    # small number), too rarely to cost time, and its results stay as they were
+    flush = real == "np.float32"
+    head = [
+        "def kernel(x, S, rows, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
+        "    in_place = rows.shape[0] > 0",
+        "    n = rows.shape[0] if in_place else x.shape[0]",
+        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // {at['n_params'] * TILE}",
+        "    for blk in prange(n_blocks):",
+        *(
+            [f"        acc[blk * n_tiles * {at['n_sums'] * TILE}:(blk + 1) * n_tiles * {at['n_sums'] * TILE}] = 0.0"]
+            if with_stats
+            else []
+        ),
+        f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, par.dtype)",
+        "        dens = np.empty(n_tiles * TILE, par.dtype)",
+        "        bits = np.empty(n_tiles * TILE, np.int64)  # one lane each for exp_lane and log_lane",
+        "        bits_f = bits.view(np.float64)",
+        *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
+        *(_loop_work(dim) if looped else []),
+        *(["        env = flush_subnormals()  # restored at the block's end (float_env)"] if flush else []),
+        "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
+    ]
+    point = _point_source(dim, with_stats, real, _tiles(at))
+    return "\n".join(head + _indent(point, 3) + (["        restore_float_env(env)"] if flush else [])) + "\n"
+
+
+def _indent(lines: list[str], n: int = 1) -> list[str]:
+    return ["    " * n + line for line in lines]
+
+
+def _tiles(at: dict[str, int]):
+    """``tiles(body, names, loop=True)``: ``body`` for every tile, with the tile's views of the arrays
+    ``names`` (inside a loop over the tile's components c where ``loop``)."""
+
+    def span(rows: int, first: str = "t") -> str:
+        return f"{first} * {rows * TILE}:({first} + 1) * {rows * TILE}"
+
     # Each tile's arrays are views, indexed from 0 by literal offsets: with a computed base, numba's
     # negative-index wraparound turns every access into a select, and nothing vectorises.
     views = {
@@ -303,14 +340,16 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     }
 
     def tiles(body: list[str], names: list[str], loop: bool = True) -> list[str]:
-        """``body`` for every tile (inside a loop over the tile's components c where ``loop``)."""
-        inner = ["for c in range(TILE):", *indent(body)] if loop else body
-        return ["for t in range(n_tiles):", *indent([views[v] for v in names] + inner)]
+        inner = ["for c in range(TILE):", *_indent(body)] if loop else body
+        return ["for t in range(n_tiles):", *_indent([views[v] for v in names] + inner)]
 
+    return tiles
+
+
+def _point_source(dim: int, with_stats: bool, real: str, tiles) -> list[str]:
+    """The kernel's work on point p: its densities under every component, its log-likelihood and, with
+    ``with_stats``, its responsibilities added into the block's sums."""
     looped = dim > UNROLLED_MAX_DIM
-    # float32 only: float64 meets subnormals only below 2.2e-308 (a responsibility near exp(-700) times a
-    # small number), too rarely to cost time, and its results stay as they were
-    flush = real == "np.float32"
     # the point's row: its own, or row rows[p] of the data in place, the next point's row asked for ahead
     point = [
         "r = rows[p] if in_place else p",
@@ -341,43 +380,23 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         "if out_dens.shape[0]:  # asked for",
         "    out_dens[p] = dens[:n_comp]",
     ]
-    if with_stats:
-        point += [
-            "scale = 1.0 / total if total > 0.0 else 0.0",
-            "for k in range(n_tiles * TILE):",
-            "    resp[k] *= scale",
-            "if uniforms.shape[0]:  # a sampled one-hot assignment, drawn as statistics.assign draws it",
-            "    target, cdf, chosen = uniforms[p] * resp[:n_comp].sum(), 0.0, 0",
-            "    for k in range(n_comp):",
-            "        cdf += resp[k]",
-            "        chosen += cdf < target",
-            "    resp[:] = 0.0",
-            "    resp[min(chosen, n_comp - 1)] = 1.0",
-            "if point_weights.shape[0]:",
-            "    resp *= point_weights[p]",
-            *tiles(_accumulate_looped(dim) if looped else _accumulate_loops(dim), ["scr", "acc", "resp"], loop=False),
-        ]
-    head = [
-        "def kernel(x, S, rows, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
-        "    in_place = rows.shape[0] > 0",
-        "    n = rows.shape[0] if in_place else x.shape[0]",
-        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // {at['n_params'] * TILE}",
-        "    for blk in prange(n_blocks):",
-        *(
-            [f"        acc[blk * n_tiles * {at['n_sums'] * TILE}:(blk + 1) * n_tiles * {at['n_sums'] * TILE}] = 0.0"]
-            if with_stats
-            else []
-        ),
-        f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, par.dtype)",
-        "        dens = np.empty(n_tiles * TILE, par.dtype)",
-        "        bits = np.empty(n_tiles * TILE, np.int64)  # one lane each for exp_lane and log_lane",
-        "        bits_f = bits.view(np.float64)",
-        *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
-        *(_loop_work(dim) if looped else []),
-        *(["        env = flush_subnormals()  # restored at the block's end (float_env)"] if flush else []),
-        "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
+    if not with_stats:
+        return point
+    return point + [
+        "scale = 1.0 / total if total > 0.0 else 0.0",
+        "for k in range(n_tiles * TILE):",
+        "    resp[k] *= scale",
+        "if uniforms.shape[0]:  # a sampled one-hot assignment, drawn as statistics.assign draws it",
+        "    target, cdf, chosen = uniforms[p] * resp[:n_comp].sum(), 0.0, 0",
+        "    for k in range(n_comp):",
+        "        cdf += resp[k]",
+        "        chosen += cdf < target",
+        "    resp[:] = 0.0",
+        "    resp[min(chosen, n_comp - 1)] = 1.0",
+        "if point_weights.shape[0]:",
+        "    resp *= point_weights[p]",
+        *tiles(_accumulate_looped(dim) if looped else _accumulate_loops(dim), ["scr", "acc", "resp"], loop=False),
     ]
-    return "\n".join(head + indent(point, 3) + (["        restore_float_env(env)"] if flush else [])) + "\n"
 
 
 def _pack_source(dim: int, dtype: str) -> list[str]:
