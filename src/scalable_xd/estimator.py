@@ -22,14 +22,13 @@ from . import saved_model
 from ._torch import resolve_dtype
 from .background import Background
 from .conditioning import condition, floats, measured_features, measurement_noise
-from .data.dataset import Dataset
 from .data.inputs import data_source, training_source
 from .data.iterable import is_batch_iterable
 from .data.noise import CompactCovariance
 from .data.source import DataSource
 from .fit.methods import METHODS, SETTING_CHOICES, setting_help
 from .fit.parallel import Group, fail_together
-from .fit.partial import OnlineFit, check_options, refusal
+from .fit.partial import OnlineFit, check_options, checked_batch, refusal
 from .fit.plan import FIXED_MASKS, Start, checked_settings, fixed_masks, plan_fit, settings_record
 from .fit.restarts import fit_best_of
 from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
@@ -260,32 +259,14 @@ class XDGMM(DensityMixin, BaseEstimator):
         warm = getattr(self, "_mixture", None)  # fitted (or loaded) without a running state: go on from it
         first = online is None and warm is None
         X, sample_weight = self._checked_input(X, y, R, sample_weight, "partial_fit", reset=first)
-        kmeans_needed = first and self.means_init is None
-        batch = training_source(X, Xcov, R, sample_weight, settings, self.n_components if kmeans_needed else None)
-        if not isinstance(batch, Dataset):
-            raise ValueError(
-                f"partial_fit takes one batch of arrays per call, and X is a {type(batch).__name__}: call it once "
-                "per batch, or give the whole source to fit"
-            )
-        if online is None and warm is not None and batch.model_dim != warm.dim:
-            raise ValueError(
-                f"partial_fit: this batch has {batch.model_dim} features, the fitted model {warm.dim} (partial_fit "
-                "after fit goes on from the fitted model)"
-            )
+        n_kmeans = self.n_components if first and self.means_init is None else None  # k-means needs K points
+        batch = training_source(X, Xcov, R, sample_weight, settings, n_kmeans)
+        checked_batch(batch, online, warm, getattr(self, "n_features_in_", None))
         if online is None:
             init = (self.weights_init, self.means_init, self.covariances_init)
             start = Start(self.n_components, self._fixed_masks(), *init, warm=warm)
             online = OnlineFit(batch, settings, kmeans, self.random_state, start)
             self.history_: list[dict] = []
-        elif batch.obs_dim != self.n_features_in_:
-            raise ValueError(
-                f"partial_fit: this batch has {batch.obs_dim} features, the earlier ones {self.n_features_in_}"
-            )
-        elif batch.model_dim != online.fitter.result.dim:
-            raise ValueError(
-                f"partial_fit: this batch's R projects from {batch.model_dim} model dimensions, the model has "
-                f"{online.fitter.result.dim}: R must have shape (N, {batch.obs_dim}, {online.fitter.result.dim})"
-            )
         entry = online.update(batch)
         history = [*self.history_, entry]
         self._set_fitted(online.fitter.result, history, False, online.settings, kmeans)

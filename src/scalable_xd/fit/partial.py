@@ -17,6 +17,7 @@ import dataclasses
 import time
 
 from .._torch import resolve_device, resolve_dtype, synchronize
+from ..data.dataset import Dataset
 from ..errors import brief
 from ..kernel.dispatch import batch_statistics, fit_backend
 from ..settings import FitSettings, KMeansSettings, resolve_seed
@@ -51,6 +52,30 @@ def check_options(settings: FitSettings) -> None:
         raise ValueError(
             f"n_init={settings.n_init}: partial_fit carries one running state from call to call, and restarts "
             "need whole fits of the data; fit takes n_init"
+        )
+
+
+def checked_batch(batch, online: OnlineFit | None, warm, n_features: int | None) -> None:
+    """Refuse a batch (a data source) that ``partial_fit`` cannot take: not one batch of arrays, or of other
+    dimensions than the running state's (``online``: its ``n_features`` measured features, its model's) or
+    the fitted model's (``warm``) that the call goes on from."""
+    if not isinstance(batch, Dataset):
+        raise ValueError(
+            f"partial_fit takes one batch of arrays per call, and X is a {type(batch).__name__}: call it once "
+            "per batch, or give the whole source to fit"
+        )
+    if online is None and warm is not None and batch.model_dim != warm.dim:
+        raise ValueError(
+            f"partial_fit: this batch has {batch.model_dim} features, the fitted model {warm.dim} (partial_fit "
+            "after fit goes on from the fitted model)"
+        )
+    if online is not None and batch.obs_dim != n_features:
+        raise ValueError(f"partial_fit: this batch has {batch.obs_dim} features, the earlier ones {n_features}")
+    if online is not None and batch.model_dim != online.fitter.result.dim:
+        dim = online.fitter.result.dim
+        raise ValueError(
+            f"partial_fit: this batch's R projects from {batch.model_dim} model dimensions, the model has "
+            f"{dim}: R must have shape (N, {batch.obs_dim}, {dim})"
         )
 
 
