@@ -59,7 +59,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
         save(fig, outputs)
         return
     names = list(calibration["features"])
-    label = dict(zip(spec.names, spec.feature_labels))  # each feature as the survey labels it
+    shown = dict(zip(spec.names, spec.feature_labels))  # each feature as the survey labels it
     colours = dict(zip(names, plt.get_cmap("tab10").colors))  # one colour a feature in both panels
     grid = np.linspace(-5, 5, 201)
     for name in names:
@@ -71,7 +71,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
             density=True,
             histtype="step",
             color=colours[name],
-            label=label[name],
+            label=shown[name],
         )
     axes[1, 0].plot(grid, norm.pdf(grid), color="black", linestyle="dashed", label="N(0, 1)")
     axes[1, 0].set(xlabel="pull (true − mean) / sd", ylabel="density", title="pulls, every feature")
@@ -93,7 +93,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     axes[1, 2].bar(positions + 0.2, levels[1], width=0.4, label="in 95% interval")
     for level in (0.68, 0.95):
         axes[1, 2].axhline(level, color="black", linewidth=0.6, linestyle="dashed")
-    axes[1, 2].set_xticks(positions, [label[name] for name in names], rotation=60, fontsize=5)
+    axes[1, 2].set_xticks(positions, [shown[name] for name in names], rotation=60, fontsize=5)
     axes[1, 2].set(ylim=(0, 1), ylabel="share of true values inside", title="coverage of the intervals")
     axes[1, 2].legend(fontsize=5, loc="lower right")
     save(fig, outputs)
