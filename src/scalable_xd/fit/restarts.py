@@ -42,7 +42,7 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
     if base is None:  # one seed drawn for every start, and every process: rank 0's
         base = shared_seed(Group.current(), resolve_seed(None))
     base = resolve_seed(base)
-    best: Fitted | None = None
+    best: tuple[int, float, Fitted] | None = None  # the best start so far, its score and its fit
     scores: list[float | None] = []
     failure: FitDivergedError | None = None
     for start in range(n_init):
@@ -56,13 +56,13 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
             failure = err
             continue
         score = _score(fitted, plan)
-        if best is None or score > max(s for s in scores if s is not None):
-            best = fitted
         scores.append(score)
+        if best is None or score > best[1]:  # a tie keeps the earlier start
+            best = (start, score, fitted)
     if best is None:
         assert failure is not None
         raise failure
-    return best, Restarts(scores, scores.index(max(s for s in scores if s is not None)))
+    return best[2], Restarts(scores, best[0])
 
 
 def _score(fitted: Fitted, plan: FitPlan) -> float:

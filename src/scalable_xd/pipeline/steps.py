@@ -281,8 +281,12 @@ def fit(
     from .features_file import read_features
 
     checkpoints = checkpoint or [None] * len(seeds)
-    given = {"--init": init, "--output-model": output_model, "--output-metrics": output_metrics}
-    given["--checkpoint"] = checkpoints
+    given = {
+        "--init": init,
+        "--output-model": output_model,
+        "--output-metrics": output_metrics,
+        "--checkpoint": checkpoints,
+    }
     if any(len(paths) != len(seeds) for paths in given.values()):
         counts = ", ".join(f"{len(paths)} {name}" for name, paths in given.items())
         raise ValueError(f"{len(seeds)} seeds but {counts}: give one of each per seed, in the seeds' order")
