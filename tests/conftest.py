@@ -12,6 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import scalable_xd.fit.checkpoint
+import scalable_xd.fit.driver
+import scalable_xd.fit.engines
 from scalable_xd.pipeline.cli import main
 
 
@@ -59,3 +61,11 @@ def killed_after_checkpoint(monkeypatch):
                 yield
 
     return killed
+
+
+@pytest.fixture
+def gpu_path(monkeypatch):
+    """Fits on the CPU taking the GPU's path: torch updates (not the compiled CPU ones), checks deferred
+    (graphs as each test says)."""
+    monkeypatch.setattr(scalable_xd.fit.engines, "compiled_rule", lambda fitter, device: None)
+    monkeypatch.setattr(scalable_xd.fit.driver, "defers_checks", lambda device: True)

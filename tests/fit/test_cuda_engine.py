@@ -12,16 +12,9 @@ from helpers import draw_xd_data, random_spd, rounding_prone_fit
 from test_deferred_checks import count_waits_per_epoch
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import driver, engines
+from scalable_xd.fit import driver
 from scalable_xd.fit.adam import Adam
 from scalable_xd.fit.engines import cuda
-
-
-@pytest.fixture
-def gpu_path(monkeypatch):
-    """Fits on the CPU taking the GPU's path: torch updates, checks deferred (graphs as each test says)."""
-    monkeypatch.setattr(engines, "compiled_rule", lambda fitter, device: None)
-    monkeypatch.setattr(driver, "defers_checks", lambda device: True)
 
 
 @pytest.fixture

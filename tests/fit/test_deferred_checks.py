@@ -8,7 +8,7 @@ from helpers import draw_xd_data, random_spd, rounding_prone_fit
 from torch.overrides import TorchFunctionMode
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import driver, engines, loop
+from scalable_xd.fit import driver, loop
 
 # Tensor methods that make the host wait for a GPU (or, for a boolean mask, a nonzero inside indexing).
 _WAITS = {"item", "tolist", "cpu", "numpy", "nonzero", "masked_select", "unique", "__bool__", "__float__", "__int__"}
@@ -51,13 +51,6 @@ def count_waits_per_epoch(monkeypatch) -> list:
 
     monkeypatch.setattr(loop, "_train_epoch", counted)
     return waits_per_epoch
-
-
-@pytest.fixture
-def gpu_path(monkeypatch):
-    """Fits on the CPU taking the GPU's path: torch updates (not the compiled CPU ones), checks deferred."""
-    monkeypatch.setattr(engines, "compiled_rule", lambda fitter, device: None)
-    monkeypatch.setattr(driver, "defers_checks", lambda device: True)
 
 
 def _data(seed=40, n=2000, k=3, d=3):
