@@ -166,9 +166,11 @@ def kmeans(
 
 
 def _split(path, name: str, *, settings: FitSettings, stream_window: int):
-    """A split as a fit's arguments (X, Xcov), streamed or in memory, its facts for the report, and the
-    split itself where it was loaded (None when streamed). The training and validation splits are cut by
-    the fit's selection, where it has one (``selected``)."""
+    """A split as a fit's arguments (X, Xcov): a source streamed from disk, or the split loaded and checked
+    once (a ``Dataset``, which every seed's fit and scoring then take as it is); its facts for the report,
+    and the split itself where it was loaded (None when streamed). The training and validation splits are
+    cut by the fit's selection, where it has one (``selected``)."""
+    from ..data.dataset import Dataset
     from .features_file import features_source, read_features, split_facts
 
     if stream_window:
@@ -187,7 +189,7 @@ def _split(path, name: str, *, settings: FitSettings, stream_window: int):
         "mode": split.mode,
         "true_values": split.true is not None,
     }
-    return (split.X, split.covariance()), facts, split
+    return (Dataset(split.X, split.covariance(), name=name, missing=settings.missing), None), facts, split
 
 
 def _selection(settings: FitSettings, train_split):
@@ -321,7 +323,7 @@ def _fit_seed(settings: FitSettings, record: dict, init, splits: tuple, outputs:
     (X_val, Xcov_val), val_facts = val_data if val_data is not None else ((None, None), None)
     output_model, output_metrics, checkpoint, checkpoint_every = outputs
     n_components, seed = record["n_components"], record["seed"]
-    start = read_init(init, n_components, X.shape[1] if hasattr(X, "shape") else len(X.x_columns))
+    start = read_init(init, n_components, X.obs_dim)
     model = XDGMM(
         n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
     )
