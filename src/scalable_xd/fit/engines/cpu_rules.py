@@ -27,6 +27,10 @@ from ..updates import clip_rounding, e_step_covariances, ridge_vector, share_wei
 
 # Typed as what they make of a function: numba's stubs give a compiled function's call no arguments.
 _jit: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(cache=True, error_model="numpy")
+# Helpers of the update loops, inlined into them as numba compiles them: called, they cost a fifth of the step
+_jit_inline: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
+    cache=True, error_model="numpy", inline="always"
+)
 _jit_parallel: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
     cache=True, error_model="numpy", parallel=True
 )
@@ -92,7 +96,6 @@ def _online_em_lanes(first, last, args, out, dims):
     as a loop over one component at a time does it, so the results are the same to the bit, in about
     two thirds of the time (docs/performance.md)."""
     weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny = args
-    new_weights, new_means, new_cov, e_step_cov, suspect = out
     D, L = len(dims), last - first  # D known when compiled: the D x D loops unroll
     C = np.empty((D, D, L))  # the running covariances
     V = np.empty((D, D, L))  # the E-step's covariances
@@ -104,7 +107,7 @@ def _online_em_lanes(first, last, args, out, dims):
     free, count, q_new, q_safe = np.empty(L), np.empty(L), np.empty(L), np.empty(L)
     pull, nq, new_count = np.empty(L), np.empty(L), np.empty(L)
     unprior, live, centre = np.empty(L, np.bool_), np.empty(L, np.bool_), np.empty(L, np.bool_)
-    update_cov, finite, factorises = np.empty(L, np.bool_), np.empty(L, np.bool_), np.empty(L, np.bool_)
+    update_cov, finite, factorises = np.empty(L, np.bool_), np.ones(L, np.bool_), np.ones(L, np.bool_)
     for c in range(L):
         k = first + c
         free[c] = 0.0 if fixed_cov[k] else 1.0
@@ -119,7 +122,6 @@ def _online_em_lanes(first, last, args, out, dims):
         new_count[c] = q_new[c] * data_size
         centre[c] = not fixed_means[k]
         update_cov[c] = live[c] and not fixed_cov[k]
-        finite[c], factorises[c] = True, True
     for i in range(D):
         for c in range(L):
             g[i, c] = step * np.float64(U[first + c, i]) / nq[c]
@@ -136,13 +138,7 @@ def _online_em_lanes(first, last, args, out, dims):
                 prior_V = (count[c] * C[i, j, c] + w_ij) / (count[c] + 1.0)
                 V[i, j, c] = unprior_V if unprior[c] else prior_V
                 inner[i, j, c] = step * inner[i, j, c] / nq[c] - (g[i, c] * g[j, c] if centre[c] else 0.0)
-    for i in range(D):
-        for j in range(D):
-            for c in range(L):
-                s = 0.0
-                for m in range(D):
-                    s += V[i, m, c] * inner[m, j, c]
-                t[i, j, c] = s
+    _product_lanes(V, inner, t)
     for i in range(D):
         for j in range(D):
             for c in range(L):
@@ -171,14 +167,36 @@ def _online_em_lanes(first, last, args, out, dims):
                 finite[c] = finite[c] and np.isfinite(value)
     _factorise_lanes(t, inner, factorises)
     for c in range(L):
+        out[4][first + c] = update_cov[c] and finite[c] and not factorises[c]  # suspect
+    _store_lanes(first, q_new, mean, t, e, out)
+
+
+@_jit_inline
+def _product_lanes(x, y, out):
+    """out = x y for each lane of the (D, D, lanes) arrays, the lanes innermost."""
+    D, L = x.shape[0], x.shape[2]
+    for i in range(D):
+        for j in range(D):
+            for c in range(L):
+                s = 0.0
+                for m in range(D):
+                    s += x[i, m, c] * y[m, j, c]
+                out[i, j, c] = s
+
+
+@_jit_inline
+def _store_lanes(first, weights, means, cov, e_step_cov, out):
+    """The lanes' new weights (lanes,), means (D, lanes) and covariances (D, D, lanes) written into the
+    outputs' components from ``first`` on."""
+    D, L = means.shape[0], means.shape[1]
+    for c in range(L):
         k = first + c
-        new_weights[k] = q_new[c]
+        out[0][k] = weights[c]
         for i in range(D):
-            new_means[k, i] = mean[i, c]
+            out[1][k, i] = means[i, c]
             for j in range(D):
-                new_cov[k, i, j] = t[i, j, c]
-                e_step_cov[k, i, j] = e[i, j, c]
-        suspect[k] = update_cov[c] and finite[c] and not factorises[c]
+                out[2][k, i, j] = cov[i, j, c]
+                out[3][k, i, j] = e_step_cov[i, j, c]
 
 
 @_jit
@@ -244,7 +262,7 @@ def _sgd_loop(
     ``w`` (D,) the diagonal of W, empty for no penalty; ``dims``: ``dimensions(D)``."""
     K, D = means.shape[0], len(dims)
     beta1, beta2, eps, step_size, bias_correction2_sqrt = adam
-    weight_values, initial_means, initial_cov = initial
+    weight_values = initial[0]
     any_fixed_weight = False
     for k in range(K):
         any_fixed_weight = any_fixed_weight or fixed_weights[k]
@@ -301,6 +319,16 @@ def _sgd_loop(
         divisor = free_total if free_total > 0 else 1.0
         for k in range(K):
             weights[k] = weight_values[k] if fixed_weights[k] else weights[k] / divisor * (1.0 - fixed_total)
+    return weights, *_cholesky_mixture(means, raw, scale, fixed_means, fixed_cov, initial[1:], unit, chol)
+
+
+@_jit
+def _cholesky_mixture(means, raw, scale, fixed_means, fixed_cov, initial, unit, chol):
+    """The means (K, D) and covariances (K, D, D) that SGD's parameters describe
+    (``CholeskyParameters.mixture``), the fixed ones the ``initial`` (means, covariances); ``unit`` and
+    ``chol`` (D, D) are scratch."""
+    K, D = means.shape
+    initial_means, initial_cov = initial
     out_means = np.empty((K, D))
     out_cov = np.empty((K, D, D))
     for k in range(K):
@@ -319,7 +347,7 @@ def _sgd_loop(
                 for m in range(j + 1):
                     s += chol[i, m] * chol[j, m]
                 out_cov[k, i, j] = out_cov[k, j, i] = s
-    return weights, out_means, out_cov
+    return out_means, out_cov
 
 
 def sums_of(stats: Statistics) -> tuple:

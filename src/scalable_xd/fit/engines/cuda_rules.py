@@ -105,10 +105,17 @@ def _online_em(
     tl.store(e_means_ptr + vec, new_mean, mask=vec_on)
     tl.store(cov_ptr + at, new_cov, mask=mat_on)
     tl.store(e_cov_ptr + at, e_cov, mask=mat_on)
-    # Whether the new covariance has a Cholesky factor (every pivot positive, NaN not), as LAPACK decides:
-    # right-looking elimination, the padding an identity
-    finite = tl.min(tl.min(tl.where(mat_on, new_cov - new_cov == 0.0, True).to(tl.int32), axis=2), axis=1) == 1
-    A = tl.where(mat_on, new_cov, tl.where(row == col, 1.0, 0.0))
+    finite, factors = _factorises(new_cov, on, mat_on, idx, D)
+    tl.store(suspect_ptr + k, (update_cov & finite & ~factors).to(tl.int8), mask=on)
+
+
+@triton.jit
+def _factorises(cov, on, mat_on, idx, D: tl.constexpr):
+    """Whether each of the (BLOCK, DP, DP) covariances is finite, and whether it has a Cholesky factor
+    (every pivot positive, NaN not) as LAPACK decides: right-looking elimination, the padding an identity."""
+    row, col = idx[None, :, None], idx[None, None, :]
+    finite = tl.min(tl.min(tl.where(mat_on, cov - cov == 0.0, True).to(tl.int32), axis=2), axis=1) == 1
+    A = tl.where(mat_on, cov, tl.where(row == col, 1.0, 0.0))
     factors = on
     for j in tl.static_range(D):
         column = tl.sum(tl.where(col == j, A, 0.0), axis=2)  # A[:, :, j]
@@ -116,7 +123,7 @@ def _online_em(
         factors = factors & (pivot > 0.0)
         below = tl.where(idx[None, :] > j, column / tl.sqrt(tl.where(pivot > 0.0, pivot, 1.0))[:, None], 0.0)
         A = A - below[:, :, None] * below[:, None, :]
-    tl.store(suspect_ptr + k, (update_cov & finite & ~factors).to(tl.int8), mask=on)
+    return finite, factors
 
 
 def online_em_step_in_place(
