@@ -51,8 +51,18 @@ def test_with_validation_data_the_starts_are_judged_on_them():
     assert model.start_scores_ == scores and model.best_start_ == int(np.argmax(scores))
 
 
-def test_a_run_killed_inside_a_start_resumes_it_and_reads_back_the_starts_done(tmp_path, monkeypatch):
-    settings = dict(method="minibatch_em", n_init=3, random_state=7, **SETTINGS)
+@pytest.mark.parametrize(
+    ("method", "written"),
+    [
+        ("em", {"fit.start0.ckpt", "fit.start1.ckpt"}),  # one start after another: start 2 never began
+        ("minibatch_em", {"fit.start0.ckpt", "fit.start1.ckpt", "fit.start2.ckpt"}),  # in lockstep
+    ],
+)
+def test_a_run_killed_inside_a_start_resumes_it_and_reads_back_the_starts_done(method, written, tmp_path, monkeypatch):
+    """Killed in start 1: batch EM's starts run one after another, so start 0 is done and start 2 never
+    began; the minibatch starts run in lockstep (``fit.lockstep``), so the interrupt stops all three, each
+    with its checkpoint. Either way the resumed run ends as the uninterrupted one, to the bit."""
+    settings = dict(method=method, n_init=3, random_state=7, **SETTINGS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         uninterrupted = XDGMM(**settings).fit(X, Xcov=S)
@@ -68,7 +78,7 @@ def test_a_run_killed_inside_a_start_resumes_it_and_reads_back_the_starts_done(t
             patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
             with pytest.raises(KeyboardInterrupt):
                 XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
-        assert {p.name for p in tmp_path.iterdir()} == {"fit.start0.ckpt", "fit.start1.ckpt"}
+        assert {p.name for p in tmp_path.iterdir()} == written
         fitted = []
         fit_mixture = scalable_xd.fit.restarts.fit_mixture
         monkeypatch.setattr(scalable_xd.fit.restarts, "fit_mixture", lambda plan: fitted.append(1) or fit_mixture(plan))

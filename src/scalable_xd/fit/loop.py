@@ -190,8 +190,10 @@ def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
 
 
 def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
-    """Whether an epoch is minibatch steps too small for more than one CPU thread (``kernel.fused``)."""
-    return cfg.device.type == "cpu" and cfg.shuffle and cfg.batch_size * fitter.mixture.n_components < PARALLEL_PAIRS
+    """Whether an epoch is minibatch steps too small for more than one CPU thread (``kernel.fused``); never
+    in lockstep, whose steps are the fits' together (and torch's thread count is every fit's to share)."""
+    small = cfg.batch_size * fitter.mixture.n_components < PARALLEL_PAIRS
+    return cfg.device.type == "cpu" and cfg.shuffle and small and cfg.lockstep is None
 
 
 def _train_epoch_deferred(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .lockstep import Member
 from .parallel import ONE_PROCESS, Group
 from .selection import Selection
 
@@ -27,3 +28,4 @@ class LoopConfig:
     defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
     graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``engines.cuda``)
     selection: Selection | None = None  # each batch's sums gain the points it removed (``selection``)
+    lockstep: Member | None = None  # the fits this one steps together with (``lockstep``), or None

@@ -24,6 +24,7 @@ from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, check_count, check_seed
 from .background_fit import check_background
+from .lockstep import Member
 from .methods import check_fixed, check_settings
 from .selection import Selection, check_selection
 from .selection import from_limits as selection_from_limits
@@ -67,6 +68,7 @@ class FitPlan:
     monitored: dict | None = None
     selection: Selection | None = None
     background: Background | None = None
+    lockstep: Member | None = None  # the fits this one steps with (``lockstep``), or None: alone
 
 
 def fixed_masks(n_components: int, fix_weights, fix_means, fix_covariances) -> dict[str, np.ndarray]:

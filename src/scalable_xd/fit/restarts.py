@@ -8,18 +8,24 @@ last ``val_loglik`` or ``train_loglik``), and every start's score is kept beside
 whose fit diverges is left out, with a warning naming it; where every start diverges, the last one's error
 is raised. With a checkpoint, each start has its own file beside it (``start_checkpoint``), so an
 interrupted run resumes the start it was in, and the starts already done are read back, not refitted.
-The starts run one after another: the data are read and checked once, for all of them (``fit.plan``).
+The data are read and checked once, for all of them (``fit.plan``); the minibatch methods' starts on the
+CPU advance in lockstep, each step one pass and one update call for all of them (``fit.lockstep``), and
+each start ends as it would alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from pathlib import Path
 
+from .._torch import resolve_device
 from ..errors import FitDivergedError
 from ..settings import resolve_seed
 from .driver import Fitted, fit_mixture
+from .lockstep import Lockstep, LockstepStopped, Member
+from .methods import method
 from .parallel import Group, shared_seed
 from .plan import FitPlan
 
@@ -42,27 +48,58 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
     if base is None:  # one seed drawn for every start, and every process: rank 0's
         base = shared_seed(Group.current(), resolve_seed(None))
     base = resolve_seed(base)
+    seeds = [(base + start) % 2**63 for start in range(n_init)]
+    checkpoints = [None if plan.checkpoint is None else start_checkpoint(plan.checkpoint, s) for s in range(n_init)]
+    fits = fit_together(
+        [dataclasses.replace(plan, random_state=seed, checkpoint=path) for seed, path in zip(seeds, checkpoints)]
+    )
     best: tuple[int, float, Fitted] | None = None  # the best start so far, its score and its fit
     scores: list[float | None] = []
-    failure: FitDivergedError | None = None
-    for start in range(n_init):
-        seed = (base + start) % 2**63
-        checkpoint = None if plan.checkpoint is None else start_checkpoint(plan.checkpoint, start)
-        try:
-            fitted = fit_mixture(dataclasses.replace(plan, random_state=seed, checkpoint=checkpoint))
-        except FitDivergedError as err:
-            warnings.warn(f"n_init: start {start} (seed {seed}) diverged and is left out: {err}", stacklevel=3)
+    for start, (seed, result) in enumerate(zip(seeds, fits)):
+        if isinstance(result, FitDivergedError):
+            warnings.warn(f"n_init: start {start} (seed {seed}) diverged and is left out: {result}", stacklevel=3)
             scores.append(None)
-            failure = err
             continue
+        fitted = result
         score = _score(fitted, plan)
         scores.append(score)
         if best is None or score > best[1]:  # a tie keeps the earlier start
             best = (start, score, fitted)
     if best is None:
-        assert failure is not None
-        raise failure
+        raise fits[-1]  # type: ignore[misc]  # every start diverged: the last one's error
     return best[2], Restarts(scores, best[0])
+
+
+def fit_together(plans: list[FitPlan]) -> list[Fitted | FitDivergedError]:
+    """Each plan's fit, or its divergence (any other error is raised, the first plan's first): in lockstep
+    where their steps can be taken together (``lockstep``: minibatch methods on the CPU, one process), else
+    one after another. Each fit is the one its plan gives alone."""
+    if len(plans) > 1 and _in_lockstep(plans[0]):
+        results = Lockstep(survivable=(FitDivergedError,)).run([functools.partial(_member_fit, p) for p in plans])
+    else:
+        results = [_fit_or_divergence(plan) for plan in plans]
+    failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, FitDivergedError)]
+    if failed:  # the error that stopped the others, not theirs
+        raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
+    return results
+
+
+def _member_fit(plan: FitPlan, member: Member) -> Fitted:
+    return fit_mixture(dataclasses.replace(plan, lockstep=member))
+
+
+def _fit_or_divergence(plan: FitPlan) -> Fitted | FitDivergedError:
+    try:
+        return fit_mixture(plan)
+    except FitDivergedError as err:
+        return err
+
+
+def _in_lockstep(plan: FitPlan) -> bool:
+    """Whether fits of this plan step together: minibatch steps on the CPU, in one process (the threads'
+    turns are not the same in every process, and collectives would meet out of order)."""
+    per_batch = method(plan.settings.method).per_batch
+    return per_batch and resolve_device(plan.settings.device).type == "cpu" and not Group.current().parallel
 
 
 def _score(fitted: Fitted, plan: FitPlan) -> float:

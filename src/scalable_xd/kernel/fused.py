@@ -295,12 +295,16 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     # float32 only: float64 meets subnormals only below 2.2e-308 (a responsibility near exp(-700) times a
     # small number), too rarely to cost time, and its results stay as they were
     flush = real == "np.float32"
+    fit_par = f"n_tiles * {at['n_params'] * TILE}"  # one fit's parameters in ``par``
     head = [
-        "def kernel(x, S, rows, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks):",
+        "def kernel(x, S, rows, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks, n_fits):",
         "    in_place = rows.shape[0] > 0",
         "    n = rows.shape[0] if in_place else x.shape[0]",
-        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // {at['n_params'] * TILE}",
+        "    n_fit, fit_blocks = n // n_fits, n_blocks // n_fits  # each fit's points and blocks, fit after fit",
+        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // ({at['n_params'] * TILE} * n_fits)",
         "    for blk in prange(n_blocks):",
+        "        s, b = blk // fit_blocks, blk % fit_blocks  # the block's fit, and its block among the fit's",
+        f"        fit_par = par[s * {fit_par}:(s + 1) * {fit_par}]",
         *(
             [f"        acc[blk * n_tiles * {at['n_sums'] * TILE}:(blk + 1) * n_tiles * {at['n_sums'] * TILE}] = 0.0"]
             if with_stats
@@ -313,7 +317,7 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         *(["        resp = np.empty(n_tiles * TILE, np.float64)"] if with_stats else []),
         *(_loop_work(dim) if looped else []),
         *(["        env = flush_subnormals()  # restored at the block's end (float_env)"] if flush else []),
-        "        for p in range(blk * n // n_blocks, (blk + 1) * n // n_blocks):",
+        "        for p in range(s * n_fit + b * n_fit // fit_blocks, s * n_fit + (b + 1) * n_fit // fit_blocks):",
     ]
     point = _point_source(dim, with_stats, real, _tiles(at))
     return "\n".join(head + _indent(point, 3) + (["        restore_float_env(env)"] if flush else [])) + "\n"
@@ -333,7 +337,7 @@ def _tiles(at: dict[str, int]):
     # Each tile's arrays are views, indexed from 0 by literal offsets: with a computed base, numba's
     # negative-index wraparound turns every access into a select, and nothing vectorises.
     views = {
-        "par": f"tile_par = par[{span(at['n_params'])}]",
+        "par": f"tile_par = fit_par[{span(at['n_params'])}]",
         "scr": f"tile_scr = scr[{span(at['n_scratch'])}]",
         "acc": f"tile_acc = acc[{span(at['n_sums'], '(blk * n_tiles + t)')}]",
         "resp": f"tile_resp = resp[{span(1)}]",
@@ -400,7 +404,8 @@ def _point_source(dim: int, with_stats: bool, real: str, tiles) -> list[str]:
 
 
 def _pack_source(dim: int, dtype: str) -> list[str]:
-    """``pack(weights, means, covariances, par)``: the mixture written into ``par`` as the kernel reads it,
+    """``pack(weights, means, covariances, par)``: the mixture written into ``par`` as the kernel reads it
+    (``pack_fits``: several fits' mixtures, stacked on a leading axis, one after another),
     per tile of TILE components the rows of ``layout``, flat. Components that pad K to whole tiles have
     V = I, m = 0 and log alpha = -inf, so responsibility 0. The parameters may come in float64 for a float32
     kernel: each is rounded to ``dtype`` first, as ``Mixture.to`` would (log alpha too), so the packed
@@ -421,6 +426,13 @@ def _pack_source(dim: int, dtype: str) -> list[str]:
         "covariances[k, i, j] if real else (1.0 if i == j else 0.0)",
         f"                {row('means', ' + i')} = means[k, i] if real else 0.0",
         f"            {row('log_weights')} = math.log(np.{dtype}(weights[k])) if real else -math.inf",
+        "",
+        "",
+        "@njit(error_model='numpy', cache=True)",
+        "def pack_fits(weights, means, covariances, par):",
+        "    length = par.shape[0] // weights.shape[0]",
+        "    for s in range(weights.shape[0]):",
+        "        pack(weights[s], means[s], covariances[s], par[s * length:(s + 1) * length])",
     ]
 
 
@@ -428,18 +440,17 @@ def _unpack_source(dim: int, dtype: str) -> list[str]:
     """``unpack(acc, n_blocks, n_comp)``: (q (K,), U (K, D), UU (K, D, D), P (K, D, D)) in ``dtype``, as the
     other backends return them, from the blocks' tiled float64 sums, summed over the blocks in order, in
     memory order, on one thread (memory-bound: a second parallel region a step gained nothing at K = 512,
-    and waits for a descheduled thread on a shared machine)."""
+    and waits for a descheduled thread on a shared machine). ``unpack_into`` writes the sums of blocks
+    ``first`` to ``first + n_blocks - 1`` (one fit's, of several fitted together) into given arrays."""
     at = layout(dim)
     return [
         "@njit(error_model='numpy', cache=True)",
-        "def unpack(acc, n_blocks, n_comp):",
-        f"    D, n_tiles = {dim}, acc.shape[0] // (n_blocks * {at['n_sums'] * TILE})",
-        f"    sums = np.zeros(n_tiles * {at['n_sums'] * TILE})",
-        "    for b in range(n_blocks):",
+        "def unpack_into(acc, first, n_blocks, q, U, UU, P):",
+        f"    D, n_comp = {dim}, q.shape[0]",
+        f"    sums = np.zeros((n_comp + TILE - 1) // TILE * {at['n_sums'] * TILE})",
+        "    for b in range(first, first + n_blocks):",
         "        for e in range(sums.shape[0]):",
         "            sums[e] += acc[b * sums.shape[0] + e]",
-        f"    q, U = np.empty(n_comp, np.{dtype}), np.empty((n_comp, D), np.{dtype})",
-        f"    UU, P = np.empty((n_comp, D, D), np.{dtype}), np.empty((n_comp, D, D), np.{dtype})",
         "    for k in range(n_comp):",
         f"        tile = sums[k // TILE * {at['n_sums'] * TILE} + k % TILE :]",
         f"        q[k] = tile[{at['q'] * TILE}]",
@@ -448,24 +459,49 @@ def _unpack_source(dim: int, dtype: str) -> list[str]:
         "            for j in range(i + 1):",
         f"                UU[k, i, j] = UU[k, j, i] = tile[({at['UU']} + i * (i + 1) // 2 + j) * TILE]",
         f"                P[k, i, j] = P[k, j, i] = tile[({at['P']} + i * (i + 1) // 2 + j) * TILE]",
+        "",
+        "",
+        "@njit(error_model='numpy', cache=True)",
+        "def unpack(acc, n_blocks, n_comp):",
+        f"    D = {dim}",
+        f"    q, U = np.empty(n_comp, np.{dtype}), np.empty((n_comp, D), np.{dtype})",
+        f"    UU, P = np.empty((n_comp, D, D), np.{dtype}), np.empty((n_comp, D, D), np.{dtype})",
+        "    unpack_into(acc, 0, n_blocks, q, U, UU, P)",
         "    return q, U, UU, P",
     ]
 
 
-def _unpack_checked_source() -> list[str]:
+def _unpack_checked_source(dim: int, dtype: str) -> list[str]:
     """``unpack_checked(failed, acc, n_blocks, n_comp)``: the first point whose pair failed to factorise (-1
     for none) and ``unpack``'s sums, in one call as ``PlainPass`` takes a minibatch step's statistics (numpy's
-    max and a second call from Python cost a step more). The kernel is not called from here: compiled
-    into a caller, LLVM may reorder its fast-math sums differently for each kind of input."""
+    max and a second call from Python cost a step more); ``unpack_fits(failed, acc, n_blocks, n_fits,
+    n_comp)``: the same for each of ``n_fits`` fits passed together (``EnsemblePass``), as arrays with a
+    leading fit axis, each fit's sums its own blocks' as ``unpack`` sums them. The kernel is not called from
+    here: compiled into a caller, LLVM may reorder its fast-math sums differently for each kind of input."""
     return [
         "@njit(error_model='numpy', cache=True)",
-        "def unpack_checked(failed, acc, n_blocks, n_comp):",
-        "    first = -1",
-        "    for p in range(failed.shape[0]):",
+        "def first_failure(failed, first, last):",
+        "    for p in range(first, last):",
         "        if failed[p] >= 0:",
-        "            first = p",
-        "            break",
+        "            return p - first",
+        "    return -1",
+        "",
+        "",
+        "@njit(error_model='numpy', cache=True)",
+        "def unpack_checked(failed, acc, n_blocks, n_comp):",
         "    q, U, UU, P = unpack(acc, n_blocks, n_comp)",
+        "    return first_failure(failed, 0, failed.shape[0]), q, U, UU, P",
+        "",
+        "",
+        "@njit(error_model='numpy', cache=True)",
+        "def unpack_fits(failed, acc, n_blocks, n_fits, n_comp):",
+        f"    D, fit_blocks, n_fit = {dim}, n_blocks // n_fits, failed.shape[0] // n_fits",
+        f"    q, U = np.empty((n_fits, n_comp), np.{dtype}), np.empty((n_fits, n_comp, D), np.{dtype})",
+        f"    UU, P = np.empty((n_fits, n_comp, D, D), np.{dtype}), np.empty((n_fits, n_comp, D, D), np.{dtype})",
+        "    first = np.empty(n_fits, np.int64)",
+        "    for s in range(n_fits):",
+        "        first[s] = first_failure(failed, s * n_fit, (s + 1) * n_fit)",
+        "        unpack_into(acc, s * fit_blocks, fit_blocks, q[s], U[s], UU[s], P[s])",
         "    return first, q, U, UU, P",
     ]
 
@@ -498,7 +534,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
     ]
-    plain = ["", "", *_unpack_checked_source()] if with_stats else []
+    plain = ["", "", *_unpack_checked_source(dim, dtype)] if with_stats else []
     return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}") + "\n".join(plain) + "\n"
 
 
@@ -562,7 +598,7 @@ def fused_chunk(
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
     module.kernel(
-        x_np, S_np, NO_ROWS, par, point_weights_np, uniforms_np, loglik_np, log_dens_np, failed, acc, n_blocks
+        x_np, S_np, NO_ROWS, par, point_weights_np, uniforms_np, loglik_np, log_dens_np, failed, acc, n_blocks, 1
     )
     if n and failed.max() >= 0:  # the component of the pair that failed, -1 for none
         row = int(np.flatnonzero(failed >= 0)[0])
@@ -651,7 +687,7 @@ class PlainPass:
         module, (loglik, failed, acc, n_blocks) = self._module(n)
         module.pack(weights, means, covariances, self.par)
         no_weights, no_densities = self._empty
-        module.kernel(x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, acc, n_blocks)
+        module.kernel(x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, acc, n_blocks, 1)
         first, *sums = module.unpack_checked(failed, acc, n_blocks, self.k)
         return None if first >= 0 else (n, loglik, sums)
 

@@ -11,14 +11,17 @@ made the statistics, so that a fit's arithmetic does not depend on which batches
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ... import deferred_checks
 from ...data.batching import Batch
 from ...kernel import TABLE
 from ...kernel.dispatch import choose_backend
+from ...kernel.ensemble_pass import EnsemblePass
 from ...kernel.fused import PlainPass
 from ...kernel.statistics import Statistics
 from ..background_fit import background_of
@@ -39,7 +42,7 @@ class ArrayRule:
     def __init__(self, fitter):
         from . import cpu_rules
 
-        self.fitter, self._rules, self._views = fitter, cpu_rules, cpu_rules.ArrayViews()
+        self.fitter, self._rules, self.views = fitter, cpu_rules, cpu_rules.ArrayViews()
 
     def observe(self, stats: Statistics) -> None:
         self.observe_sums(*self._rules.sums_of(stats))
@@ -67,7 +70,7 @@ class OnlineEMArrays(ArrayRule):
     def observe_sums(self, n: float, q, U, UU, P) -> None:
         f = self.fitter
         held = self._rules.online_em_step(
-            f.state_arrays(), n, q, U, UU, P, f.next_step_size(), f.w, f.fixed_parameters, f.data_size, self._views
+            f.state_arrays(), n, q, U, UU, P, f.next_step_size(), f.w, f.fixed_parameters, f.data_size, self.views
         )
         f.hold(*held)
 
@@ -87,7 +90,7 @@ class AdamArrays(ArrayRule):
 
     def observe_sums(self, n: float, q, U, UU, P) -> None:
         f = self.fitter
-        f.hold(self._rules.sgd_step(f.params, f.optimizer, n, q, U, UU, P, f.w, self._views))
+        f.hold(self._rules.sgd_step(f.params, f.optimizer, n, q, U, UU, P, f.w, self.views))
 
 
 # The compiled forms of the rules, by the rule's name (``Fitter.rule``).
@@ -106,7 +109,9 @@ class CpuEngine:
     """Plain batches through ``PlainPass``, into the fitter's compiled rule on the pass's arrays (or its
     ``observe``); it takes a batch only when the step needs nothing else (no draws, criteria or trial model
     at that batch, as split-and-merge asks for at some epochs). The batches it does not take (projected,
-    weighted, with missing entries, or with a pair that fails to factorise) go to the reference engine."""
+    weighted, with missing entries, or with a pair that fails to factorise) go to the reference engine.
+    A fit in lockstep with others (``fit.lockstep``) posts its plain in-memory batches to be stepped with
+    theirs (``steps_together``)."""
 
     checks = None
 
@@ -115,8 +120,19 @@ class CpuEngine:
         self.fitter, self.general = fitter, general
         self.plain = PlainPass(mixture.dim, mixture.n_components, cfg.dtype, TABLE["fused"].max_pairs["cpu"])
         self.in_place = not fitter.samples_assignments  # the plain pass will read the batches where they lie
+        self.member = cfg.lockstep  # the fits this one steps with (``fit.lockstep``), or None
+        self.ensemble = EnsemblePass(mixture.dim, mixture.n_components, cfg.dtype) if self.member else None
 
     def step(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
+        fitter = self.fitter
+        plain = uniforms is None and not fitter.wants_criteria and fitter.shadow is None
+        if plain and self.member is not None and isinstance(fitter.compiled, ArrayRule) and batch.in_memory:
+            self.member.step(StepRequest(self, batch, epoch, number))  # with the other fits' steps
+            return
+        self.step_alone(batch, epoch, number, uniforms)
+
+    def step_alone(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
+        """The step of this fit's batch by itself."""
         fitter = self.fitter
         if uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
             rule = fitter.compiled
@@ -145,3 +161,60 @@ def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CpuEngi
     if cfg.selection is not None or background_of(fitter) is not None:
         return None
     return CpuEngine(fitter, cfg, general)
+
+
+@dataclass
+class StepRequest:
+    """A fit's step posted to its lockstep: its engine, the batch, the epoch and the batch's number."""
+
+    engine: CpuEngine
+    batch: Batch
+    epoch: int
+    number: int
+
+    @staticmethod
+    def together(requests: list[StepRequest]) -> list[BaseException | None]:
+        return steps_together(requests)
+
+
+def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
+    """Every posted step: the fits' batches in one ensemble pass (``EnsemblePass``), then their updates,
+    online EM's in one compiled call (``cpu_rules.online_em_steps``), SGD's one call a fit; a fit whose
+    batch cannot join the pass (of another size or data; a pair that did not factorise) steps alone. Each
+    fit's error (or None), so that one fit's failure is its own."""
+    from . import cpu_rules
+
+    rules: list[ArrayRule] = [request.engine.fitter.compiled for request in requests]  # type: ignore[misc]
+    stacked = tuple(np.stack([rule.arrays()[i] for rule in rules]) for i in range(3))
+    places = [request.batch.in_memory for request in requests]  # each a batch's rows: ``step`` posts no other
+    ensemble = requests[0].engine.ensemble
+    done = ensemble.sums(places, *stacked) if ensemble is not None and len(requests) > 1 else None  # type: ignore[arg-type]
+    failed = np.zeros(len(requests), np.int64) if done is None else done[1]
+    errors: list[BaseException | None] = [None] * len(requests)
+    for s, request in enumerate(requests):
+        if done is None or failed[s] >= 0:  # the plain pass, or the general one, which retries or names a pair
+            errors[s] = _caught(request.engine.step_alone, request.batch, request.epoch, request.number, None)
+    if done is None or not (joined := [s for s in range(len(requests)) if failed[s] < 0]):
+        return errors
+    n, sums = done[0], done[2:] if len(joined) == len(requests) else tuple(a[joined] for a in done[2:])
+    if all(isinstance(rules[s], OnlineEMArrays) for s in joined):
+        fitters = [rules[s].fitter for s in joined]
+        fits = [
+            (f.next_step_size(), f.w, f.fixed_parameters, f.data_size, rules[s].views) for f, s in zip(fitters, joined)
+        ]
+        held = cpu_rules.online_em_steps([f.state_arrays() for f in fitters], n, sums, fits)
+        for fitter, new in zip(fitters, held):
+            fitter.hold(*new)
+        return errors
+    for at, s in enumerate(joined):
+        errors[s] = _caught(rules[s].observe_sums, n, *(a[at] for a in sums))
+    return errors
+
+
+def _caught(step, *args) -> BaseException | None:
+    """The error ``step(*args)`` raised, or None."""
+    try:
+        step(*args)
+    except Exception as err:
+        return err
+    return None

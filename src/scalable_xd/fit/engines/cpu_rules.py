@@ -75,6 +75,26 @@ def _online_em_loop_parallel(
     return _with_any_suspect(out)
 
 
+@_jit_parallel
+def _online_em_fits(
+    weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny, dims, parts
+):
+    """``_online_em_loop`` for S fits, every argument but ``n``, ``tiny`` and ``dims`` stacked on a leading
+    fit axis (so each output too), each fit's components shared among numba's threads in ``parts`` parts."""
+    S, K, D = means.shape
+    out = (np.empty((S, K)), np.empty((S, K, D)), np.empty((S, K, D, D)), np.empty((S, K, D, D)))
+    suspect, any_suspect = np.zeros((S, K), np.bool_), np.zeros(S, np.bool_)
+    for job in numba.prange(S * parts):
+        s, part = job // parts, job % parts
+        args = (weights[s], means[s], cov[s], q[s], U[s], UU[s], P[s], n, steps[s], w[s], data_size[s])
+        fit_out = (out[0][s], out[1][s], out[2][s], out[3][s], suspect[s])
+        first, last = part * K // parts, (part + 1) * K // parts
+        _online_em_components(first, last, (*args, fixed_means[s], fixed_cov[s], tiny), fit_out, dims)
+    for s in range(S):
+        any_suspect[s] = suspect[s].any()
+    return (*out, suspect, any_suspect)
+
+
 @_jit
 def _online_em_outputs(means):
     K, D = means.shape
@@ -394,6 +414,13 @@ def online_em_step(
         TINY,
         dims,
     )
+    return _finished(state, (weights, means, cov, e_step_cov, suspect, any_suspect), w, fixed, data_size)
+
+
+def _finished(state: tuple, out: tuple, w, fixed, data_size: float | None) -> tuple[tuple, tuple]:
+    """(new state, E-step mixture) from the compiled loop's outputs: in torch, what is rare, the covariances
+    that rounding left indefinite clipped (``updates.clip_rounding``) and fixed weights shared."""
+    weights, means, cov, e_step_cov, suspect, any_suspect = out
     if any_suspect:  # tensors sharing the arrays' memory: the clipped rows are written into them
         w = ridge_vector(w, torch.from_numpy(state[1]))
         rows = torch.from_numpy(np.flatnonzero(suspect))
@@ -405,6 +432,34 @@ def online_em_step(
     if fixed.any():
         e_step_weights = share_weights(torch.from_numpy(weights), fixed.weight_values, fixed.weights).numpy()
     return (weights, means, cov), (e_step_weights, means, e_step_cov)
+
+
+def online_em_steps(states: list[tuple], n: float, sums: tuple, fits: list[tuple]) -> list[tuple[tuple, tuple]]:
+    """``online_em_step`` for S fits in one compiled call: each fit's running state, its batch's sums
+    (stacked: q (S, K), U (S, K, D), UU and P (S, K, D, D)) and its (step size, w, fixed, data_size,
+    views) in ``fits``; each fit's (new state, E-step mixture) out. Every component's arithmetic is the
+    same as alone, so each fit's result too."""
+    n_fits, k, dim = len(states), states[0][1].shape[0], states[0][1].shape[1]
+    parts = max(1, min(k // LANES, -(-torch.get_num_threads() * 4 // n_fits)))  # each fit's components' shares
+    held = [
+        views((w, fixed.means, fixed.covariances, dim, torch.float64), _em_arrays) for _, w, fixed, _, views in fits
+    ]
+    prior = [0.0 if fit[3] is None else h[1] * float(fit[3]) for fit, h in zip(fits, held)]
+    weights, means, cov, e_step_cov, suspect, any_suspect = _online_em_fits(
+        *(np.stack([state[i] for state in states]) for i in range(3)),
+        *sums,
+        n,
+        np.array([fit[0] for fit in fits]),
+        np.stack([h[0] for h in held]),
+        np.array(prior),
+        np.stack([h[2] for h in held]),
+        np.stack([h[3] for h in held]),
+        TINY,
+        held[0][4],
+        parts,
+    )
+    outputs = zip(weights, means, cov, e_step_cov, suspect, any_suspect)
+    return [_finished(state, out, fit[1], fit[2], fit[3]) for state, out, fit in zip(states, outputs, fits)]
 
 
 def _em_arrays(held: tuple) -> tuple:

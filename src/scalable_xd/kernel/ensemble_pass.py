@@ -1,0 +1,77 @@
+"""The CPU statistics pass of several fits at once: S fits' minibatches, each under its own mixture, in one
+call of the fused kernel (``fused``), as (fit, point, component) triples.
+
+Fits that advance in lockstep (``fit.lockstep``: restarts, or a grid cell's seeds) each take a batch of
+their own rows of the same data at every step. One call over the S batches spreads S times the work over
+the threads, where one fit's minibatch of 500 rows at K = 64 is too small for a second thread, and pays
+the call's fixed costs once. Each fit's points are split into the blocks ``fused.blocks_for`` gives one
+fit's batch alone, and its sums are those blocks' summed in order: a fit's statistics are the same, to the
+bit, whether it was passed alone (``fused.PlainPass``) or beside any others.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..data.batching import RowsInMemory
+from . import fused
+
+
+class EnsemblePass:
+    """The statistics pass over S fits' plain in-memory batches of one data set (R = I; no weights, draws
+    or missing entries), each fit's mixture its own, as ``PlainPass`` computes one fit's; its buffers are
+    reused from call to call (one loop calls it, from one thread)."""
+
+    def __init__(self, dim: int, n_components: int, dtype: torch.dtype):
+        import numba
+
+        self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
+        self.dim, self.k, self.dtype = dim, n_components, dtype
+        at, n_tiles = fused.layout(dim), -(-n_components // fused.TILE)
+        self.fit_params = n_tiles * at["n_params"] * fused.TILE  # one fit's packed parameters
+        self.block_sums = n_tiles * at["n_sums"] * fused.TILE  # one block's sums
+        self._buffers: dict[tuple[int, int, int], tuple] = {}  # by (torch's threads, fits, points a fit)
+
+    def sums(self, places: list[RowsInMemory], weights: np.ndarray, means: np.ndarray, covariances: np.ndarray):
+        """(n points a fit, the first failed point of each fit (S,), -1 for none, and the sums q (S, K),
+        U (S, K, D), UU and P (S, K, D, D)) of fit s's batch ``places[s]`` under mixture s of the stacked
+        (S, K), (S, K, D) and (S, K, D, D) arrays; None where the batches are not rows of one data set in
+        memory of equal sizes and of this pass's D (each fit then takes its batch alone)."""
+        first = places[0]
+        n = len(first.rows)
+        same = all(_same(p.X, first.X) and _same(p.noise, first.noise) and len(p.rows) == n for p in places)
+        if not same or n == 0 or first.X.shape[1] != self.dim:  # rows of any float dtype, cast as read
+            return None
+        n_fits = len(places)
+        module, par, loglik, failed, acc, n_blocks = self._settled(n_fits, n)
+        module.pack_fits(weights, means, covariances, par)
+        rows = np.concatenate([p.rows for p in places])
+        no_weights, no_densities = np.empty(0, par.dtype), np.empty((0, self.k), par.dtype)
+        module.kernel(
+            first.X, first.noise, rows, par, no_weights, no_weights, loglik, no_densities, failed, acc, n_blocks, n_fits
+        )
+        return (n, *module.unpack_fits(failed, acc, n_blocks, n_fits, self.k))
+
+    def _settled(self, n_fits: int, n: int) -> tuple:
+        """The module (threaded where the S batches' pairs call for it: ``fused._threads_for``) and the
+        buffers for S fits of n points each, made once for each (S, n) and torch's thread count."""
+        key = (torch.get_num_threads(), n_fits, n)
+        settled = self._buffers.get(key)
+        if settled is None:
+            parallel = fused._threads_for(n_fits * n * self.k, self.pool)
+            module = fused.compiled_module(self.dim, True, fused.DTYPE_NAMES[self.dtype], parallel)
+            n_blocks = n_fits * fused.blocks_for(n, self.pool)  # each fit's as in its pass alone
+            real = fused.DTYPE_NAMES[self.dtype]
+            par = np.empty(n_fits * self.fit_params, real)
+            loglik, failed = np.empty(n_fits * n, real), np.empty(n_fits * n, np.int64)
+            settled = self._buffers[key] = (module, par, loglik, failed, np.empty(n_blocks * self.block_sums), n_blocks)
+        return settled
+
+
+def _same(a, b) -> bool:
+    """Whether two arrays (or tuples of arrays: compact noise) are views of the same memory, alike."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
+    same_memory = a.__array_interface__["data"] == b.__array_interface__["data"]
+    return a is b or (same_memory and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
