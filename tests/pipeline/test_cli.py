@@ -154,19 +154,23 @@ def test_a_fit_without_validation_data(files):
     assert metrics.val is None and metrics.history[-1]["val_loglik"] is None and metrics.test is None
 
 
-def test_one_fit_command_fits_each_seed_as_a_fit_of_its_own(files, caplog):
+@pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
+def test_one_fit_command_fits_each_seed_as_a_fit_of_its_own(files, caplog, method):
     """Seeds fitted by one command (the data read once) are the fits each seed's own command gives, bit
-    for bit (the same code on the same data), each with its own metrics; a seed without its own init or
-    outputs is refused naming the counts."""
-    from scalable_xd.pipeline.report.metrics import FitMetrics
+    for bit (the same code on the same data), each with its own metrics. The minibatch methods fit the
+    seeds after the first in lockstep: their metrics are timed at the first seed's pace, which they name.
+    A seed without its own init or outputs is refused naming the counts."""
+    from scalable_xd.pipeline.report.metrics import FitMetrics, epoch_seconds
 
     out = files / "seeds"
-    together = {"--method": "minibatch_em", "--epochs": "2", "--seed": ["3", "4"], "--init": [files / "init.npz"] * 2}
-    together["--output-model"] = [out / "m3.npz", out / "m4.npz"]
-    together["--output-metrics"] = [out / "j3.json", out / "j4.json"]
+    seeds = ["3", "4", "5"]
+    together = {"--method": method, "--epochs": "2", "--seed": seeds, "--init": [files / "init.npz"] * 3}
+    together["--output-model"] = [out / f"m{seed}.npz" for seed in seeds]
+    together["--output-metrics"] = [out / f"j{seed}.json" for seed in seeds]
     args = {"--train": files / "data" / "train.parquet", "--n-components": "3", **together}
     assert main(_argv(args)) == 0
-    for seed in ("3", "4"):
+    first = FitMetrics.read(out / "j3.json")
+    for seed in seeds:
         alone = {**args, "--seed": seed, "--init": files / "init.npz"}
         alone.update({"--output-model": out / f"alone{seed}.npz", "--output-metrics": out / f"alone{seed}.json"})
         assert main(_argv(alone)) == 0
@@ -174,8 +178,13 @@ def test_one_fit_command_fits_each_seed_as_a_fit_of_its_own(files, caplog):
         assert one.seed == two.seed == int(seed)
         assert [h["train_loglik"] for h in one.history] == [h["train_loglik"] for h in two.history]
         assert np.array_equal(np.load(out / f"m{seed}.npz")["means"], np.load(out / f"alone{seed}.npz")["means"])
+        in_lockstep = method != "em" and seed != "3"
+        assert one.timed_by == (3 if in_lockstep else None) and two.timed_by is None
+        if in_lockstep:
+            assert [h["seconds"] for h in one.history] == [e * epoch_seconds(first.history) for e in range(3)]
+            assert one.wall_seconds is None
     _fails_with(
-        _argv({**args, "--output-metrics": out / "j.json"}), "2 seeds but 2 --init, 2 --output-model, 1", caplog
+        _argv({**args, "--output-metrics": out / "j.json"}), "3 seeds but 3 --init, 3 --output-model, 1", caplog
     )
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +114,24 @@ class Member:
 
     def step(self, request) -> None:
         self.lockstep.step(self.index, request)
+
+    @contextmanager
+    def joined(self):
+        """Fits made inside the block (by ``XDGMM.fit``: ``plan.plan_fit`` asks ``current``) step as this
+        member: how a job of ``Lockstep.run`` fits an estimator in lockstep with the other jobs'."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+
+_current: ContextVar[Member | None] = ContextVar("lockstep_member", default=None)
+
+
+def current() -> Member | None:
+    """The member a fit made now steps as (``Member.joined``), or None: alone."""
+    return _current.get()
 
 
 class LockstepStopped(RuntimeError):

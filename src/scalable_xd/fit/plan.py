@@ -24,7 +24,7 @@ from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, check_count, check_seed
 from .background_fit import check_background
-from .lockstep import Member
+from .lockstep import Member, current
 from .methods import check_fixed, check_settings
 from .selection import Selection, check_selection
 from .selection import from_limits as selection_from_limits
@@ -162,6 +162,7 @@ def plan_fit(
         monitored,
         selection,
         background,
+        current(),  # the fits it steps with, where it is made inside ``lockstep.Member.joined``
     )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .._torch import resolve_device
 from ..errors import FitDivergedError
-from ..settings import resolve_seed
+from ..settings import FitSettings, resolve_seed
 from .driver import Fitted, fit_mixture
 from .lockstep import Lockstep, LockstepStopped, Member
 from .methods import method
@@ -74,7 +74,7 @@ def fit_together(plans: list[FitPlan]) -> list[Fitted | FitDivergedError]:
     """Each plan's fit, or its divergence (any other error is raised, the first plan's first): in lockstep
     where their steps can be taken together (``lockstep``: minibatch methods on the CPU, one process), else
     one after another. Each fit is the one its plan gives alone."""
-    if len(plans) > 1 and _in_lockstep(plans[0]):
+    if len(plans) > 1 and plans[0].lockstep is None and in_lockstep(plans[0].settings):
         results = Lockstep(survivable=(FitDivergedError,)).run([functools.partial(_member_fit, p) for p in plans])
     else:
         results = [_fit_or_divergence(plan) for plan in plans]
@@ -95,11 +95,11 @@ def _fit_or_divergence(plan: FitPlan) -> Fitted | FitDivergedError:
         return err
 
 
-def _in_lockstep(plan: FitPlan) -> bool:
-    """Whether fits of this plan step together: minibatch steps on the CPU, in one process (the threads'
-    turns are not the same in every process, and collectives would meet out of order)."""
-    per_batch = method(plan.settings.method).per_batch
-    return per_batch and resolve_device(plan.settings.device).type == "cpu" and not Group.current().parallel
+def in_lockstep(settings: FitSettings) -> bool:
+    """Whether fits of these settings step together: minibatch steps on the CPU, in one process (the
+    threads' turns are not the same in every process, and collectives would meet out of order)."""
+    per_batch = method(settings.method).per_batch
+    return per_batch and resolve_device(settings.device).type == "cpu" and not Group.current().parallel
 
 
 def _score(fitted: Fitted, plan: FitPlan) -> float:

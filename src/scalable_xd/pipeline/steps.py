@@ -17,11 +17,15 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..files import atomic_path, read_json, read_npz, write_json
 from ..settings import FitSettings, KMeansSettings
+
+if TYPE_CHECKING:
+    from ..fit.lockstep import Member
 
 log = logging.getLogger("scalable_xd")
 
@@ -274,12 +278,17 @@ def fit(
     """Fits of one method and K, one for each of ``seeds`` from its k-means init (``init``, in the seeds'
     order, as the outputs and checkpoints are), on the splits read and checked once: each seed's model and
     metrics record (``report.metrics``), reported under ``label`` (a workflow variant's name) or the
-    method's name. The seeds are fitted one after another, each timed as a fit of its own. Each seed's
-    checkpoint is removed only once every seed is written, so a job stopped at its third seed resumes
-    there, the seeds before it read back from their checkpoints. ``stream_window`` > 0 streams the splits
-    from disk a window of that many rows at a time (``stream``) instead of loading them; the test split is
-    then loaded only where it holds true values (a mock), for the truth metrics."""
+    method's name. The first seed is fitted alone, timed as one fit. The others, where the method steps in
+    lockstep (``fit.restarts.in_lockstep``: the minibatch methods on the CPU), are fitted together, each
+    step one pass and one update call for all (``fit.lockstep``), each the fit it would be alone, to the
+    bit, its metrics timed at the first seed's pace (``_fit_seed``); otherwise one after another, each timed
+    alone. Each seed's checkpoint is removed only once every seed is written, so a stopped job resumes each
+    seed where it was, the seeds done read back from their checkpoints. ``stream_window`` > 0 streams the
+    splits from disk a window of that many rows at a time (``stream``) instead of loading them; the test
+    split is then loaded only where it holds true values (a mock), for the truth metrics."""
+    from ..fit.lockstep import Lockstep, LockstepStopped
     from ..fit.parallel import Group
+    from ..fit.restarts import in_lockstep
     from .features_file import read_features
 
     checkpoints = checkpoint or [None] * len(seeds)
@@ -304,19 +313,50 @@ def fit(
             test_split = read_features(test)
     splits = (train_data, val_data, test_data, test_split)
     record = dict(method=label or settings.method, n_components=n_components, tag=tag, config_hash=config_hash)
-    for seed, seed_init, model, metrics, seed_checkpoint in zip(seeds, init, output_model, output_metrics, checkpoints):
-        outputs = (model, metrics, seed_checkpoint, checkpoint_every)
-        _fit_seed(settings, {**record, "seed": seed}, seed_init, splits, outputs, references)
+    fits = [
+        functools.partial(
+            _fit_seed, settings, {**record, "seed": seed}, seed_init, splits, (*paths, checkpoint_every), references
+        )
+        for seed, seed_init, *paths in zip(seeds, init, output_model, output_metrics, checkpoints)
+    ]
+    pace = fits[0]()  # the first seed alone: its clock times one fit
+    if len(fits) > 2 and in_lockstep(settings):
+        timed_by = (seeds[0], pace)
+        results = Lockstep().run([functools.partial(_joined, fit_seed, timed_by) for fit_seed in fits[1:]])
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # the error that stopped the others, not theirs
+            raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
+    else:
+        for fit_seed in fits[1:]:
+            fit_seed()
     if Group.current().writes:
         for path in filter(None, checkpoints):
             Path(path).unlink(missing_ok=True)
 
 
-def _fit_seed(settings: FitSettings, record: dict, init, splits: tuple, outputs: tuple, references) -> None:
+def _joined(fit_seed, timed_by: tuple[int, float], member: Member) -> float:
+    """``fit_seed`` as a member of a lockstep (``fit.lockstep``), timed by ``timed_by``."""
+    with member.joined():
+        return fit_seed(timed_by=timed_by)
+
+
+def _fit_seed(
+    settings: FitSettings,
+    record: dict,
+    init,
+    splits: tuple,
+    outputs: tuple,
+    references,
+    timed_by: tuple[int, float] | None = None,
+) -> float:
     """One seed's fit (``fit``) from its k-means ``init``: its model and metrics record written to
-    ``outputs`` (model, metrics, checkpoint, checkpoint_every) by the process that writes."""
+    ``outputs`` (model, metrics, checkpoint, checkpoint_every) by the process that writes; returns its pace
+    (``report.metrics.epoch_seconds``). A fit in lockstep with others (``timed_by``: a seed fitted alone
+    and its pace) keeps its own history in its model file, but its metrics' history is timed at that pace
+    (its own clock counted the other fits' work too), and its record names the seed that timed it."""
     from ..estimator import XDGMM
     from ..fit.parallel import Group
+    from .report.metrics import epoch_seconds
     from .truth import monitored_truth
 
     ((X, Xcov), train_facts, train_split), val_data, test_data, test_split = splits
@@ -342,7 +382,11 @@ def _fit_seed(settings: FitSettings, record: dict, init, splits: tuple, outputs:
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:
         model.save(output_model)
-    timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu)
+    timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu, timed_by=None)
+    pace = epoch_seconds(model.history_)
+    if timed_by is not None:  # the metrics' clock: the seed fitted alone's (the model file keeps its own)
+        timing.update(wall_seconds=None, cpu_seconds=None, timed_by=timed_by[0])
+        model.history_ = [{**entry, "seconds": entry["epoch"] * timed_by[1]} for entry in model.history_]
     facts = (train_facts, val_facts, test_data, test_split, references)
     metrics = _fit_metrics(model, record, timing, facts)
     if group.writes:
@@ -355,6 +399,7 @@ def _fit_seed(settings: FitSettings, record: dict, init, splits: tuple, outputs:
         model.history_[-1]["train_loglik"],
         metrics.train_seconds,
     )
+    return pace
 
 
 def selected(split, settings: FitSettings) -> np.ndarray:

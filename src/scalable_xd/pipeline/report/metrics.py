@@ -47,6 +47,10 @@ class FitMetrics:
     versions: dict = field(default_factory=dict)
     tag: str | None = None
     config_hash: str | None = None
+    # The seed fitted alone whose pace times this fit's history, where it was fitted in lockstep with other
+    # seeds (``fit.lockstep``: its own clock counted their work too; wall and CPU seconds then None); None
+    # where its own clock timed it.
+    timed_by: int | None = None
 
     def write(self, path) -> None:
         write_json(path, asdict(self))
