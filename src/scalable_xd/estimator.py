@@ -212,6 +212,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans, fitted.background)
         self.n_features_in_ = plan.train.obs_dim
         self.start_scores_, self.best_start_ = restarts.scores, restarts.best
+        self._fitted_to_noise = Xcov is not None  # arrays scored without their noise are then warned of
         return self
 
     def _updates_per_batch(self) -> bool:

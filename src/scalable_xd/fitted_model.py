@@ -8,6 +8,7 @@ device), ``_background``, ``_device``, ``_dtype``, ``backend_`` and ``settings_`
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Self
 
@@ -27,7 +28,7 @@ from .kernel.dispatch import fit_backend
 from .mixture import Mixture
 from .posterior import posterior_summary
 from .settings import FitSettings, KMeansSettings, check_count, resolve_seed
-from .sklearn_input import checked_input, refuse_noise_as_y
+from .sklearn_input import array_like, checked_input, refuse_noise_as_y
 
 # The posterior's precision, whatever the fit's (see ``FittedXD.posterior``).
 POSTERIOR_DTYPE = torch.float64
@@ -76,6 +77,13 @@ class FittedXD:
     def _data_for_model(self, X, y, Xcov, R, method: str, sample_weight=None) -> DataSource:
         """Validated data that the fitted model can score: dimensions that match, values in range."""
         mixture = self._fitted()
+        if Xcov is None and getattr(self, "_fitted_to_noise", False) and array_like(X):
+            warnings.warn(
+                f"{method}: X has no Xcov, so it is taken as noiseless, but the model was fitted to noisy data: "
+                "pass the data's noise as Xcov (zeros where the values are exact, e.g. true values)",
+                UserWarning,
+                stacklevel=3,
+            )
         X, sample_weight = checked_input(self, X, y, R, sample_weight, method, reset=False)
         data = data_source(X, Xcov, R, sample_weight, "X", self.settings_.missing)
         if data.model_dim != mixture.dim:
@@ -91,9 +99,10 @@ class FittedXD:
         )
 
     def score_samples(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
-        """log p(x_i) under the convolved model (and its background, where it has one) for each point, (N,)."""
+        """log p(x_i) under the convolved model (and its background, where it has one) for each point, (N,),
+        float64 as scikit-learn returns it (computed in the fit's ``dtype``)."""
         batches = self._scored_batches(X, y, Xcov, R, "score_samples")
-        return torch.cat([ll.cpu() for _, ll, _, _ in batches]).numpy()
+        return torch.cat([ll.double().cpu() for _, ll, _, _ in batches]).numpy()
 
     def score(self, X, y=None, *, Xcov=None, R=None, sample_weight=None) -> float:
         """Mean log-likelihood per point (weighted by ``sample_weight`` where given)."""
@@ -104,9 +113,10 @@ class FittedXD:
     def predict_proba(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """Responsibilities r_ij: the probability that point i came from component j, shape (N, K). With a
         background, each row sums to the chance that the point is not the background's
-        (1 - ``background_proba``)."""
+        (1 - ``background_proba``). Float64, as scikit-learn returns them (from densities in the fit's
+        ``dtype``)."""
         batches = self._scored_batches(X, y, Xcov, R, "predict_proba")
-        return torch.cat([torch.exp(dens - ll[:, None]).cpu() for _, ll, dens, _ in batches]).numpy()
+        return torch.cat([torch.exp((dens - ll[:, None]).double()).cpu() for _, ll, dens, _ in batches]).numpy()
 
     def background_proba(self, X, y=None, *, Xcov=None, R=None) -> np.ndarray:
         """The probability that each point is the background's (an outlier), shape (N,); zeros without one."""

@@ -22,7 +22,7 @@ def checked_input(estimator, X, y, R, sample_weight, method: str, reset: bool):
     checked) follow in ``Dataset``. Tensors, sources and iterables of batches keep their own checks.
     A y with the shape of noise covariances is refused (``refuse_noise_as_y``)."""
     refuse_noise_as_y(y, method)
-    if not _array_like(X):
+    if not array_like(X):
         if reset:
             estimator.__dict__.pop("feature_names_in_", None)  # not from this fit's data
         return X, sample_weight
@@ -40,7 +40,7 @@ def checked_input(estimator, X, y, R, sample_weight, method: str, reset: bool):
     return X, sample_weight
 
 
-def _array_like(X) -> bool:
+def array_like(X) -> bool:
     """Whether X is input scikit-learn's ``check_array`` reads, rather than a tensor, a data source or an
     iterable of batches."""
     if isinstance(X, (torch.Tensor, DataSource)):

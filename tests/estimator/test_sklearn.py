@@ -194,3 +194,40 @@ def test_verbose_epochs_go_through_the_named_logger(blobs, caplog):
     with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
         XDGMM(2, epochs=3, device="cpu", random_state=0).fit(X, Xcov=variances)  # verbose=0: silent
     assert not [r for r in caplog.records if r.name == "scalable_xd.fit"]
+
+
+@pytest.mark.parametrize(("method", "epochs"), [("minibatch_em", 333), ("em", 120)])
+def test_a_long_fit_logs_at_most_fifty_epoch_lines_and_its_last_once(blobs, caplog, method, epochs):
+    """A small data set's minibatch fit runs hundreds of epochs: every k-th is logged (k = 7 for 333, 3
+    for 120), and the last, once, whether the budget or ``tol`` ended the fit."""
+    import logging
+
+    X, variances = blobs
+    with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
+        model = XDGMM(2, method, epochs=epochs, batch_size=100, device="cpu", random_state=0, verbose=1)
+        model.fit(X, Xcov=variances)
+    epochs_logged = [
+        int(r.getMessage().split()[1].split("/")[0]) for r in caplog.records if r.name == "scalable_xd.fit"
+    ]
+    every = -(-epochs // 50)
+    last = model.n_iter_
+    assert epochs_logged == sorted(set(range(0, last, every)) | {last}) and len(epochs_logged) <= 52
+
+
+def test_scores_and_responsibilities_are_float64_and_scoring_noisy_data_without_its_noise_warns(blobs):
+    """scikit-learn returns float64 whatever the fit's precision; X scored without Xcov after a fit to
+    noisy data is taken as noiseless, which is rarely what was meant: said, unless the noise is given."""
+    import warnings
+
+    X, variances = blobs
+    model = XDGMM(3, dtype="float32", epochs=3, random_state=0).fit(X, Xcov=variances)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none with the noise given
+        assert model.score_samples(X, Xcov=variances).dtype == np.float64
+        assert model.predict_proba(X, Xcov=variances).dtype == np.float64
+    with pytest.warns(UserWarning, match="score: X has no Xcov, so it is taken as noiseless, but the model was"):
+        noiseless = model.score(X)
+    assert noiseless != pytest.approx(model.score(X, Xcov=variances), abs=0.05)  # not the data's score
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fitted without noise: nothing to warn of
+        XDGMM(3, epochs=3, random_state=0).fit(X).score(X)

@@ -352,3 +352,15 @@ def test_errors_writes_the_models_jackknife_as_json_and_a_table(files, tmp_path)
     table = md_path.read_text().splitlines()
     assert table[2].startswith("| component | weight | mean ") and len(table) == 4 + 3
     assert f"| {heaviest} | {first['weight']:.4g} ± {first['weight_se']:.2g} |" in table[4]
+
+
+def test_a_fit_logged_to_a_file_has_its_epoch_lines_and_no_progress_bars(files, capsys, caplog):
+    """Progress bars only on a terminal: in a log (a workflow's), each would leave its first frame."""
+    out = files / "bars"
+    args = {"--train": files / "data" / "train.parquet", "--n-components": "3", "--method": "minibatch_em"}
+    args.update({"--epochs": "2", "--init": files / "init.npz"})
+    args.update({"--output-model": out / "m.npz", "--output-metrics": out / "j.json"})
+    with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
+        assert main(_argv(args)[1:]) == 0  # without -q
+    assert any("epoch   2/2" in r.getMessage() for r in caplog.records)
+    assert "batch" not in capsys.readouterr().err

@@ -40,6 +40,7 @@ from .parallel import reduce_sum
 from .scoring import total_loglik
 
 log = logging.getLogger("scalable_xd.fit")
+EPOCH_LINES = 50  # a fit's epoch lines at most (and its last): a small data set's minibatch fit runs hundreds
 
 
 def assignment_uniforms(seed: int, epoch: int, batch: int, size: int, device, dtype) -> torch.Tensor:
@@ -55,10 +56,12 @@ def _check_mixture(mixture: Mixture, epoch: int, cures: str) -> None:
         raise FitDivergedError(epoch, problem[0], problem[1], cures)
 
 
-def _log(cfg: LoopConfig, entry: dict) -> None:
-    """One line per epoch on the ``scalable_xd.fit`` logger (when ``verbose``), so applications route it;
-    where nothing configured logging at all, a stderr handler is added so that verbose output shows."""
-    if cfg.verbose < 1:
+def _log(cfg: LoopConfig, entry: dict, last: bool = False) -> None:
+    """A line for the epoch on the ``scalable_xd.fit`` logger (when ``verbose``), so applications route it:
+    every epoch's up to ``EPOCH_LINES`` epochs, else every k-th (k the least that gives at most that many),
+    and the ``last``; where nothing configured logging at all, a stderr handler is added so that verbose
+    output shows."""
+    if cfg.verbose < 1 or not (last or _has_a_line(cfg, entry["epoch"])):
         return
     if not logging.getLogger().hasHandlers() and not log.handlers:
         handler = logging.StreamHandler()
@@ -129,8 +132,15 @@ def run(
         epoch += 1
     if history[-1]["train_loglik"] is None:  # batch EM stopped by its epoch budget: score the last update
         history[-1]["train_loglik"] = _mean_loglik(train, fitter, cfg)
-        _log(cfg, history[-1])
+        _log(cfg, history[-1], last=True)
+    elif not _has_a_line(cfg, history[-1]["epoch"]):
+        _log(cfg, history[-1], last=True)
     return history, converged
+
+
+def _has_a_line(cfg: LoopConfig, epoch: int) -> bool:
+    """Whether the epoch's entry is logged as it is made (``_log``)."""
+    return epoch % max(1, -(-cfg.epochs // EPOCH_LINES)) == 0 or epoch == cfg.epochs
 
 
 def _entry(

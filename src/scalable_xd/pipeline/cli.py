@@ -150,6 +150,13 @@ def _kmeans(args) -> None:
     )
 
 
+def _verbosity(args) -> int:
+    """A fit's ``verbose`` from the command line: its epoch lines (which ``--quiet`` silences with every
+    INFO line), and a progress bar per epoch only where stderr is a terminal (a log file would keep every
+    bar's first frame)."""
+    return 2 if sys.stderr.isatty() and not args.quiet else 1
+
+
 def _fit(args) -> None:
     from ..fit.parallel import process_group  # torch: not imported for --help
 
@@ -161,7 +168,7 @@ def _fit(args) -> None:
             init=args.init,
             n_components=args.n_components,
             seeds=args.seed,
-            settings=_settings_of(args, FitSettings, verbose=2, device=device),
+            settings=_settings_of(args, FitSettings, verbose=_verbosity(args), device=device),
             output_model=args.output_model,
             output_metrics=args.output_metrics,
             checkpoint=args.checkpoint,
