@@ -95,6 +95,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         averaging: str = _FIT.averaging,
         truncation: bool = _FIT.truncation,
         truncation_bound: float = _FIT.truncation_bound,
+        reseed_dead: bool = _FIT.reseed_dead,
         covariance_update: str = _FIT.covariance_update,
         missing: str = _FIT.missing,
         selection: str | None = _FIT.selection,

@@ -190,6 +190,12 @@ class FitSettings(_Settings):
         "minibatch EM restarts from the initial parameters whenever they leave "
         "the growing compact sets of Nguyen, Forbes & McLachlan",
     )
+    reseed_dead: bool = setting(
+        True,
+        "minibatch EM re-seeds, at an epoch's end, each component whose weight fell below one star's worth "
+        "(1/N) from the heaviest, split along its principal axis (as split-and-merge splits); False: a dead "
+        "component stays dead, as in the paper",
+    )
     truncation_bound: float = setting(
         1000.0, "c1 = c2 = c3 of the truncation sets, in the features' units", low=1, low_open=True
     )

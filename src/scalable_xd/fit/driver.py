@@ -113,7 +113,24 @@ def fit_mixture(plan: FitPlan) -> Fitted:
     monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
+    _warn_of_dead_components(fitter.result, train.total_weight, fixed)
     return Fitted(fitter.result, history, converged, settings, background_of(fitter))
+
+
+def _warn_of_dead_components(mixture: Mixture, data_size: float, fixed) -> None:
+    """A warning where components (not of fixed weight) end with less than one star's worth of weight:
+    capacity asked for that the fit does not use, said rather than left silent."""
+    dead = mixture.weights < 1.0 / data_size
+    if fixed is not None:
+        dead &= ~fixed.weights
+    if bool(dead.any()):
+        warnings.warn(
+            f"{int(dead.sum())} of {mixture.n_components} components ended with less than one star's worth of "
+            f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Minibatch EM re-seeds "
+            "such components at each epoch's end (reseed_dead=True, the default); otherwise fit fewer components",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _fingerprint(plan: FitPlan, settings: FitSettings) -> dict:

@@ -100,6 +100,7 @@ def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, dat
         stochastic=stochastic,
         truncation=s.truncation_bound if s.truncation else None,
         data_size=data_size if s.online_regularisation == "prior" else None,
+        reseed_size=data_size if s.reseed_dead else None,
     )
 
 

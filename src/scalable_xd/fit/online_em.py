@@ -10,6 +10,7 @@ from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from . import engines, schedules  # engines.compiled_rule, read at each fitter's start (tests and benchmarks swap it)
 from .fitters import Capabilities, mixture_from_state, mixture_state
+from .reseed import dead_components, reseeded
 from .updates import FixedParameters, online_em_update, online_em_update_naive, regularised, ridge_vector
 
 
@@ -34,6 +35,10 @@ class MinibatchEM(Capabilities):
     K_m (weights >= 1/(c + m), every mean entry within +-(c + m), covariance eigenvalues in
     [1/(c + m), c + m], in the features' units); an update that leaves it restarts the running state from
     the initial parameters and m grows by one. The step-size count is not reset.
+
+    ``reseed_size``: the training data's total weight N; at each epoch's end, a component of weight below
+    1/N (less than one star) is re-seeded from the heaviest (``reseed``), counted in ``reseeded``; None
+    leaves it dead (the paper).
     """
 
     _reads_batch_loglik = False  # its update takes the sums alone
@@ -54,6 +59,7 @@ class MinibatchEM(Capabilities):
         stochastic: bool = False,
         truncation: float | None = None,
         data_size: float | None = None,
+        reseed_size: float | None = None,
     ):
         if covariance_update == "naive" and fixed is not None and fixed.any():
             raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
@@ -76,6 +82,8 @@ class MinibatchEM(Capabilities):
         self._no_fixed = FixedParameters.none(mixture.n_components, mixture.means.device)
         self.n_updates = 0
         self.restarts = 0
+        self.reseed_size = reseed_size
+        self.reseeded = 0
         self._epoch = 0
         self.compiled = engines.compiled_rule(self, mixture.means.device)
 
@@ -83,6 +91,7 @@ class MinibatchEM(Capabilities):
         """The training data's total weight, where it grows (online learning, ``fit.partial``): the E-step's
         prior follows it."""
         self.data_size = data_size
+        self.reseed_size = data_size if self.reseed_size is not None else None
         self.state = self.state  # the E-step mixture is made again, with the new prior
 
     def step_size(self, epoch: int) -> float:
@@ -167,10 +176,19 @@ class MinibatchEM(Capabilities):
             self.restarts += 1
 
     def end_epoch(self) -> None:
-        return None
+        """Re-seed the components that died in the epoch (``reseed``), where ``reseed_size`` is set."""
+        if self.reseed_size is None:
+            return
+        fixed = self.fixed_parameters
+        held = fixed.weights | fixed.means | fixed.covariances
+        dead = dead_components(self.state.weights, 1.0 / self.reseed_size, held)
+        if len(dead):
+            self.state = reseeded(self.state, dead, held)
+            self.reseeded += len(dead)
 
     def diagnostics(self) -> dict:
-        return {} if self.truncation is None else {"truncation_restarts": self.restarts}
+        out = {} if self.truncation is None else {"truncation_restarts": self.restarts}
+        return out if self.reseed_size is None else {**out, "reseeded": self.reseeded}
 
     # What stochastic split-and-merge needs of a minibatch fitter to run a trial beside it.
     @property
@@ -195,6 +213,7 @@ class MinibatchEM(Capabilities):
             "e_step": mixture_state(self.mixture),
             "n_updates": self.n_updates,
             "restarts": self.restarts,
+            "reseeded": self.reseeded,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -206,6 +225,7 @@ class MinibatchEM(Capabilities):
             self._e_step = mixture_from_state(state["e_step"], self.state)
         self.n_updates = int(state["n_updates"])
         self.restarts = int(state["restarts"])
+        self.reseeded = int(state.get("reseeded", 0))  # a checkpoint written before re-seeding: none
 
 
 def inside_compact_set(mixture: Mixture, bound: float) -> bool:

@@ -236,6 +236,7 @@ def _fit_metrics(model, record: dict, timing: dict, facts: tuple):
         threads=torch.get_num_threads(),
         n_iter=model.n_iter_,
         converged=model.converged_,
+        dead_components=int((model.weights_ * train_facts["n"] < 1).sum()),
         history=model.history_,
         covariance_mode=train_facts["mode"],
         device=str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),

@@ -51,6 +51,7 @@ class FitMetrics:
     # seeds (``fit.lockstep``: its own clock counted their work too; wall and CPU seconds then None); None
     # where its own clock timed it.
     timed_by: int | None = None
+    dead_components: int | None = None  # components that ended with less than one star's worth of weight
 
     def write(self, path) -> None:
         write_json(path, asdict(self))
@@ -115,6 +116,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "threads": m.threads,
             "cpu_seconds": m.cpu_seconds,
             "wall_seconds": m.wall_seconds,
+            "dead_components": m.dead_components,
             "train_seconds": m.train_seconds,
             "kmeans_seconds": m.kmeans_seconds,
             "steady_seconds": steady_seconds(m.history),
