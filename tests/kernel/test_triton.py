@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import hard_kernel_problem, kernel_problem, max_row_relative_error
 
-import scalable_xd.estimator
 import scalable_xd.fit.driver
+import scalable_xd.fitted_model
 from scalable_xd import XDGMM
 from scalable_xd.kernel import dispatch
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
@@ -84,7 +84,7 @@ def test_a_small_fit_with_the_triton_kernel_equals_the_lapack_one(monkeypatch):
     settings.update(device="cpu", random_state=0, means_init=means)
     fits = {}
     for backend in ("triton", "linalg"):
-        for module in (scalable_xd.fit.driver, scalable_xd.estimator):
+        for module in (scalable_xd.fit.driver, scalable_xd.fitted_model):
             monkeypatch.setattr(module, "fit_backend", lambda compile, device, b=backend: b)
         fits[backend] = XDGMM(**settings).fit(x, Xcov=S)
     for attr in ("weights_", "means_", "covariances_"):
