@@ -126,8 +126,8 @@ def _warn_of_dead_components(mixture: Mixture, data_size: float, fixed) -> None:
     if bool(dead.any()):
         warnings.warn(
             f"{int(dead.sum())} of {mixture.n_components} components ended with less than one star's worth of "
-            f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Minibatch EM re-seeds "
-            "such components at each epoch's end (reseed_dead=True, the default); otherwise fit fewer components",
+            f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Minibatch EM can re-seed "
+            "them (reseed_dead=True), or fit fewer components",
             UserWarning,
             stacklevel=4,
         )
