@@ -42,7 +42,7 @@ REFUSALS = {
     "a background without split_merge": refusal(
         "background: not with split", method="em", background="auto", split_merge=True
     ),
-    "a background without SQUAREM": refusal("background: acceleration", method="em", background="auto"),
+    "a selection's EM judged by tol": refusal("selection: tol=0.001", method="em", selection="x0 < 1", tol=1e-3),
     "a background without projections": refusal(
         "background: not with proj", dict(R=R), method="em", background="auto", acceleration="none"
     ),

@@ -128,7 +128,6 @@ def test_the_posterior_of_an_outlier_is_its_own_measurement(mock):
 @pytest.mark.parametrize(
     ("settings", "fit", "message"),
     [
-        (dict(background="auto", method="em"), {}, "acceleration must be 'none'"),
         (dict(background="auto", split_merge=True, acceleration="none"), {}, "split_merge"),
         (dict(background="auto", acceleration="none"), dict(R=True), "projections R"),
         (dict(background="-1:1"), {}, "1 ranges given for 2 features"),
@@ -213,3 +212,19 @@ def test_the_background_refuses_a_bad_box():
         Background((1.0,), (0.0,), 0.1)
     with pytest.raises(ValueError, match="weight must lie in"):
         Background((0.0,), (1.0,), 1.0)
+
+
+def test_a_background_or_a_selection_at_the_defaults_gets_a_fit_and_says_what_it_chose(mock, caplog):
+    """Batch EM under a background or a selection needs plain EM (and, under a selection, no tol): left
+    at their defaults, they are resolved and said, as scikit-learn's "auto" settings are."""
+    import logging
+
+    x, S, _, _ = mock
+    with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
+        model = XDGMM(2, background="auto", epochs=2, random_state=0).fit(x, Xcov=S)
+        assert model.settings_.acceleration == "none" and model.settings_.tol == 1e-6  # tol judges EM here
+        selected = XDGMM(2, selection="x0 < 1", epochs=2, random_state=0).fit(x[x[:, 0] < 1], Xcov=S[x[:, 0] < 1])
+        assert selected.settings_.acceleration == "none" and selected.settings_.tol is None
+    said = [r.getMessage() for r in caplog.records if r.name == "scalable_xd.fit"]
+    assert "a background: acceleration='none'" in said
+    assert "a selection's Monte Carlo EM: acceleration='none', tol=None" in said

@@ -90,8 +90,6 @@ def check_background(background: Background, train, settings, selection) -> None
         raise ValueError("background: not with a selection (the points drawn for what it removed would need a share)")
     if settings.split_merge:
         raise ValueError("background: not with split_merge (its moves judge the mixture without the background)")
-    if settings.method == "em" and settings.acceleration != "none":
-        raise ValueError("background: acceleration must be 'none' (SQUAREM extrapolates the mixture's parameters only)")
     refuse_unsupported(train)
     if background.dim != train.obs_dim:
         raise ValueError(f"background: its box has {background.dim} features, the data {train.obs_dim}")

@@ -10,7 +10,8 @@ so every refusal comes first (``tests/estimator/test_refusals.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from .lockstep import Member, current
 from .methods import check_fixed, check_settings
 from .selection import Selection, check_selection
 from .selection import from_limits as selection_from_limits
+
+log = logging.getLogger("scalable_xd.fit")
 
 FIXED_MASKS = ("fix_weights", "fix_means", "fix_covariances")
 
@@ -139,6 +142,7 @@ def plan_fit(
         raise ValueError(
             "checkpoint_every: split_merge fits checkpoint at epochs' ends only (a move's trial spans an epoch)"
         )
+    settings = for_options(settings, selection is not None or settings.selection is not None)
     X, Xcov, R, X_val, Xcov_val, R_val, sample_weight = data
     train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, start.n_components, settings)
     if checkpoint_every and not getattr(train, "replays_epochs", True):
@@ -164,6 +168,26 @@ def plan_fit(
         background,
         current(),  # the fits it steps with, where it is made inside ``lockstep.Member.joined``
     )
+
+
+def for_options(settings: FitSettings, selected: bool) -> FitSettings:
+    """The settings with what an option needs of batch EM resolved where they are left at their defaults
+    (as scikit-learn's "auto" settings resolve), and said on the ``scalable_xd.fit`` logger: under a
+    selection (``selected``), EM is Monte Carlo EM, whose log-likelihood moves by about 1/sqrt(N) between
+    passes, so neither ``tol`` nor SQUAREM can judge it: ``tol`` None and ``acceleration`` "none"; with a
+    background, SQUAREM (which extrapolates the mixture's parameters only) gives way to plain EM. A value
+    given that differs from the default is kept, and refused where the option cannot take it."""
+    if settings.method != "em" or not (selected or settings.background is not None):
+        return settings
+    defaults = FitSettings.defaults()
+    chosen: dict[str, object] = {"acceleration": "none"}
+    if selected:
+        chosen["tol"] = None
+    chosen = {name: value for name, value in chosen.items() if getattr(settings, name) == defaults[name]}
+    if chosen:
+        why = "a selection's Monte Carlo EM" if selected else "a background"
+        log.info("%s: %s", why, ", ".join(f"{name}={value!r}" for name, value in chosen.items()))
+    return replace(settings, **chosen)  # type: ignore[arg-type]
 
 
 def _background(train: DataSource, settings: FitSettings, selection) -> Background | None:

@@ -216,11 +216,11 @@ def check_selection(selection: Selection, train, settings) -> None:
     ``DataSource``, ``settings``: its ``FitSettings``)."""
     if not isinstance(selection, Selection):
         raise ValueError(f"selection must be a fit.selection.Selection (or a callable of values), got {selection!r}")
-    if settings.method == "em" and (settings.tol is not None or settings.acceleration != "none"):
+    if settings.method == "em" and settings.tol is not None:  # left at its default, resolved (plan.for_options)
         raise ValueError(
-            "selection: a fit under a selection is Monte Carlo EM (the removed points are drawn afresh each "
-            "pass), whose log-likelihood moves by about 1/sqrt(N) between passes, so neither tol nor squarem "
-            "can judge it: pass tol=None and acceleration='none', and an epoch budget"
+            f"selection: tol={settings.tol}: a fit under a selection is Monte Carlo EM (the removed points are "
+            "drawn afresh each pass), whose log-likelihood moves by about 1/sqrt(N) between passes, so tol "
+            "cannot judge it: pass tol=None (or leave it at its default), and an epoch budget"
         )
     if settings.split_merge:
         raise ValueError("selection: not with split_merge (its trial fits see no removed points)")
