@@ -2,10 +2,12 @@
 one update call (restarts, ``n_init``; a grid cell's seeds, ``pipeline.steps.fit``).
 
 Each fit runs its own loop (``loop.run``: its start, batch order, scoring, checkpoints and history, as
-alone) in a thread of its own, but the threads take turns: one runs at a time, holding the baton
-(``Lockstep``), so nothing they share (torch's and numba's thread pools, the data) is used twice at once
-and no fit's arithmetic depends on the others'. Where a fit's loop asks its engine for a step, it posts
-the batch and hands the baton on; the last fit to post runs every posted step at once (the engine's
+alone) as a greenlet (a coroutine with its own stack) on the caller's thread, so one fit runs at a time,
+nothing they share (torch's and numba's thread pools, the data) is used twice at once, and no fit's
+arithmetic depends on the others'. On threads of their own each fit's parallel regions would start an
+OpenMP team of their own, whose spinning workers took a 2-core machine's time (an ensemble's epoch at
+twice the cost). Where a fit's loop asks its engine for a step, it posts the batch and hands the turn
+back; once every fit has posted, every posted step runs at once (the engine's
 ``together``: on the CPU, ``engines.cpu.steps_together``, one ensemble pass over the S batches,
 ``kernel.ensemble_pass``, and for online EM the S updates in one compiled call,
 ``cpu_rules.online_em_steps``; SGD's Adam steps one compiled call a fit). A fit that scores, checkpoints
@@ -16,7 +18,7 @@ alone, to the bit (``tests/fit/test_lockstep.py``).
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,84 +27,62 @@ from typing import Any
 
 
 class Lockstep:
-    """The baton S fits' threads pass: ``run`` runs each job in its thread, one at a time; ``step`` posts a
-    job's step, a request whose ``together(requests)`` runs every posted step at once (called by the last
-    live fit to post; it returns each request's error or None). A job that fails with an error not
-    ``survivable`` (an interrupt, a bug) stops the others at their next step (``LockstepStopped``), as the
-    error would stop fits run one after another."""
+    """S fits as greenlets on the caller's thread: ``run`` resumes each in turn until it posts a step
+    (``step``) or ends; once every live fit has posted, the first posted request's ``together(requests)``
+    runs them all at once (returning each request's error or None) and each fit resumes with its own. A
+    job that fails with an error not ``survivable`` (an interrupt, a bug) stops the others at their next
+    step (``LockstepStopped``), as the error would stop fits run one after another."""
 
     def __init__(self, survivable: tuple[type[BaseException], ...] = ()) -> None:
-        self._baton = threading.Condition()
         self._survivable = survivable
-        self._live = 0
         self._posted: dict[int, Any] = {}
-        self._done: dict[int, BaseException | None] = {}
+        self._hub: Any = None  # the greenlet ``run`` resumes the fits from
         self._stopped: BaseException | None = None
 
     def run(self, jobs: list[Callable[[Member], Any]]) -> list[Any]:
         """Each job's result, or the exception it raised, in order; job s is called with its ``Member``."""
+        from greenlet import getcurrent, greenlet
+
         results: list[Any] = [None] * len(jobs)
 
         def body(index: int) -> None:
-            with self._baton:
-                try:
-                    results[index] = jobs[index](Member(self, index))
-                except BaseException as err:  # handed to the caller, which decides
-                    results[index] = err
-                    if not isinstance(err, self._survivable) and self._stopped is None:
-                        self._stop(err)
-                finally:
-                    self._leave()
+            try:
+                results[index] = jobs[index](Member(self, index))
+            except BaseException as err:  # handed to the caller, which decides
+                results[index] = err
+                if not isinstance(err, self._survivable) and self._stopped is None:
+                    self._stopped = err
 
-        self._live = len(jobs)
-        threads = [
-            threading.Thread(target=body, args=(s,), name=f"lockstep-fit-{s}", daemon=True) for s in range(len(jobs))
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                thread.join()
-        except BaseException as err:  # an interrupt of the caller's thread stops every fit
-            with self._baton:
-                self._stop(err)
-            raise
+        self._hub = getcurrent()
+        fits = {s: greenlet(functools.partial(body, s), parent=self._hub) for s in range(len(jobs))}
+        replies: dict[int, BaseException | None] = dict.fromkeys(fits)
+        while fits:
+            for index in sorted(fits):  # each runs to its next step, or to its end
+                reply = replies[index]
+                if self._stopped is not None and index in self._posted:
+                    reply = LockstepStopped(self._stopped)
+                fit = fits[index]
+                fit.switch(reply) if reply is not None else fit.switch()  # started with no argument
+                if fit.dead:
+                    del fits[index]
+            posted, self._posted = sorted(self._posted.items()), {}
+            if posted and self._stopped is None:
+                requests = [request for _, request in posted]
+                try:
+                    errors = requests[0].together(requests)  # each fit's own error, or None
+                except Exception as err:  # every fit of the step learns of it
+                    errors = [err] * len(posted)
+                replies = {index: error for (index, _), error in zip(posted, errors)}
+            else:
+                self._posted = dict(posted)  # stopped: each is told so when resumed
         return results
 
     def step(self, index: int, request) -> None:
-        """Post fit ``index``'s step and wait until it is done (with the others'), holding the baton."""
-        if self._stopped is not None:
-            raise LockstepStopped(self._stopped)
+        """Post fit ``index``'s step, hand the turn back, and take up its outcome once every fit's step ran."""
         self._posted[index] = request
-        if len(self._posted) == self._live:
-            self._flush()
-        while index not in self._done and self._stopped is None:
-            self._baton.wait()
-        if index not in self._done:
-            raise LockstepStopped(self._stopped)
-        error = self._done.pop(index)
-        if error is not None:
+        error = self._hub.switch()  # (): resumed with no error
+        if isinstance(error, BaseException):
             raise error
-
-    def _stop(self, err: BaseException) -> None:
-        self._stopped = err
-        self._baton.notify_all()
-
-    def _leave(self) -> None:
-        """A fit finished (or failed): the others no longer wait for its steps."""
-        self._live -= 1
-        if self._posted and len(self._posted) == self._live:
-            self._flush()
-
-    def _flush(self) -> None:
-        posted, self._posted = sorted(self._posted.items()), {}
-        try:
-            requests = [request for _, request in posted]
-            errors = requests[0].together(requests)  # each fit's own error, or None
-        except BaseException as err:  # every fit of the step learns of it (an interrupt too: none waits on)
-            errors = [err] * len(posted)
-        self._done.update((index, error) for (index, _), error in zip(posted, errors))
-        self._baton.notify_all()
 
 
 @dataclass(frozen=True)
