@@ -178,6 +178,7 @@ def test_one_fit_command_fits_each_seed_as_a_fit_of_its_own(files, caplog, metho
         assert one.seed == two.seed == int(seed)
         assert [h["train_loglik"] for h in one.history] == [h["train_loglik"] for h in two.history]
         assert np.array_equal(np.load(out / f"m{seed}.npz")["means"], np.load(out / f"alone{seed}.npz")["means"])
+        assert one.warm_up_seconds > 0 and one.warm_up_seconds == first.warm_up_seconds  # once a job
         in_lockstep = method != "em" and seed != "3"
         assert one.timed_by == (3 if in_lockstep else None) and two.timed_by is None
         if in_lockstep:

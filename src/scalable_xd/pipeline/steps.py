@@ -314,9 +314,17 @@ def fit(
             test_split = read_features(test)
     splits = (train_data, val_data, test_data, test_split)
     record = dict(method=label or settings.method, n_components=n_components, tag=tag, config_hash=config_hash)
+    warm_up = _warm_up(settings, n_components, train_data[2])
     fits = [
         functools.partial(
-            _fit_seed, settings, {**record, "seed": seed}, seed_init, splits, (*paths, checkpoint_every), references
+            _fit_seed,
+            settings,
+            {**record, "seed": seed},
+            seed_init,
+            splits,
+            (*paths, checkpoint_every),
+            references,
+            warm_up_seconds=warm_up,
         )
         for seed, seed_init, *paths in zip(seeds, init, output_model, output_metrics, checkpoints)
     ]
@@ -335,6 +343,31 @@ def fit(
             Path(path).unlink(missing_ok=True)
 
 
+def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
+    """Seconds spent compiling (or loading from numba's cache) the kernels the seeds' fits run, by a fit of
+    one epoch on a slice of the training split and its scoring on a few rows and on the slice, untimed: so
+    that no seed's fit times a compile. The first fit of each kind absorbed it in its first epoch (38 s
+    against 0.3 s for the other seeds), and the timing figure with it. 0 where the split is streamed."""
+    import warnings
+    from dataclasses import replace
+
+    from ..estimator import XDGMM
+    from ..fit.scoring import EVAL_BATCH
+
+    if train_split is None:
+        return 0.0
+    part = train_split.subset(np.arange(min(len(train_split), max(2 * settings.batch_size, EVAL_BATCH))))
+    X, Xcov = part.X, part.covariance()
+    tick = time.perf_counter()
+    trial = replace(settings, epochs=1, n_init=1, split_merge=False, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one epoch: not converged, and said to no one
+        model = XDGMM(min(n_components, len(part)), **trial.as_dict(), random_state=0).fit(X, Xcov=Xcov)
+        for rows in (slice(0, 8), slice(None)):  # scoring a chunk on one thread, and on several
+            model.score(X[rows], Xcov=part.subset(np.arange(len(part))[rows]).covariance())
+    return time.perf_counter() - tick
+
+
 def _joined(fit_seed, timed_by: tuple[int, float], member: Member) -> float:
     """``fit_seed`` as a member of a lockstep (``fit.lockstep``), timed by ``timed_by``."""
     with member.joined():
@@ -349,6 +382,7 @@ def _fit_seed(
     outputs: tuple,
     references,
     timed_by: tuple[int, float] | None = None,
+    warm_up_seconds: float = 0.0,
 ) -> float:
     """One seed's fit (``fit``) from its k-means ``init``: its model and metrics record written to
     ``outputs`` (model, metrics, checkpoint, checkpoint_every) by the process that writes; returns its pace
@@ -384,6 +418,7 @@ def _fit_seed(
     if group.writes:
         model.save(output_model)
     timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu, timed_by=None)
+    timing["warm_up_seconds"] = warm_up_seconds
     pace = epoch_seconds(model.history_)
     if timed_by is not None:  # the metrics' clock: the seed fitted alone's (the model file keeps its own)
         timing.update(wall_seconds=None, cpu_seconds=None, timed_by=timed_by[0])
