@@ -7,11 +7,12 @@ model answers (scores, posteriors, samples, ...) is ``fitted_model.FittedXD``'s.
 
 from __future__ import annotations
 
+import functools
+import types
 from types import SimpleNamespace
 
 import numpy as np
 from sklearn.base import BaseEstimator, DensityMixin
-from sklearn.utils._available_if import available_if
 
 from . import saved_model
 from .background import Background
@@ -27,6 +28,26 @@ from .sklearn_input import checked_input
 
 # The fields' declared defaults (a FitSettings instance would hold the method's resolved epoch budget).
 _FIT, _KMEANS = SimpleNamespace(**FitSettings.defaults()), KMeansSettings()
+
+
+class _only_per_batch:
+    """``partial_fit`` where the estimator's method updates per batch (a minibatch method without
+    split-and-merge, whose trials span whole epochs); otherwise an AttributeError whose message is the
+    reason, so that ``hasattr(model, "partial_fit")`` is False, as scikit-learn's ``available_if`` makes it,
+    but the user reads why (``available_if`` would say only that it "has no attribute"). An unknown method
+    has it, for ``partial_fit`` to name the mistake."""
+
+    def __init__(self, method):
+        self.method = method
+        functools.update_wrapper(self, method)
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.method  # the class's: its docstring, scikit-learn's metadata routing
+        reason = obj.method in METHODS and refusal(obj.method, obj.split_merge is True)
+        if reason:
+            raise AttributeError(reason)
+        return types.MethodType(self.method, obj)
 
 
 class XDGMM(FittedXD, DensityMixin, BaseEstimator):
@@ -216,16 +237,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         self._fitted_to_noise = Xcov is not None  # arrays scored without their noise are then warned of
         return self
 
-    def _updates_per_batch(self) -> bool:
-        """Whether this estimator has ``partial_fit``: a minibatch method without split-and-merge (whose
-        trials span whole epochs); an AttributeError that says so otherwise, as scikit-learn's
-        ``available_if`` expects (an unknown method has it, for ``partial_fit`` to name the mistake)."""
-        reason = self.method in METHODS and refusal(self.method, self.split_merge is True)
-        if reason:
-            raise AttributeError(reason)
-        return True
-
-    @available_if(_updates_per_batch)
+    @_only_per_batch
     def partial_fit(self, X, y=None, *, Xcov=None, R=None, sample_weight=None) -> XDGMM:
         """One minibatch update from the batch given, for data that arrive a batch at a time (scikit-learn's
         online-learning convention). The first call starts from ``*_init`` or from k-means on its batch; the

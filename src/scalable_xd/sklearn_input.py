@@ -22,6 +22,8 @@ def checked_input(estimator, X, y, R, sample_weight, method: str, reset: bool):
     checked) follow in ``Dataset``. Tensors, sources and iterables of batches keep their own checks.
     A y with the shape of noise covariances is refused (``refuse_noise_as_y``)."""
     refuse_noise_as_y(y, method)
+    if isinstance(X, (list, tuple)) and len(X) == 0:  # scikit-learn's advice to reshape would not apply
+        raise ValueError(f"{method}: X is empty: give at least one row of n_features values")
     if not array_like(X):
         if reset:
             estimator.__dict__.pop("feature_names_in_", None)  # not from this fit's data
@@ -29,10 +31,13 @@ def checked_input(estimator, X, y, R, sample_weight, method: str, reset: bool):
     # float16 kept for Dataset to warn of its precision; Dataset names a non-finite row
     check = dict(dtype=(np.float64, np.float32, np.float16), ensure_all_finite=False)
     # R maps the model onto data of any number of features: the count is checked only without it
-    if reset or (R is None and getattr(estimator, "n_features_in_", None) == estimator._fitted().dim):
-        X = validate_data(estimator, X, reset=reset, **check)
-    else:
-        X = check_array(X, input_name="X", estimator=estimator, **check)
+    try:
+        if reset or (R is None and getattr(estimator, "n_features_in_", None) == estimator._fitted().dim):
+            X = validate_data(estimator, X, reset=reset, **check)
+        else:
+            X = check_array(X, input_name="X", estimator=estimator, **check)
+    except ValueError as err:
+        raise _without_values(err, X) from None
     if sample_weight is not None:  # Dataset checks its length and names a NaN, negative or all-zero row
         sample_weight = check_array(
             sample_weight, input_name="sample_weight", ensure_2d=False, dtype=np.float64, ensure_all_finite=False
@@ -61,3 +66,14 @@ def refuse_noise_as_y(y, method: str) -> None:
             f"{method}: the second argument is y, which XDGMM ignores (scikit-learn's convention), and it is "
             f"{what}, noise covariances' shape: pass the noise by name, {method}(X, Xcov=...)"
         )
+
+
+def _without_values(err: ValueError, X) -> ValueError:
+    """scikit-learn's error for a 1-D X, its words kept but not the array it prints (every value of a
+    catalogue up to numpy's 1,000, a summary beyond): its shape instead."""
+    message = str(err)
+    if not message.startswith("Expected 2D array, got 1D array instead") or "array=" not in message:
+        return err
+    head, _, tail = message.partition("array=")
+    advice = tail[tail.find("Reshape your data") :] if "Reshape your data" in tail else ""
+    return ValueError(f"{head.rstrip().rstrip(':')} (X of shape {np.shape(X)}). {advice}".strip())

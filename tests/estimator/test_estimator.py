@@ -307,8 +307,12 @@ def test_bad_shapes_and_parameters_are_named(data):
         XDGMM(2, device="cpu").fit(x, Xcov=S[:, :2, :2])
     with pytest.raises(ValueError, match="Xcov describes 10 points"):
         XDGMM(2, device="cpu").fit(x, Xcov=S[:10])
-    with pytest.raises(ValueError, match="Expected 2D array, got 1D array instead"):  # scikit-learn's words
-        XDGMM(2, device="cpu").fit(x[:, 0], Xcov=S)
+    with pytest.raises(ValueError, match=r"Expected 2D array, got 1D array instead \(X of shape \(1500,\)\)\. Resh"):
+        XDGMM(2, device="cpu").fit(x[:, 0], Xcov=S)  # scikit-learn's words, without its 1,500 values
+    with pytest.raises(ValueError, match="fit: X is empty: give at least one row"):  # not advice to reshape
+        XDGMM(2, device="cpu").fit([])
+    numeric_strings = x[:100].astype(str).astype(object)  # converted, as GaussianMixture converts them
+    assert np.allclose(XDGMM(1, epochs=2).fit(numeric_strings).means_, XDGMM(1, epochs=2).fit(x[:100]).means_)
     with pytest.raises(ValueError, match=r"X must have shape \(N, d\)"):  # a tensor: ours
         XDGMM(2, device="cpu").fit(torch.as_tensor(x[:, 0]), Xcov=S)
     with pytest.raises(ValueError, match="n_components=20 is larger than the number of points"):
