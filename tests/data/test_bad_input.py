@@ -182,6 +182,13 @@ def test_unclear_inputs_are_named_by_the_argument_they_came_in():
             ParquetSource(folder / name, ["a", "b"])
     with pytest.raises(ValueError, match="x_columns is empty"):
         ParquetSource(folder / "table.csv", [])
+    streamed = Path(tempfile.mkdtemp())  # a folder of Parquet files, one of them damaged: that one named
+    pd.DataFrame({"a": X[:, 0], "b": X[:, 1]}).to_parquet(streamed / "good.parquet")
+    whole = (streamed / "good.parquet").read_bytes()
+    for damaged in (b"", b"a,b\n1,2\n", whole[: len(whole) // 2]):
+        (streamed / "part.parquet").write_bytes(damaged)
+        with pytest.raises(ValueError, match=f"X: {streamed / 'part.parquet'} is not a readable Parquet file"):
+            ParquetSource(streamed, ["a", "b"])
     model = XDGMM(2, "minibatch_em", epochs=2, random_state=0).fit(X, Xcov=V)
     with pytest.raises(ValueError, match=r"q must hold numbers, got \['a'\]"):
         model.posterior(X, Xcov=V, q=["a"])

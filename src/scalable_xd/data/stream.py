@@ -130,7 +130,13 @@ class ParquetSource:
         self._pieces = []
         start = 0
         for fragment in dataset.get_fragments():
-            self._check_columns(fragment.path, fragment.physical_schema)
+            try:  # each file's footer is read here: an empty, truncated or foreign file fails, named
+                schema = fragment.physical_schema
+            except (pa.ArrowInvalid, OSError) as err:
+                first = str(err).splitlines()[0]
+                why = first.split("': ", 1)[-1][:200]  # pyarrow's reason, without its own copy of the path
+                raise ValueError(f"{name}: {fragment.path} is not a readable Parquet file ({why})") from None
+            self._check_columns(fragment.path, schema)
             for number, group in enumerate(fragment.split_by_row_group()):
                 rows = group.row_groups[0].num_rows
                 if rows:
