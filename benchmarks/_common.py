@@ -104,10 +104,10 @@ threading.Thread(target=sample, daemon=True).start()
 def forced_kernel(backend: str):
     """Fits inside run the statistics pass (and the fitted model scores) on ``backend`` ("fused",
     "unrolled", "compiled"), whatever the fit would choose (``kernel.dispatch.fit_backend``)."""
-    import scalable_xd.estimator
     import scalable_xd.fit.driver
+    import scalable_xd.fitted_model
 
-    modules = (scalable_xd.fit.driver, scalable_xd.estimator)
+    modules = (scalable_xd.fit.driver, scalable_xd.fitted_model)
     chosen = [module.fit_backend for module in modules]
     for module in modules:
         module.fit_backend = lambda name, device: backend

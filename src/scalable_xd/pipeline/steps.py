@@ -287,9 +287,7 @@ def fit(
     seed where it was, the seeds done read back from their checkpoints. ``stream_window`` > 0 streams the
     splits from disk a window of that many rows at a time (``stream``) instead of loading them; the test
     split is then loaded only where it holds true values (a mock), for the truth metrics."""
-    from ..fit.lockstep import Lockstep, LockstepStopped
     from ..fit.parallel import Group
-    from ..fit.restarts import in_lockstep
     from .features_file import read_features
 
     checkpoints = checkpoint or [None] * len(seeds)
@@ -329,18 +327,26 @@ def fit(
         for seed, seed_init, *paths in zip(seeds, init, output_model, output_metrics, checkpoints)
     ]
     pace = fits[0]()  # the first seed alone: its clock times one fit
-    if len(fits) > 2 and in_lockstep(settings):
-        timed_by = (seeds[0], pace)
-        results = Lockstep().run([functools.partial(_joined, fit_seed, timed_by) for fit_seed in fits[1:]])
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:  # the error that stopped the others, not theirs
-            raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
-    else:
-        for fit_seed in fits[1:]:
-            fit_seed()
+    _fit_the_others(fits[1:], (seeds[0], pace), settings)
     if Group.current().writes:
         for path in filter(None, checkpoints):
             Path(path).unlink(missing_ok=True)
+
+
+def _fit_the_others(fits: list, timed_by: tuple[int, float], settings: FitSettings) -> None:
+    """The seeds after the first: in lockstep where the method steps so (``fit.restarts.in_lockstep``),
+    timed by the first (``timed_by``: its seed and pace); otherwise one after another, each timed alone."""
+    from ..fit.lockstep import Lockstep, LockstepStopped
+    from ..fit.restarts import in_lockstep
+
+    if len(fits) < 2 or not in_lockstep(settings):
+        for fit_seed in fits:
+            fit_seed()
+        return
+    results = Lockstep().run([functools.partial(_joined, fit_seed, timed_by) for fit_seed in fits])
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:  # the error that stopped the others, not theirs
+        raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
 
 
 def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
@@ -359,7 +365,8 @@ def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
     part = train_split.subset(np.arange(min(len(train_split), max(2 * settings.batch_size, EVAL_BATCH))))
     X, Xcov = part.X, part.covariance()
     tick = time.perf_counter()
-    trial = replace(settings, epochs=1, n_init=1, split_merge=False, verbose=0)
+    # the kernels of the seeds' fits; a selection's limits name features this slice's arrays do not
+    trial = replace(settings, epochs=1, n_init=1, split_merge=False, verbose=0, selection=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one epoch: not converged, and said to no one
         model = XDGMM(min(n_components, len(part)), **trial.as_dict(), random_state=0).fit(X, Xcov=Xcov)
