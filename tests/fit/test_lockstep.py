@@ -29,7 +29,8 @@ def _mixtures(k: int):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("k", [5, 80])  # one fit's pass serial (400 x 5 pairs) and threaded (400 x 80)
+@pytest.mark.parametrize("k", [5, 20, 80])  # one fit's pass serial (400 x 5, 400 x 20: 3 x 8,000 pairs
+# would be threaded) and threaded (400 x 80)
 def test_each_fits_sums_from_the_ensemble_pass_are_those_of_its_pass_alone(dtype, k):
     X = RNG.normal(size=(N, D)) * 2  # float64 rows, cast as read by a float32 pass
     noise = RNG.uniform(0.05, 0.3, (N, D))  # diagonal variances

@@ -9,8 +9,8 @@ OpenMP team of their own, whose spinning workers took a 2-core machine's time (a
 twice the cost). Where a fit's loop asks its engine for a step, it posts the batch and hands the turn
 back; once every fit has posted, every posted step runs at once (the engine's
 ``together``: on the CPU, ``engines.cpu.steps_together``, one ensemble pass over the S batches,
-``kernel.ensemble_pass``, and for online EM the S updates in one compiled call,
-``cpu_rules.online_em_steps``; SGD's Adam steps one compiled call a fit). A fit that scores, checkpoints
+``kernel.ensemble_pass``, and the S updates in one compiled call, ``cpu_rules.online_em_steps`` or
+``cpu_rules.sgd_steps``). A fit that scores, checkpoints
 or has finished posts nothing, and the others wait for it, so the fits stay in step. Each fit's
 statistics and update are computed as alone, so a fit in lockstep ends with the parameters it ends with
 alone, to the bit (``tests/fit/test_lockstep.py``).

@@ -2,11 +2,11 @@
 call of the fused kernel (``fused``), as (fit, point, component) triples.
 
 Fits that advance in lockstep (``fit.lockstep``: restarts, or a grid cell's seeds) each take a batch of
-their own rows of the same data at every step. One call over the S batches spreads S times the work over
-the threads, where one fit's minibatch of 500 rows at K = 64 is too small for a second thread, and pays
-the call's fixed costs once. Each fit's points are split into the blocks ``fused.blocks_for`` gives one
-fit's batch alone, and its sums are those blocks' summed in order: a fit's statistics are the same, to the
-bit, whether it was passed alone (``fused.PlainPass``) or beside any others.
+their own rows of the same data at every step. One call over the S batches pays the call's fixed costs
+once, and where one fit's pass is threaded, spreads S times its work over the threads. Each fit's points
+are split into the blocks ``fused.blocks_for`` gives one fit's batch alone, and its sums are those blocks'
+summed in order: a fit's statistics are the same, to the bit, whether it was passed alone
+(``fused.PlainPass``) or beside any others.
 """
 
 from __future__ import annotations
@@ -54,12 +54,13 @@ class EnsemblePass:
         return (n, *module.unpack_fits(failed, acc, n_blocks, n_fits, self.k))
 
     def _settled(self, n_fits: int, n: int) -> tuple:
-        """The module (threaded where the S batches' pairs call for it: ``fused._threads_for``) and the
-        buffers for S fits of n points each, made once for each (S, n) and torch's thread count."""
+        """The module one fit's pass of n points takes (threaded or serial: ``fused._threads_for``; the two
+        compiled kernels differ in their last bits, so a fit passed alone and with others must take the
+        same) and the buffers for S fits of n points each, made once for each (S, n) and torch's threads."""
         key = (torch.get_num_threads(), n_fits, n)
         settled = self._buffers.get(key)
         if settled is None:
-            parallel = fused._threads_for(n_fits * n * self.k, self.pool)
+            parallel = fused._threads_for(n * self.k, self.pool)  # as one fit's pass: the same compiled code
             module = fused.compiled_module(self.dim, True, fused.DTYPE_NAMES[self.dtype], parallel)
             n_blocks = n_fits * fused.blocks_for(n, self.pool)  # each fit's as in its pass alone
             real = fused.DTYPE_NAMES[self.dtype]

@@ -178,8 +178,9 @@ class StepRequest:
 
 
 def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
-    """Every posted step: the fits' batches in one ensemble pass (``EnsemblePass``), then their updates,
-    online EM's in one compiled call (``cpu_rules.online_em_steps``), SGD's one call a fit; a fit whose
+    """Every posted step: the fits' batches in one ensemble pass (``EnsemblePass``), then their updates in
+    one compiled call (``cpu_rules.online_em_steps``, ``cpu_rules.sgd_steps``; fits of mixed rules one call
+    a fit); a fit whose
     batch cannot join the pass (of another size or data; a pair that did not factorise) steps alone. Each
     fit's error (or None), so that one fit's failure is its own."""
     from . import cpu_rules
@@ -205,6 +206,12 @@ def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
         held = cpu_rules.online_em_steps([f.state_arrays() for f in fitters], n, sums, fits)
         for fitter, new in zip(fitters, held):
             fitter.hold(*new)
+        return errors
+    if all(isinstance(rules[s], AdamArrays) for s in joined):
+        sgds = [rules[s].fitter for s in joined]
+        adams = [(f.params, f.optimizer, f.w, rules[s].views) for f, s in zip(sgds, joined)]
+        for sgd, mixture in zip(sgds, cpu_rules.sgd_steps(adams, n, sums)):
+            sgd.hold(mixture)
         return errors
     for at, s in enumerate(joined):
         errors[s] = _caught(rules[s].observe_sums, n, *(a[at] for a in sums))

@@ -540,6 +540,33 @@ def sgd_step(
     ``sums_of``), ``adam``'s step along it (its state updated in place, as ``Adam.step`` would) and the new
     mixture's (weights, means, covariances), new arrays that no later step writes to, in one compiled call;
     ``views`` keeps the arrays of the tensors that live from step to step (a fitter's own, or made afresh)."""
+    (logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial), steps = (
+        _sgd_arguments(params, adam, w, views or ArrayViews())
+    )
+    return _sgd_loop(
+        logits,
+        means,
+        raw,
+        scale,
+        moments,
+        steps,
+        q,
+        U,
+        UU,
+        P,
+        n,
+        w_array,
+        fixed_weights,
+        fixed_means,
+        fixed_cov,
+        initial,
+        dimensions(params.means.shape[1]),
+    )
+
+
+def _sgd_arguments(params, adam: Adam, w, views: ArrayViews) -> tuple[tuple, tuple]:
+    """``_sgd_loop``'s arrays for ``params`` and ``adam`` (``_sgd_arrays``, kept by ``views``), and Adam's
+    constants of this step, its count advanced (as ``Adam.step`` advances it)."""
     adam.steps += 1
     beta1, beta2 = adam.betas
     fixed, initial = params.fixed, params.initial
@@ -558,25 +585,62 @@ def sgd_step(
         params.means.shape[1],
         params.means.dtype,
     )
-    logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial_arrays = (
-        views or ArrayViews()
-    )(tensors, _sgd_arrays)
-    return _sgd_loop(
-        logits,
-        means,
-        raw,
-        scale,
-        moments,
-        (beta1, beta2, adam.eps, *adam.corrections()),
-        q,
-        U,
-        UU,
-        P,
+    return views(tensors, _sgd_arrays), (beta1, beta2, adam.eps, *adam.corrections())
+
+
+def sgd_steps(fits: list[tuple], n: float, sums: tuple) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``sgd_step`` for S fits in one compiled call: each fit's (params, adam, w, views) in ``fits``, its
+    batch's sums stacked in ``sums`` (q (S, K), U (S, K, D), UU and P (S, K, D, D)); each fit's new mixture
+    out, its parameters and Adam's state updated in place. Each fit's arithmetic is its own call's."""
+    arguments = [_sgd_arguments(params, adam, w, views) for params, adam, w, views in fits]
+    columns = list(zip(*(arrays for arrays, _ in arguments)))
+    logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial = columns
+    first, second = zip(*moments)
+    weights, out_means, out_cov = _sgd_fits(
+        (logits, means, raw, scale),
+        (tuple(m[0] for m in first), tuple(m[1] for m in first), tuple(m[2] for m in first)),
+        (tuple(m[0] for m in second), tuple(m[1] for m in second), tuple(m[2] for m in second)),
+        np.array([steps for _, steps in arguments]),
+        sums,
         n,
-        w_array,
-        fixed_weights,
-        fixed_means,
-        fixed_cov,
-        initial_arrays,
-        dimensions(params.means.shape[1]),
+        (w_array, fixed_weights, fixed_means, fixed_cov),
+        (tuple(i[0] for i in initial), tuple(i[1] for i in initial), tuple(i[2] for i in initial)),
+        dimensions(fits[0][0].means.shape[1]),
     )
+    return list(zip(weights, out_means, out_cov))
+
+
+@_jit
+def _sgd_fits(parameters, first, second, constants, sums, n, masks, initial, dims):
+    """``_sgd_loop`` for S fits, each argument a tuple over the fits (``constants`` and ``sums`` stacked on
+    a leading fit axis), one fit after another (as one fit's update runs, on one thread: numba's parallel
+    loops take no tuples of arrays); the new mixtures stacked."""
+    logits, means, raw, scale = parameters
+    w, fixed_weights, fixed_means, fixed_cov = masks
+    q, U, UU, P = sums
+    S, K, D = len(logits), means[0].shape[0], means[0].shape[1]
+    out = (np.empty((S, K)), np.empty((S, K, D)), np.empty((S, K, D, D)))
+    for s in range(S):
+        moments = ((first[0][s], first[1][s], first[2][s]), (second[0][s], second[1][s], second[2][s]))
+        c = constants[s]
+        weights, new_means, new_cov = _sgd_loop(
+            logits[s],
+            means[s],
+            raw[s],
+            scale[s],
+            moments,
+            (c[0], c[1], c[2], c[3], c[4]),
+            q[s],
+            U[s],
+            UU[s],
+            P[s],
+            n,
+            w[s],
+            fixed_weights[s],
+            fixed_means[s],
+            fixed_cov[s],
+            (initial[0][s], initial[1][s], initial[2][s]),
+            dims,
+        )
+        out[0][s], out[1][s], out[2][s] = weights, new_means, new_cov
+    return out
