@@ -125,6 +125,22 @@ def test_time_error_bars_stay_positive_and_every_method_is_drawn(run, tmp_path):
         assert bars["centre"][0] == pytest.approx(np.exp(np.mean(np.log(paced))))  # the geometric mean
 
 
+def test_a_seed_fitted_in_lockstep_is_not_timed_as_one_fit(run, tmp_path):
+    """A seed fitted with others (``timed_by``) carries another seed's pace: the figure leaves it out."""
+    _, metrics = run
+    lockstep = []
+    for path in metrics:
+        m = FitMetrics.read(path)
+        if m.seed == 1:  # its history made ten times slower, as if its clock counted nine other fits
+            m.timed_by, m.history = 0, [{**e, "seconds": 10 * e["seconds"]} for e in m.history]
+            path = tmp_path / f"{m.method}_lockstep.json"
+            m.write(path)
+        lockstep.append(path)
+    alone = [p for p in metrics if FitMetrics.read(p).seed == 0]
+    for method, bars in plot_timing_vs_k(lockstep, [tmp_path / "timing.png"]).items():
+        assert bars["centre"] == pytest.approx(plot_timing_vs_k(alone, [tmp_path / "alone.png"])[method]["centre"])
+
+
 @pytest.mark.parametrize("limits", [(1.2, 4.8), (0.8, 6.0), (0.5, 40.0), (0.01, 300.0)])
 def test_a_log_axis_labels_at_least_three_values_in_any_range(limits):
     from matplotlib.ticker import LogLocator

@@ -120,6 +120,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "cpu_seconds": m.cpu_seconds,
             "wall_seconds": m.wall_seconds,
             "dead_components": m.dead_components,
+            "timed_alone": m.timed_by is None,  # False: fitted in lockstep, timed at another seed's pace
             "train_seconds": m.train_seconds,
             "kmeans_seconds": m.kmeans_seconds,
             "steady_seconds": steady_seconds(m.history),
