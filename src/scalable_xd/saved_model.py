@@ -41,9 +41,12 @@ def save(model, path) -> None:
 
 def load(cls, path, device: str | None = None):
     """The ``cls`` (``XDGMM``) saved at ``path``, on ``device`` where given (else the saved one, or the CPU
-    where the saved GPU is absent); a ValueError naming the file where it is damaged, foreign or invalid."""
+    where the saved GPU is absent); a ValueError naming the file where it is damaged, foreign or invalid.
+    ``verbose`` comes back at its default: how the fitting process showed its progress (the workflow's
+    fits log every epoch) is not part of the model."""
     mixture, meta = read_model(path)
     params = dict(meta.get("params", {}))
+    params.pop("verbose", None)
     saved = params.get("device", "cpu")
     if device is None and saved != "cpu" and not torch.cuda.is_available():
         device = "cpu"

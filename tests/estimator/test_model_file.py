@@ -45,6 +45,15 @@ def test_a_saved_model_loads(saved):
     np.testing.assert_array_equal(XDGMM.load(path).weights_, arrays["weights"])
 
 
+def test_a_model_loads_quiet_whatever_its_fit_printed(tmp_path):
+    """verbose is how the fitting process showed its progress (the workflow's fits: every epoch), not part
+    of the model: it comes back at its default."""
+    x = np.random.default_rng(1).normal(size=(200, 2))
+    XDGMM(2, epochs=2, verbose=2, random_state=0).fit(x).save(tmp_path / "loud.npz")
+    loaded = XDGMM.load(tmp_path / "loud.npz")
+    assert loaded.verbose == 0 and "verbose" not in repr(loaded)
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
