@@ -364,7 +364,54 @@ def _bulk_and_feature_commands() -> list[Command]:
 
 def _fit_commands() -> list[Command]:
     """The subcommands of the fits: k-means starts, the fits themselves and their references."""
-    return [_kmeans_command(), _fit_command(), _reference_command()]
+    return [_kmeans_command(), _fit_command(), _fit_table_command(), _reference_command()]
+
+
+def _fit_table_command() -> Command:
+    """The ``fit-table`` subcommand: one's own table, one command from a fitted model (``table_fit``)."""
+    return Command(
+        "fit-table",
+        "fit a model to columns of your own CSV or Parquet table, their errors beside them",
+        (
+            option("--input", required=True, help="the table: .csv (or .csv.gz) or Parquet"),
+            option("--columns", nargs="+", required=True, help="the columns of the values fitted"),
+            option(
+                "--errors",
+                nargs="+",
+                default=None,
+                help="each column's standard deviation, in --columns' order (default: none, the values exact)",
+            ),
+            option(
+                "--correlation",
+                nargs="*",
+                default=[],
+                metavar="A:B=COLUMN",
+                help="the correlation of columns A and B, held in COLUMN (default: none, uncorrelated)",
+            ),
+            option("--n-components", type=POSITIVE, required=True, help="K"),
+            _seed("seed of the k-means start and the batch order"),
+            THREADS,
+            option("--output", required=True, help="the model (.npz; XDGMM.load reads it)"),
+        ),
+        run=_fit_table,
+        settings=((FitSettings, {"skip": {"verbose"}}),),
+    )
+
+
+def _fit_table(args) -> None:
+    from .table_fit import fit_table
+
+    steps._set_threads(args.threads)
+    fit_table(
+        input=args.input,
+        columns=args.columns,
+        errors=args.errors,
+        correlation=args.correlation,
+        n_components=args.n_components,
+        seed=args.seed,
+        settings=_settings_of(args, FitSettings, verbose=_verbosity(args)),
+        output=args.output,
+    )
 
 
 def _kmeans_command() -> Command:
@@ -409,7 +456,8 @@ def _fit_command() -> Command:
                 type=NON_NEGATIVE,
                 nargs="+",
                 default=[0],
-                help="the fits' seeds (batch order), fitted one after another (default: 0)",
+                help="the fits' seeds (batch order): the first alone, the others of a minibatch method on the "
+                "CPU in lockstep (default: 0)",
             ),
             THREADS,
             option(
