@@ -188,3 +188,17 @@ def test_the_corner_caption_holds_noise_broadens_the_data(run):
     complete = test.n_missing == 0
     for k in (2, 3, 4):  # parallax, pmra, pmdec
         assert test.X[complete, k].std() > test.true[complete, k].std()
+
+
+def test_a_fit_under_a_selection_does_not_share_the_training_curves(run, tmp_path):
+    """A cut variant scores other stars, on another scale (-17 nats where the others are at -28 on the
+    demo): drawn beside them it squashed their curves and bands. It is left out where others are drawn."""
+    _, metrics = run
+    plain = plot_training_curves(metrics, [tmp_path / "plain.png"], 3)
+    m = FitMetrics.read(metrics[0])
+    m.method, m.settings = "em_cut", {**m.settings, "selection": "x0 < 1"}
+    m.history = [{**e, "train_loglik": e["train_loglik"] + 10} for e in m.history]
+    m.write(tmp_path / "cut.json")
+    with_cut = plot_training_curves([*metrics, tmp_path / "cut.json"], [tmp_path / "with_cut.png"], 3)
+    assert with_cut == plain
+    assert plot_training_curves([tmp_path / "cut.json"], [tmp_path / "alone.png"], 3)["methods"] == ["em_cut"]

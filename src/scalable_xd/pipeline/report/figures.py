@@ -99,13 +99,17 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     """Mean training log-likelihood against epoch rescaled by the mean training time (Figure 1 left), with a
     band of one standard deviation over seeds. The y axis spans the last ``LAST_EPOCHS`` epochs of every
     method (earlier epochs and the k-means start, far below, run off the bottom and are stated), so that the
-    end-state differences between methods, the point of the figure, and the bands are visible."""
+    end-state differences between methods, the point of the figure, and the bands are visible. Fits under a
+    selection (a workflow's cut variants) score other stars, on another scale: they are drawn only where
+    every fit has one."""
     plt = pyplot()
     curves: dict = {}
+    cut: dict = {}
     for path in metrics_paths:
         m = FitMetrics.read(path)
         if m.n_components == n_components:
-            curves.setdefault(m.method, []).append(m.history)
+            (cut if m.settings.get("selection") else curves).setdefault(m.method, []).append(m.history)
+    curves = curves or cut
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
     fig, ax = plt.subplots(figsize=(COLUMN, COLUMN_HEIGHT), layout="constrained")
@@ -138,7 +142,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
         f"Training curves, K = {n_components}: mean ± 1 sd over {'/'.join(map(str, seeds))} seeds\n"
         f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})"
     )
-    fig.legend(loc="outside lower center", ncols=len(curves), frameon=False)  # below the axes, off the curves
+    fig.legend(loc="outside lower center", ncols=min(3, len(curves)), frameon=False)  # below the axes
     save(fig, outputs)
     return {"ylim": ax.get_ylim(), "methods": list(curves)}
 
