@@ -110,8 +110,10 @@ dim, element = int(sys.argv[1]), sys.argv[2]
 densities, sums = kernels(dim)
 p = "*" + element
 signatures = (
-    (densities, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, fail_ptr="*i8", n="i32", BLOCK="constexpr")),
-    (sums, dict(x_ptr=p, s_ptr=p, par_ptr=p, resp_ptr=p, part_ptr=p, n="i32", n_comp="i32", BLOCK="constexpr")),
+    (densities, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, fail_ptr="*i8", n="i32", n_all="i32", n_comp="i32",
+                     BLOCK="constexpr")),
+    (sums, dict(x_ptr=p, s_ptr=p, par_ptr=p, resp_ptr=p, part_ptr=p, n="i32", n_all="i32", n_comp="i32",
+                n_fits_comp="i32", BLOCK="constexpr")),
 )
 for kernel, signature in signatures:
     source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": 128})
@@ -127,3 +129,27 @@ def test_the_kernels_compile_for_a_hopper_gpu(dim, element, tmp_path):
         [sys.executable, "-c", _COMPILE_FOR_HOPPER, str(dim), element], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_several_fits_in_one_launch_give_each_fit_its_pass_alone(dtype):
+    """``triton_fits``: S fits' batches, each under its own mixture, in one launch of each kernel, equal to
+    each fit's ``triton_chunk`` (the same pairs' arithmetic in the same order; the log-sum-exp over a fit's
+    components taken on a (S, K, B) array instead of (K, B), hence a tolerance of a few units in the last
+    place, not bit equality)."""
+    from scalable_xd.kernel.triton_pass import triton_chunk, triton_fits
+
+    rng = np.random.default_rng(12)
+    fits = [kernel_problem(rng, n=150, k=4, d=3) for _ in range(3)]
+    x = torch.cat([torch.as_tensor(f[0]) for f in fits]).to(dtype)
+    S = torch.cat([torch.as_tensor(f[1]) for f in fits]).to(dtype)
+    mixtures = [_mixture(*f[2:], dtype=dtype) for f in fits]
+    together = triton_fits(x, S, mixtures)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    for s, (xs, Ss, *_) in enumerate(fits):
+        _, _, alone = triton_chunk(
+            torch.as_tensor(xs).to(dtype), torch.as_tensor(Ss).to(dtype), mixtures[s], None, True, 0
+        )
+        for name in ("q", "U", "UU", "P"):
+            torch.testing.assert_close(getattr(together[s], name), getattr(alone, name), rtol=rtol, atol=0)
+        assert together[s].n_points == alone.n_points

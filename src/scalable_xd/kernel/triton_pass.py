@@ -2,7 +2,8 @@
 hand-written path, and one that runs on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``), so
 that CI checks it on every commit.
 
-A program takes one component j and a block of BLOCK stars. The first kernel factorises T_ij = V_j + S_i
+A program takes one component j and a block of BLOCK stars; with several fits' batches in one launch
+(``triton_fits``: S fits stepping in lockstep), one component of one fit, its stars that fit's batch. The first kernel factorises T_ij = V_j + S_i
 (Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves z = L^-1 d and
 writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of size
 (K, B, D, D) ever exists. The log-likelihoods and responsibilities (with per-point weights and stochastic
@@ -53,16 +54,22 @@ def n_par(dim: int) -> int:
 def _factorise(dim: int) -> list[str]:
     """Statements that load star block ``offs`` and component ``k`` and factorise T = V_k + S_i."""
     n_tri = dim * (dim + 1) // 2
-    lines = ["k = tl.program_id(0)", "offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)", "live = offs < n"]
+    lines = [
+        "k = tl.program_id(0)  # fit k // n_comp's component k % n_comp: the fits' components one after another",
+        "first = (k // n_comp) * n  # the fit's first star among every fit's, n a fit",
+        "offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)",
+        "live = offs < n",
+    ]
     for i in range(dim):
         mean = f"tl.load(par_ptr + k * {n_par(dim)} + {n_tri + i})"
-        lines.append(f"d{i} = tl.load(x_ptr + {i} * n + offs, mask=live, other=0.0) - {mean}")
+        lines.append(f"d{i} = tl.load(x_ptr + {i} * n_all + first + offs, mask=live, other=0.0) - {mean}")
 
     def v(i: int, j: int) -> str:
         return f"tl.load(par_ptr + k * {n_par(dim)} + {tri(i, j)})"
 
     def s(i: int, j: int) -> str:  # padding stars see S = I, so that every lane stays finite
-        return f"tl.load(s_ptr + {i * dim + j} * n + offs, mask=live, other={1.0 if i == j else 0.0})"
+        entry = f"s_ptr + {i * dim + j} * n_all + first + offs"
+        return f"tl.load({entry}, mask=live, other={1.0 if i == j else 0.0})"
 
     lines += factorise_and_solve(dim, v, s, "tl.sqrt", "1.0")
     return lines
@@ -82,7 +89,7 @@ def _source(dim: int) -> str:
     sums = _factorise(dim) + ["r = tl.load(resp_ptr + k * n + offs, mask=live, other=0.0)"]
     sums += invert_factor(dim)
     sums += [f"u{i} = {u_entry(dim, i)}" for i in range(dim)]
-    row = f"part_ptr + (tl.program_id(1) * n_comp + k) * {dim + 2 * n_tri}"
+    row = f"part_ptr + (tl.program_id(1) * n_fits_comp + k) * {dim + 2 * n_tri}"
     out = 0
     for i in range(dim):
         sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * u{i}, 0.0), axis=0))")
@@ -106,12 +113,14 @@ def _source(dim: int) -> str:
                 "",
                 "",
                 "@triton.jit",
-                "def densities(x_ptr, s_ptr, par_ptr, dens_ptr, fail_ptr, n, BLOCK: tl.constexpr):",
+                "def densities(x_ptr, s_ptr, par_ptr, dens_ptr, fail_ptr, n, n_all, n_comp, BLOCK: tl.constexpr):",
                 *indent(densities),
                 "",
                 "",
                 "@triton.jit",
-                "def sums(x_ptr, s_ptr, par_ptr, resp_ptr, part_ptr, n, n_comp, BLOCK: tl.constexpr):",
+                "def sums(",
+                "    x_ptr, s_ptr, par_ptr, resp_ptr, part_ptr, n, n_all, n_comp, n_fits_comp, BLOCK: tl.constexpr",
+                "):",
                 *indent(sums),
             ]
         )
@@ -158,7 +167,7 @@ def triton_chunk(
     dens = torch.empty((k, n), dtype=x.dtype, device=x.device)
     failed = torch.empty((k, n), dtype=torch.int8, device=x.device)
     grid = (k, triton.cdiv(n, BLOCK))
-    densities[grid](xt, st, par, dens, failed, n, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    densities[grid](xt, st, par, dens, failed, n, n, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
     raise_for_failed_pairs(failed.T.bool(), row_offset)
     loglik = torch.logsumexp(dens, dim=0)
     if not with_stats:
@@ -166,7 +175,7 @@ def triton_chunk(
     resp = assign(torch.exp(dens - loglik), point_weights, uniforms, dim=0).to(x.dtype).contiguous()
     n_tri = dim * (dim + 1) // 2
     partial = torch.empty((grid[1], k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
-    sums[grid](xt, st, par, resp, partial, n, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    sums[grid](xt, st, par, resp, partial, n, n, k, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
     total = partial.sum(0, dtype=torch.float64).to(x.dtype)
     UU, P = (symmetric_from_triangle(lower, dim) for lower in (total[:, dim : dim + n_tri], total[:, dim + n_tri :]))
     criteria = None
@@ -176,3 +185,42 @@ def triton_chunk(
         n_points(x, point_weights), resp.sum(1), total[:, :dim], UU, P, summed_loglik(loglik, point_weights), criteria
     )
     return loglik, dens.T, stats
+
+
+def triton_fits(x: torch.Tensor, S: torch.Tensor, mixtures: list[Mixture]) -> list[Statistics | None]:
+    """The statistics of S fits' plain batches at once (R = I; no weights or draws), fit s's batch rows
+    s n to (s + 1) n of ``x`` (S n, D) and ``S`` (S n, D, D), under ``mixtures[s]`` (each of K components):
+    one launch of each kernel over the fits' (component, star) pairs, where S launches of ``triton_chunk``
+    would each leave most of a GPU idle at a minibatch's size. Each fit's sums are its pairs' alone, in the
+    same order; a fit with a pair that did not factorise gets None (it steps alone, retried or named)."""
+    import triton
+
+    n_fits, (n_all, dim) = len(mixtures), x.shape
+    n, k = n_all // n_fits, mixtures[0].n_components
+    densities, sums = kernels(dim)
+    xt, st = x.T.contiguous(), S.reshape(n_all, dim * dim).T.contiguous()
+    par = torch.cat([_parameters(mixture, x.dtype) for mixture in mixtures])
+    dens = torch.empty((n_fits * k, n), dtype=x.dtype, device=x.device)
+    failed = torch.empty((n_fits * k, n), dtype=torch.int8, device=x.device)
+    grid = (n_fits * k, triton.cdiv(n, BLOCK))
+    densities[grid](xt, st, par, dens, failed, n, n_all, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    by_fit = dens.view(n_fits, k, n)
+    loglik = torch.logsumexp(by_fit, dim=1)
+    resp = torch.exp(by_fit - loglik[:, None, :]).to(x.dtype).reshape(n_fits * k, n).contiguous()
+    n_tri = dim * (dim + 1) // 2
+    partial = torch.empty((grid[1], n_fits * k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
+    sums[grid](xt, st, par, resp, partial, n, n_all, k, n_fits * k, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    total = partial.sum(0, dtype=torch.float64).to(x.dtype).view(n_fits, k, -1)
+    bad = failed.view(n_fits, k * n).any(dim=1).tolist()
+    out: list[Statistics | None] = []
+    for s in range(n_fits):
+        if bad[s]:
+            out.append(None)
+            continue
+        UU, P = (
+            symmetric_from_triangle(total[s][:, part], dim)
+            for part in (slice(dim, dim + n_tri), slice(dim + n_tri, None))
+        )
+        q = resp.view(n_fits, k, n)[s].sum(1)
+        out.append(Statistics(n, q, total[s][:, :dim], UU, P, summed_loglik(loglik[s])))
+    return out
