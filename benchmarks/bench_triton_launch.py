@@ -68,10 +68,10 @@ def main(argv=None) -> None:
         partial = torch.empty((grid[1], k, dim + dim * (dim + 1)), dtype=dtype, device=device)
         launches = {
             "densities": lambda g=grid, b=block, w=warps: densities[g](
-                xt, st, par, dens, failed, n, BLOCK=b, num_warps=w
+                xt, st, par, dens, failed, n, n, k, BLOCK=b, num_warps=w
             ),
             "sums": lambda g=grid, b=block, w=warps, p=partial: sums[g](
-                xt, st, par, resp, p, n, k, BLOCK=b, num_warps=w
+                xt, st, par, resp, p, n, n, k, k, BLOCK=b, num_warps=w
             ),
         }
         row = {"block": block, "warps": warps}

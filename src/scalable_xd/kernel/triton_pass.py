@@ -2,11 +2,11 @@
 hand-written path, and one that runs on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``), so
 that CI checks it on every commit.
 
-A program takes one component j and a block of BLOCK stars; with several fits' batches in one launch
-(``triton_fits``: S fits stepping in lockstep), one component of one fit, its stars that fit's batch. The first kernel factorises T_ij = V_j + S_i
-(Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves z = L^-1 d and
-writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of size
-(K, B, D, D) ever exists. The log-likelihoods and responsibilities (with per-point weights and stochastic
+A program takes one component j and a block of BLOCK stars (with several fits' batches in one launch,
+``triton_fits``, one component of one fit and that fit's stars). The first kernel factorises
+T_ij = V_j + S_i (Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves
+z = L^-1 d and writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of
+size (K, B, D, D) ever exists. The log-likelihoods and responsibilities (with per-point weights and stochastic
 EM's draws, ``statistics.assign``) are then one torch call each on the (K, B) array. The second kernel
 factorises again (cheaper than storing the factors), forms u = T^-1 d and T^-1, and reduces r u, r u u^T
 and r T^-1 over its block of stars, writing one row of partial sums per (block, component); the blocks'
