@@ -44,8 +44,7 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     ] + ([("true", "true", "parallax > 0")] if truth else [])
     cmd = {(label, why): _cmd(table, prefix, roles) for label, prefix, why in versions}
     finite = np.concatenate([np.column_stack(xy)[np.isfinite(np.column_stack(xy)).all(1)] for xy in cmd.values()])
-    x_range = np.percentile(finite[:, 0], [0.5, 99.5])
-    y_range = np.percentile(finite[:, 1], [0.5, 99.5])
+    x_range, y_range = np.percentile(finite, [0.5, 99.5], axis=0).T  # colour's, then magnitude's
     for ax, ((label, why), (colour, mag)) in zip(axes[0], cmd.items()):
         ok = np.isfinite(colour) & np.isfinite(mag)
         ax.hist2d(colour[ok], mag[ok], bins=80, range=[x_range, y_range], cmap="Greys", norm="log")
@@ -94,9 +93,8 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     for level in (0.68, 0.95):
         axes[1, 2].axhline(level, color="black", linewidth=0.6, linestyle="dashed")
     axes[1, 2].set_xticks(positions, [shown[name] for name in names], rotation=60, fontsize=5)
-    # room above the bars (coverage reaches 1) for the legend, off them
-    axes[1, 2].set(ylim=(0, 1.25), ylabel="share of true values inside", title="coverage of the intervals")
-    axes[1, 2].set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    axes[1, 2].set(ylim=(0, 1.25), yticks=np.linspace(0, 1, 6), title="coverage of the intervals")  # legend above
+    axes[1, 2].set_ylabel("share of true values inside")
     axes[1, 2].legend(fontsize=5, loc="upper center", ncols=2, frameon=False)
     save(fig, outputs)
 
