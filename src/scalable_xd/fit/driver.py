@@ -33,6 +33,7 @@ from .loop_config import LoopConfig
 from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .plan import FitPlan, Start, settings_record
+from .reseed import dead_components
 from .scoring import EVAL_BATCH, total_loglik
 from .selection import record as selection_record
 from .updates import FixedParameters, feature_scale
@@ -120,12 +121,10 @@ def fit_mixture(plan: FitPlan) -> Fitted:
 def _warn_of_dead_components(mixture: Mixture, data_size: float, fixed) -> None:
     """A warning where components (not of fixed weight) end with less than one star's worth of weight:
     capacity asked for that the fit does not use, said rather than left silent."""
-    dead = mixture.weights < 1.0 / data_size
-    if fixed is not None:
-        dead &= ~fixed.weights
-    if bool(dead.any()):
+    dead = dead_components(mixture.weights, 1.0 / data_size, None if fixed is None else fixed.weights)
+    if len(dead):
         warnings.warn(
-            f"{int(dead.sum())} of {mixture.n_components} components ended with less than one star's worth of "
+            f"{len(dead)} of {mixture.n_components} components ended with less than one star's worth of "
             f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Minibatch EM can re-seed "
             "them (reseed_dead=True), or fit fewer components",
             UserWarning,

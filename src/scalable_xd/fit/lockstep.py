@@ -7,13 +7,12 @@ nothing they share (torch's and numba's thread pools, the data) is used twice at
 arithmetic depends on the others'. On threads of their own each fit's parallel regions would start an
 OpenMP team of their own, whose spinning workers took a 2-core machine's time (an ensemble's epoch at
 twice the cost). Where a fit's loop asks its engine for a step, it posts the batch and hands the turn
-back; once every fit has posted, every posted step runs at once (the engine's
-``together``: on the CPU, ``engines.cpu.steps_together``, one ensemble pass over the S batches,
-``kernel.ensemble_pass``, and the S updates in one compiled call, ``cpu_rules.online_em_steps`` or
-``cpu_rules.sgd_steps``). A fit that scores, checkpoints
-or has finished posts nothing, and the others wait for it, so the fits stay in step. Each fit's
-statistics and update are computed as alone, so a fit in lockstep ends with the parameters it ends with
-alone, to the bit (``tests/fit/test_lockstep.py``).
+back; once every fit has posted, every posted step runs at once (the engine's ``together``: on the CPU,
+``engines.cpu.steps_together``, one ensemble pass over the S batches, ``kernel.ensemble_pass``, and the S
+updates in one compiled call, ``cpu_rules.online_em_steps`` or ``cpu_rules.sgd_steps``). A fit that
+scores, checkpoints or has finished posts nothing, and the others wait for it, so the fits stay in step.
+Each fit's statistics and update are computed as alone, so a fit in lockstep ends with the parameters it
+ends with alone, to the bit (``tests/fit/test_lockstep.py``).
 """
 
 from __future__ import annotations
@@ -112,6 +111,14 @@ _current: ContextVar[Member | None] = ContextVar("lockstep_member", default=None
 def current() -> Member | None:
     """The member a fit made now steps as (``Member.joined``), or None: alone."""
     return _current.get()
+
+
+def raise_failure(results: list, survivable: tuple[type[BaseException], ...] = ()) -> None:
+    """Raise the error a ``Lockstep.run``'s results hold that is not ``survivable``: the one that stopped
+    the others, not the ``LockstepStopped`` it left them with."""
+    failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, survivable)]
+    if failed:
+        raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
 
 
 class LockstepStopped(RuntimeError):

@@ -24,7 +24,7 @@ from .._torch import resolve_device
 from ..errors import FitDivergedError
 from ..settings import FitSettings, resolve_seed
 from .driver import Fitted, fit_mixture
-from .lockstep import Lockstep, LockstepStopped, Member
+from .lockstep import Lockstep, Member, raise_failure
 from .methods import method
 from .parallel import Group, shared_seed
 from .plan import FitPlan
@@ -78,9 +78,7 @@ def fit_together(plans: list[FitPlan]) -> list[Fitted | FitDivergedError]:
         results = Lockstep(survivable=(FitDivergedError,)).run([functools.partial(_member_fit, p) for p in plans])
     else:
         results = [_fit_or_divergence(plan) for plan in plans]
-    failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, FitDivergedError)]
-    if failed:  # the error that stopped the others, not theirs
-        raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
+    raise_failure(results, survivable=(FitDivergedError,))
     return results
 
 

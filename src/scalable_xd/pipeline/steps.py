@@ -336,17 +336,14 @@ def fit(
 def _fit_the_others(fits: list, timed_by: tuple[int, float], settings: FitSettings) -> None:
     """The seeds after the first: in lockstep where the method steps so (``fit.restarts.in_lockstep``),
     timed by the first (``timed_by``: its seed and pace); otherwise one after another, each timed alone."""
-    from ..fit.lockstep import Lockstep, LockstepStopped
+    from ..fit.lockstep import Lockstep, raise_failure
     from ..fit.restarts import in_lockstep
 
     if len(fits) < 2 or not in_lockstep(settings):
         for fit_seed in fits:
             fit_seed()
         return
-    results = Lockstep().run([functools.partial(_joined, fit_seed, timed_by) for fit_seed in fits])
-    failed = [r for r in results if isinstance(r, BaseException)]
-    if failed:  # the error that stopped the others, not theirs
-        raise next((r for r in failed if not isinstance(r, LockstepStopped)), failed[0])
+    raise_failure(Lockstep().run([functools.partial(_joined, fit_seed, timed_by) for fit_seed in fits]))
 
 
 def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
@@ -370,8 +367,9 @@ def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one epoch: not converged, and said to no one
         model = XDGMM(min(n_components, len(part)), **trial.as_dict(), random_state=0).fit(X, Xcov=Xcov)
-        for rows in (slice(0, 8), slice(None)):  # scoring a chunk on one thread, and on several
-            model.score(X[rows], Xcov=part.subset(np.arange(len(part))[rows]).covariance())
+        for rows in (min(8, len(part)), len(part)):  # scoring a chunk on one thread, and on several
+            scored = part.subset(np.arange(rows))
+            model.score(scored.X, Xcov=scored.covariance())
     return time.perf_counter() - tick
 
 

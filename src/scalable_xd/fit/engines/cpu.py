@@ -180,16 +180,16 @@ class StepRequest:
 def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
     """Every posted step: the fits' batches in one ensemble pass (``EnsemblePass``), then their updates in
     one compiled call (``cpu_rules.online_em_steps``, ``cpu_rules.sgd_steps``; fits of mixed rules one call
-    a fit); a fit whose
-    batch cannot join the pass (of another size or data; a pair that did not factorise) steps alone. Each
-    fit's error (or None), so that one fit's failure is its own."""
+    a fit); a fit whose batch cannot join the pass (of another size or data; a pair that did not factorise)
+    steps alone. Each fit's error (or None), so that one fit's failure is its own."""
     from . import cpu_rules
 
     rules: list[ArrayRule] = [request.engine.fitter.compiled for request in requests]  # type: ignore[misc]
-    stacked = tuple(np.stack([rule.arrays()[i] for rule in rules]) for i in range(3))
-    places = [request.batch.in_memory for request in requests]  # each a batch's rows: ``step`` posts no other
-    ensemble = requests[0].engine.ensemble
-    done = ensemble.sums(places, *stacked) if ensemble is not None and len(requests) > 1 else None  # type: ignore[arg-type]
+    ensemble, done = requests[0].engine.ensemble, None
+    if ensemble is not None and len(requests) > 1:  # one fit left steps alone
+        stacked = tuple(np.stack([rule.arrays()[i] for rule in rules]) for i in range(3))
+        places = [request.batch.in_memory for request in requests]  # each a batch's rows: ``step`` posts no other
+        done = ensemble.sums(places, *stacked)  # type: ignore[arg-type]
     failed = np.zeros(len(requests), np.int64) if done is None else done[1]
     errors: list[BaseException | None] = [None] * len(requests)
     for s, request in enumerate(requests):
