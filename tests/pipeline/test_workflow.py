@@ -251,6 +251,16 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing
 
 
+def test_the_cpu_sized_mock_config_plans_the_paper_grid_with_one_seed_and_no_references(tmp_path):
+    output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="mock_cpu.yaml")
+    plan = planned_jobs(output)
+    assert plan["fit"] == 3 * 4 and plan["kmeans"] == 4 and plan["mock_catalogue"] == 1
+    assert "reference" not in plan  # truth.references: false
+    commands = [line for line in output.splitlines() if " fit --train " in line]
+    assert len(commands) == 12 and not any("--reference" in c for c in commands)
+    assert "resources/mock/mock_n2000000_seed0.parquet" in output  # the paper's 2,000,000 rows
+
+
 def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp_path):
     output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="methods.yaml")
     commands = [line for line in output.splitlines() if " fit --train " in line]

@@ -26,6 +26,7 @@ the table of docs/reproducing.md gives each run's measured time.
 | --- | --- |
 | `config.yaml` | the paper: Gaia DR2, random_index < 2,000,000, K in {64, 128, 256, 512}, ten seeds (network; a GPU) |
 | `mock.yaml` | the same grid offline on a 2,000,000-row DR2-like mock, scored against its true values |
+| `mock_cpu.yaml` | the paper's grid on the same mock sized for 2 CPU cores: one seed, no reference fits |
 | `midscale.yaml` | the paper's protocol on a 500,000-row mock, K in {64, 128}, two seeds |
 | `demo.yaml` | the quick start: a 100,000-row mock, K in {16, 32, 64}, three seeds |
 | `methods.yaml` | stochastic EM and Polyak averaging beside the paper's methods, on the demo's mock at K = 64 |
