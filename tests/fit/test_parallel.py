@@ -276,6 +276,37 @@ def test_torchrun_runs_the_command_line_fit(files, tmp_path, stream):
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["metrics.json", "model.npz"]
 
 
+def test_a_features_file_one_rank_cannot_read_fails_every_rank_naming_the_rank_and_the_file(files, tmp_path):
+    """Rank 1 reads the training file as a damaged one (pyarrow's error for a file whose footer is gone, as
+    a node's copy of it might be): it used to exit alone naming the file, and rank 0 to report a lost
+    contact; now every rank says which rank failed and why."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import pyarrow, pyarrow.parquet as pq\n"
+        "    def damaged(*args, **kwargs):\n"
+        "        raise pyarrow.ArrowInvalid('Parquet magic bytes not found in footer. Either the file is corrupted')\n"
+        "    pq.read_schema = damaged\n"
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*torchrun, "-m", "scalable_xd", *_fit_args(files, tmp_path / "two", "minibatch_em")],
+        env={**ENV, "PYTHONPATH": f"{site}{os.pathsep}{ENV['PYTHONPATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    train = str(files / "data" / "train.parquet")
+    for rank in (0, 1):
+        said = f"rank {rank} of 2: reading the features files failed on rank 1, so no process"
+        assert said in done.stderr, done.stderr[-3000:]
+    assert f"(rank 1: ValueError: {train}" in done.stderr or train in done.stderr.split("(rank 1:")[1]
+    assert "lost contact" not in done.stderr and not (tmp_path / "two" / "model.npz").exists()
+
+
 def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(files, tmp_path):
     """Two torchrun agents, as `srun --ntasks-per-node 1` starts one per node of a multi-node fit
     (fit.nodes), meet at a c10d rendezvous and give the one-process fit."""

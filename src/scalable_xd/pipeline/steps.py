@@ -287,7 +287,7 @@ def fit(
     seed where it was, the seeds done read back from their checkpoints. ``stream_window`` > 0 streams the
     splits from disk a window of that many rows at a time (``stream``) instead of loading them; the test
     split is then loaded only where it holds true values (a mock), for the truth metrics."""
-    from ..fit.parallel import Group
+    from ..fit.parallel import Group, fail_together
     from .features_file import read_features
 
     checkpoints = checkpoint or [None] * len(seeds)
@@ -303,13 +303,14 @@ def fit(
     _set_threads(threads)
     check_writable(*output_model, *output_metrics, *checkpoints)
     data = functools.partial(_split, settings=settings, stream_window=stream_window)
-    train_data = data(train, "X")
-    val_data = None if val is None else data(val, "X_val")[:2]
-    test_data, test_split = None, None
-    if test is not None:
-        *test_data, test_split = data(test, "X_test")
-        if test_split is None and test_data[1]["true_values"]:  # streamed: loaded for the truth metrics (a mock)
-            test_split = read_features(test)
+    with fail_together(Group.current(), "reading the features files"):  # a file one rank cannot read fails all
+        train_data = data(train, "X")
+        val_data = None if val is None else data(val, "X_val")[:2]
+        test_data, test_split = None, None
+        if test is not None:
+            *test_data, test_split = data(test, "X_test")
+            if test_split is None and test_data[1]["true_values"]:  # streamed: loaded for the truth metrics
+                test_split = read_features(test)
     splits = (train_data, val_data, test_data, test_split)
     record = dict(method=label or settings.method, n_components=n_components, tag=tag, config_hash=config_hash)
     warm_up = _warm_up(settings, n_components, train_data[2])
