@@ -166,7 +166,7 @@ def test_time_to_the_achievable_compares_each_method_at_its_fastest_variant(tmp_
     _, verdict, evidence = claims(paths)[7]
     assert verdict == FAILS  # SGD at K = 128
     assert "Batch EM (Bovy et al. 2011): K=64: never, K=128: never" in evidence
-    assert "em_squarem: K=64: 10.0 s, K=128: 10.0 s (95%: K=64: 15.0 s, K=128: 15.0 s)" in evidence
+    assert "Batch EM (em_squarem): K=64: 10.0 s, K=128: 10.0 s (95%: K=64: 15.0 s, K=128: 15.0 s)" in evidence
     assert "SGD: K=64: 6.0 s, K=128: never" in evidence
     paths = [p for p in paths if "sgd" not in p.name]
     assert claims(paths)[7][1] == HOLDS  # minibatch EM's 4 s against accelerated batch EM's 10 s
@@ -241,6 +241,13 @@ def test_the_aware_fit_is_judged_by_the_gap_it_closes_between_the_naive_and_the_
     ]
     verdicts = claims(paths)
     assert verdicts[10][1] == verdict
+    write_loglik_table(paths, tmp_path / "t")  # the variants named by what they are, not by their config keys
+    named = [line.split("|")[1].strip() for line in (tmp_path / "t.md").read_text().splitlines()[4:]]
+    assert named == [
+        "Batch EM (Bovy et al. 2011)",
+        "Batch EM, cut to phot_g_mean_mag < 20 (aware)",
+        "Batch EM, cut to phot_g_mean_mag < 20 (naive)",
+    ]
     closed = 60 if verdict == HOLDS else 20
     assert (
         f"Batch EM (Bovy et al. 2011) cut to phot_g_mean_mag < 20: K=16: {aware_true + 11:+.3f} nats/star, {closed} %"

@@ -18,6 +18,7 @@ import pandas as pd
 from ...data.missing import MISSING_LOGLIK_CONSTANT
 from ...files import read_json, write_json
 from ..truth import SHARE_MARKS
+from .style import name_variants
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05
@@ -132,6 +133,7 @@ def metrics_frame(paths) -> pd.DataFrame:
             "has_truth": bool(m.true.get("available", False)),
             "fitted_with": m.settings.get("method", m.method),
             "split_merge": bool(m.settings.get("split_merge")),
+            "averaging": m.settings.get("averaging") or "none",
             "selection": m.settings.get("selection"),  # the limits its training stars were cut by, or None
             "selection_aware": bool(m.settings.get("selection_aware", True)),
             "moves_accepted": m.history[-1].get("moves_accepted", 0) if m.history else 0,
@@ -148,6 +150,7 @@ def metrics_frame(paths) -> pd.DataFrame:
         raise ValueError(
             f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}"
         )
+    name_variants(frame)  # the figures and tables name a variant by what it is, not by its config key
     return frame
 
 
