@@ -13,7 +13,49 @@ from scalable_xd.mixture import Mixture
 
 TINY32 = float(np.finfo(np.float32).tiny)
 
-pytestmark = pytest.mark.skipif(not float_env.ON_X86, reason="subnormals are flushed on x86-64 alone")
+on_x86 = pytest.mark.skipif(float_env.MACHINE not in float_env.X86, reason="MXCSR's bits: x86-64's register")
+
+
+@pytest.mark.parametrize(
+    "machine, triple, wants",
+    [
+        ("x86_64", "x86_64-unknown-linux-gnu", ["stmxcsr", "orl\t$32832", "ldmxcsr", "ldmxcsr"]),
+        ("aarch64", "aarch64-unknown-linux-gnu", ["mrs\tx0, FPCR", "#0x1000000", "msr\tFPCR", "msr\tFPCR"]),
+        ("arm64", "arm64-apple-macosx", ["mrs\tx0, FPCR", "#0x1000000", "msr\tFPCR", "msr\tFPCR"]),
+    ],
+)
+def test_the_flush_code_sets_and_restores_each_machines_register(machine, triple, wants):
+    """The flush and the restore compiled for each machine's target (whichever this one is): x86-64's MXCSR
+    gets its FTZ and DAZ bits (0x8040 = 32832), AArch64's FPCR its FZ bit (1 << 24), and each is then put
+    back from the value read first."""
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+
+    module = ir.Module(name="flush")
+    module.triple = triple
+    function = ir.Function(module, ir.FunctionType(ir.IntType(32), []), "flush_and_restore")
+    builder = ir.IRBuilder(function.append_basic_block())
+    old = float_env.flush_code(builder, machine)
+    float_env.restore_code(builder, old, machine)
+    builder.ret(old)
+    llvm.initialize_all_targets()  # numba initialises this machine's target alone
+    llvm.initialize_all_asmprinters()
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    assembly = llvm.Target.from_triple(triple).create_target_machine().emit_assembly(parsed)
+    at = 0
+    for want in wants:  # in this order
+        at = assembly.index(want, at) + len(want)
+
+
+def test_elsewhere_the_flush_is_no_code():
+    from llvmlite import ir
+
+    function = ir.Function(ir.Module(name="none"), ir.FunctionType(ir.IntType(32), []), "f")
+    builder = ir.IRBuilder(function.append_basic_block())
+    assert float_env.flush_code(builder, "riscv64").constant == 0
+    float_env.restore_code(builder, ir.Constant(ir.IntType(32), 0), "riscv64")
+    assert not builder.block.instructions
 
 
 @numba.njit
@@ -45,6 +87,7 @@ def _registers() -> set[int]:
     return {int(r) & CONTROL for r in (_flushed_products(one, one, one.copy()), *_pool_registers(64))}
 
 
+@on_x86
 def test_a_subnormal_product_is_zero_between_flush_and_restore_and_subnormal_after():
     a, b = np.full(4, 1e-30, np.float32), np.full(4, 1e-10, np.float32)
     out = np.empty(4, np.float32)
@@ -69,6 +112,7 @@ def _collapsed_problem(rng, n=4000, k=8, d=7):
     return x, S, Mixture(*(torch.tensor(v) for v in (weights, means, covs)))
 
 
+@on_x86
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_pass_over_collapsed_components_matches_float64_and_leaves_the_register_as_it_was(threads):
     """float32 against the float64 pass: the collapsed components' products flushed to 0 lie below float32's
