@@ -11,7 +11,8 @@ The shapes (``SHAPES``), each three Gaussian components observed with heterosced
 * ``zero_error_column``: one feature measured without error (noise variance exactly 0);
 * ``near_constant``: one component a thousandth as wide as the data in one feature;
 * ``noise_decades``: each star's noise variance drawn over six decades (1e-4 to 1e2 of the spread);
-* ``outliers``: 3% of the stars replaced by Student-t (1.5 degrees of freedom) draws ten times as wide.
+* ``outliers``: 3% of the stars replaced by Student-t (1.5 degrees of freedom) draws ten times as wide;
+* ``many_features``: twenty features, each component's correlated across them (small N, many features).
 
 The score is the mean log-likelihood of the noisy training data per star (what XD maximises), computed here
 in float64 with numpy, independently of the library. A fit's share of the optimum is
@@ -98,7 +99,21 @@ def outliers(n: int, rng):
     return X, variances
 
 
-SHAPES = {f.__name__: f for f in (order_one, mixed_scales, zero_error_column, near_constant, noise_decades, outliers)}
+def many_features(n: int, rng):
+    """Twenty features, each component correlated across them (a catalogue of many colours and magnitudes)."""
+    d = 20
+    means = rng.normal(0.0, 2.0, size=(3, d))
+    mixing = rng.normal(0.0, 1.0, size=(3, d, d)) / np.sqrt(d)
+    labels = rng.choice(3, size=n, p=(0.5, 0.3, 0.2))
+    true = means[labels] + np.einsum("nij,nj->ni", mixing[labels], rng.normal(size=(n, d)))
+    variances = rng.uniform(0.05, 0.5, size=true.shape)
+    return _observe(rng, true, variances), variances
+
+
+SHAPES = {
+    f.__name__: f
+    for f in (order_one, mixed_scales, zero_error_column, near_constant, noise_decades, outliers, many_features)
+}
 
 
 def data(shape: str, n: int, seed: int = 0):

@@ -95,7 +95,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         method: str = _FIT.method,
         *,
         epochs: int | None = _FIT.epochs,
-        batch_size: int = _FIT.batch_size,
+        batch_size: int | None = _FIT.batch_size,
         step_size: float = _FIT.step_size,
         step_schedule: str = _FIT.step_schedule,
         step_decay: float = _FIT.step_decay,

@@ -25,6 +25,7 @@ def save(model, path) -> None:
                 **model.describe(),
                 "epochs": model.epochs,
                 "decay_epoch": model.decay_epoch,
+                "batch_size": model.batch_size,
                 # the held parameters, so that a loaded model (and its partial_fit) holds them too
                 **{name: np.asarray(getattr(model, name)).tolist() for name in FIXED_MASKS},
             },

@@ -105,7 +105,13 @@ class FitSettings(_Settings):
         low=1,
         nullable=True,
     )
-    batch_size: int = setting(500, "points per minibatch for minibatch_em and sgd (em sums over all points)", low=1)
+    batch_size: int | None = setting(
+        None,
+        "points per minibatch for minibatch_em and sgd (em sums over all points); None: 500, the paper's, or "
+        "N // 20 (at least 32) on fewer than 10,000 points, so that an epoch makes 20 updates",
+        low=1,
+        nullable=True,
+    )
     step_size: float = setting(0.1, "minibatch EM's (first) step size (the paper: 0.01)", low=0, high=1, low_open=True)
     step_schedule: str = setting(
         "step",

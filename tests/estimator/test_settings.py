@@ -132,16 +132,20 @@ def test_a_setting_out_of_range_is_named():
 
 def test_each_method_has_its_own_budget_resolved_for_the_data():
     """None: batch EM 100 iterations at most, minibatch EM 20 epochs or as many as 3,000 updates of 500
-    points take, SGD 20 epochs or 6,000 updates; the decay after half of them. A budget given is kept."""
+    points take, SGD 20 epochs or 6,000 updates, but no more than batch EM's 100 passes where an epoch
+    makes 20 updates (below 10,000 points the batch shrinks so that it does); the decay after half of them.
+    A budget given is kept."""
     budgets = {
         (method, n): for_data(FitSettings(method=method), n)
         for method in ("em", "minibatch_em", "sgd")
         for n in (894, 80_000, 400_000, 1_600_000)
     }
     assert [budgets["em", n].epochs for n in (894, 80_000, 1_600_000)] == [100, 100, 100]
-    assert [budgets["minibatch_em", n].epochs for n in (894, 80_000, 1_600_000)] == [3000, 20, 20]  # 1, 160 batches
-    assert [budgets["sgd", n].epochs for n in (894, 80_000, 400_000, 1_600_000)] == [6000, 38, 20, 20]
-    assert [budgets["sgd", n].decay_epoch for n in (894, 80_000, 400_000, 1_600_000)] == [3000, 19, 10, 10]
+    assert [budgets["minibatch_em", n].batch_size for n in (894, 80_000, 1_600_000)] == [44, 500, 500]
+    assert [budgets["minibatch_em", n].epochs for n in (894, 80_000, 1_600_000)] == [100, 20, 20]  # 20, 160 batches
+    assert [budgets["sgd", n].epochs for n in (894, 80_000, 400_000, 1_600_000)] == [100, 38, 20, 20]
+    assert [budgets["sgd", n].decay_epoch for n in (894, 80_000, 400_000, 1_600_000)] == [50, 19, 10, 10]
+    assert [for_data(FitSettings(), n).batch_size for n in (10, 700, 9_999, 10_000)] == [32, 35, 499, 500]
     given = for_data(FitSettings(method="sgd", epochs=7, decay_epoch=3), 80_000)
     assert (given.epochs, given.decay_epoch) == (7, 3)
     assert for_data(FitSettings(method="sgd", epochs=1), 10).decay_epoch == 1  # one epoch: its full step

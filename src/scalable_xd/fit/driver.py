@@ -156,8 +156,8 @@ def _loop_config(
 ) -> LoopConfig:
     """The loop's configuration, as the method's row says it runs."""
     row = method(settings.method)
-    if settings.epochs is None:
-        raise RuntimeError("methods.for_data resolves the epoch budget for the data")
+    if settings.epochs is None or settings.batch_size is None:
+        raise RuntimeError("methods.for_data resolves the epoch budget and the batch size for the data")
     return LoopConfig(
         epochs=settings.epochs,
         batch_size=settings.batch_size if row.per_batch else max(settings.batch_size, EVAL_BATCH),

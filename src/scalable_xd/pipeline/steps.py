@@ -356,15 +356,17 @@ def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
     from dataclasses import replace
 
     from ..estimator import XDGMM
+    from ..fit.methods import default_batch
     from ..fit.scoring import EVAL_BATCH
 
     if train_split is None:
         return 0.0
-    part = train_split.subset(np.arange(min(len(train_split), max(2 * settings.batch_size, EVAL_BATCH))))
+    batch = default_batch(len(train_split)) if settings.batch_size is None else settings.batch_size
+    part = train_split.subset(np.arange(min(len(train_split), max(2 * batch, EVAL_BATCH))))
     X, Xcov = part.X, part.covariance()
     tick = time.perf_counter()
     # the kernels of the seeds' fits; a selection's limits name features this slice's arrays do not
-    trial = replace(settings, epochs=1, n_init=1, split_merge=False, verbose=0, selection=None)
+    trial = replace(settings, batch_size=batch, epochs=1, n_init=1, split_merge=False, verbose=0, selection=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one epoch: not converged, and said to no one
         model = XDGMM(min(n_components, len(part)), **trial.as_dict(), random_state=0).fit(X, Xcov=Xcov)
