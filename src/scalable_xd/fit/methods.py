@@ -90,8 +90,8 @@ MIN_BATCH_SIZE = 32
 def default_batch(n_points: int) -> int:
     """The batch size left to the library: the paper's 500, or on fewer than 10,000 points N // 20 (at
     least 32), so that a minibatch method takes many small steps an epoch rather than one step over nearly
-    all the data (a 20-feature catalogue of 894 stars: 3,000 passes at batch 500, 100 at batch 44, in an
-    eighth of the time at 0.02 nats a star of the training log-likelihood; docs/user-guide/fitting.md)."""
+    all the data (on 894 stars of 20 features: 3,000 passes at batch 500, 100 at batch 44 in a 25th of
+    the time, 0.02 nats a star lower on the training stars; docs/user-guide/converged.md)."""
     return min(BATCH_SIZE, max(MIN_BATCH_SIZE, n_points // SMALL_DATA_UPDATES))
 
 
