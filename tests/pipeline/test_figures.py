@@ -10,6 +10,7 @@ from scalable_xd.pipeline.features_file import read_features
 from scalable_xd.pipeline.report.figures import LAST_EPOCHS, plot_corner, plot_timing_vs_k, plot_training_curves
 from scalable_xd.pipeline.report.metrics import FitMetrics
 from scalable_xd.pipeline.report.sky import density_map, plot_sky_density, resolution
+from scalable_xd.pipeline.report.style import COLUMN_HEIGHT, legend_columns, legend_height
 
 EPOCHS = 12
 
@@ -202,3 +203,14 @@ def test_a_fit_under_a_selection_does_not_share_the_training_curves(run, tmp_pat
     with_cut = plot_training_curves([*metrics, tmp_path / "cut.json"], [tmp_path / "with_cut.png"], 3)
     assert with_cut == plain
     assert plot_training_curves([tmp_path / "cut.json"], [tmp_path / "alone.png"], 3)["methods"] == ["em_cut"]
+
+
+def test_a_legend_takes_as_many_columns_as_fit_across_the_figure():
+    """The paper's three methods side by side in two columns; a workflow's cut variants, named by what they
+    are, each a row of their own (side by side they ran off both edges of a one-column figure), the figure
+    taller by their rows so that its axes keep their height."""
+    paper = ["Batch EM (Bovy et al. 2011)", "Minibatch EM", "SGD"]
+    cut = ["Batch EM, cut to phot_g_mean_mag < 20 (naive)", "Batch EM, cut to phot_g_mean_mag < 20 (aware)"]
+    assert (legend_columns(paper, 2), legend_columns(paper, 3)) == (2, 3)
+    assert legend_columns(paper + cut, 2) == 1
+    assert legend_height(paper, 2) == COLUMN_HEIGHT and legend_height(paper + cut, 2) > COLUMN_HEIGHT

@@ -11,7 +11,6 @@ import numpy as np
 from .metrics import FitMetrics, metrics_frame
 from .style import (
     COLUMN,
-    COLUMN_HEIGHT,
     DATA_COLOUR,
     LOOKS,
     PAGE,
@@ -19,6 +18,8 @@ from .style import (
     TRUE_COLOUR,
     colour,
     in_paper_order,
+    legend_columns,
+    legend_height,
     method_name,
     pyplot,
     save,
@@ -60,9 +61,10 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     of their own, and are left out: each point is what one fit costs, whatever shared the machine."""
     plt = pyplot()
     frame = metrics_frame(metrics_paths)
-    fig, ax = plt.subplots(figsize=(COLUMN, COLUMN_HEIGHT), layout="constrained")
-    drawn = {}
     timed = frame[frame.timed_alone] if "timed_alone" in frame else frame
+    labels = [method_name(method) for method in in_paper_order(timed.method)]
+    fig, ax = plt.subplots(figsize=(COLUMN, legend_height(labels, 2)), layout="constrained")
+    drawn = {}
     for method in in_paper_order(timed.method):
         rows = timed[timed.method == method]
         log_t = np.log(rows.steady_seconds).groupby(rows.K).agg(["mean", "std"]).fillna(0.0)
@@ -90,7 +92,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     ax.set_xlabel("mixture components K")
     ax.set_ylabel("training time [s], median epoch x epochs")
     ax.set_title(f"Training time ({_run_note(frame)})\nbars: geometric sd over the seeds timed alone")
-    fig.legend(loc="outside lower center", ncols=2, frameon=False)
+    fig.legend(loc="outside lower center", ncols=legend_columns(labels, 2), frameon=False)
     save(fig, outputs)
     return drawn
 
@@ -112,7 +114,8 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     curves = curves or cut
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
-    fig, ax = plt.subplots(figsize=(COLUMN, COLUMN_HEIGHT), layout="constrained")
+    labels = [method_name(method) for method in in_paper_order(curves)]
+    fig, ax = plt.subplots(figsize=(COLUMN, legend_height(labels, 3)), layout="constrained")
     shown, start = [], []
     for method in in_paper_order(curves):
         runs = curves[method]
@@ -142,7 +145,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
         f"Training curves, K = {n_components}: mean ± 1 sd over {'/'.join(map(str, seeds))} seeds\n"
         f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})"
     )
-    fig.legend(loc="outside lower center", ncols=min(3, len(curves)), frameon=False)  # below the axes
+    fig.legend(loc="outside lower center", ncols=legend_columns(labels, 3), frameon=False)  # below the axes
     save(fig, outputs)
     return {"ylim": ax.get_ylim(), "methods": list(curves)}
 

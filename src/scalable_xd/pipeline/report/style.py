@@ -38,6 +38,25 @@ RC = {
 }
 
 
+def legend_columns(labels: list[str], most: int, width: float = COLUMN) -> int:
+    """The most columns, up to ``most``, in which a legend of ``labels`` fits across ``width`` inches,
+    filled column by column as matplotlib fills them (7-point text, ~17 characters an inch, and a marker
+    per column): a variant's long name takes a column of its own rather than running off the figure."""
+    for ncols in range(min(most, len(labels)), 1, -1):
+        rows = -(-len(labels) // ncols)
+        columns = [labels[start : start + rows] for start in range(0, len(labels), rows)]
+        if sum(max(map(len, column)) + 5 for column in columns) <= 17 * width:
+            return ncols
+    return 1
+
+
+def legend_height(labels: list[str], most: int) -> float:
+    """A one-column figure's height with room for its legend's rows below the axes beyond two
+    (``legend_columns``), so that the axes keep their height however many methods the legend names."""
+    rows = -(-len(labels) // legend_columns(labels, most))
+    return COLUMN_HEIGHT + 0.14 * max(0, rows - 2)
+
+
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend, with the shared style applied."""
     import matplotlib
