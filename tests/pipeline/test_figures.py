@@ -213,4 +213,4 @@ def test_a_legend_takes_as_many_columns_as_fit_across_the_figure():
     cut = ["Batch EM, cut to phot_g_mean_mag < 20 (naive)", "Batch EM, cut to phot_g_mean_mag < 20 (aware)"]
     assert (legend_columns(paper, 2), legend_columns(paper, 3)) == (2, 3)
     assert legend_columns(paper + cut, 2) == 1
-    assert legend_height(paper, 2) == COLUMN_HEIGHT and legend_height(paper + cut, 2) > COLUMN_HEIGHT
+    assert legend_height(len(paper), 2) == COLUMN_HEIGHT and legend_height(len(paper + cut), 1) > COLUMN_HEIGHT

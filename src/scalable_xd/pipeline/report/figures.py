@@ -63,7 +63,8 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     frame = metrics_frame(metrics_paths)
     timed = frame[frame.timed_alone] if "timed_alone" in frame else frame
     labels = [method_name(method) for method in in_paper_order(timed.method)]
-    fig, ax = plt.subplots(figsize=(COLUMN, legend_height(labels, 2)), layout="constrained")
+    ncols = legend_columns(labels, 2)
+    fig, ax = plt.subplots(figsize=(COLUMN, legend_height(len(labels), ncols)), layout="constrained")
     drawn = {}
     for method in in_paper_order(timed.method):
         rows = timed[timed.method == method]
@@ -92,7 +93,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     ax.set_xlabel("mixture components K")
     ax.set_ylabel("training time [s], median epoch x epochs")
     ax.set_title(f"Training time ({_run_note(frame)})\nbars: geometric sd over the seeds timed alone")
-    fig.legend(loc="outside lower center", ncols=legend_columns(labels, 2), frameon=False)
+    fig.legend(loc="outside lower center", ncols=ncols, frameon=False)
     save(fig, outputs)
     return drawn
 
@@ -115,7 +116,8 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
     labels = [method_name(method) for method in in_paper_order(curves)]
-    fig, ax = plt.subplots(figsize=(COLUMN, legend_height(labels, 3)), layout="constrained")
+    ncols = legend_columns(labels, 3)
+    fig, ax = plt.subplots(figsize=(COLUMN, legend_height(len(labels), ncols)), layout="constrained")
     shown, start = [], []
     for method in in_paper_order(curves):
         runs = curves[method]
@@ -145,7 +147,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
         f"Training curves, K = {n_components}: mean ± 1 sd over {'/'.join(map(str, seeds))} seeds\n"
         f"y axis: the last {LAST_EPOCHS} epochs (k-means start: {np.mean(start):.1f})"
     )
-    fig.legend(loc="outside lower center", ncols=legend_columns(labels, 3), frameon=False)  # below the axes
+    fig.legend(loc="outside lower center", ncols=ncols, frameon=False)  # below the axes
     save(fig, outputs)
     return {"ylim": ax.get_ylim(), "methods": list(curves)}
 

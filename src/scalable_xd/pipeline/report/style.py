@@ -50,11 +50,14 @@ def legend_columns(labels: list[str], most: int, width: float = COLUMN) -> int:
     return 1
 
 
-def legend_height(labels: list[str], most: int) -> float:
-    """A one-column figure's height with room for its legend's rows below the axes beyond two
-    (``legend_columns``), so that the axes keep their height however many methods the legend names."""
-    rows = -(-len(labels) // legend_columns(labels, most))
-    return COLUMN_HEIGHT + 0.14 * max(0, rows - 2)
+LEGEND_ROW = 0.14  # inches: one row of 7-point legend text
+
+
+def legend_height(n_labels: int, ncols: int) -> float:
+    """A one-column figure's height with room below the axes for a legend of ``n_labels`` in ``ncols``
+    columns beyond two rows, so that the axes keep their height however many methods the legend names."""
+    rows = -(-n_labels // ncols)
+    return COLUMN_HEIGHT + LEGEND_ROW * max(0, rows - 2)
 
 
 def pyplot():
