@@ -261,6 +261,38 @@ def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
     assert seconds[1] < seconds[0] / 3, seconds
 
 
+_SUMS_DIGESTS = """
+import hashlib, numpy as np, torch
+from scalable_xd.kernel.dispatch import batch_statistics
+from scalable_xd.mixture import Mixture
+rng = np.random.default_rng(0)
+x, S = torch.tensor(rng.normal(size=(10_000, 3))), torch.eye(3, dtype=torch.float64).expand(10_000, 3, 3) * 0.1
+a = torch.tensor(rng.normal(size=(5, 3, 3)))
+mixture = Mixture(torch.full((5,), 0.2, dtype=torch.float64), torch.tensor(rng.normal(size=(5, 3))),
+                  a @ a.transpose(1, 2) + 0.1 * torch.eye(3, dtype=torch.float64))
+for threads in (2, 1):  # 50,000 pairs: the threaded kernel on two threads, the serial one on one
+    torch.set_num_threads(threads)
+    stats = batch_statistics(x, S, mixture, backend="fused")
+    sums = b"".join(getattr(stats, name).numpy().tobytes() for name in ("q", "U", "UU", "P"))
+    print(hashlib.sha1(sums).hexdigest())
+"""
+
+
+def test_without_fast_math_a_kernel_loaded_from_the_cache_is_the_fresh_compile_to_the_bit(tmp_path):
+    """numba optimises a threaded kernel's body again when it builds what it writes to the cache: with fast
+    math's contraction and reassociation LLVM then fuses and groups other sums than in the process that
+    compiled it (2e-16 relative in U here, 2.3e-13 in UU on collapsed components). With
+    SCALABLE_XD_NO_FAST_MATH=1 each operation is rounded as written, so the first process (compiling) and
+    the second (loading from the cache) give the same bits, on one thread (the serial kernel) or two."""
+    env = {**os.environ, "SCALABLE_XD_CACHE": str(tmp_path), "NUMBA_NUM_THREADS": "2", "SCALABLE_XD_NO_FAST_MATH": "1"}
+    run = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", _SUMS_DIGESTS], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    compiled, loaded = run(), run()
+    assert list((tmp_path / "kernels" / "__pycache__").glob("*.nbi"))
+    assert compiled == loaded and len(set(compiled)) == 1, (compiled, loaded)
+
+
 def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkeypatch):
     import scalable_xd.kernel.dispatch as dispatch
 

@@ -43,9 +43,15 @@ from ..mixture import Mixture
 from . import float_env, row_access
 from .statistics import LOG_2PI, Criteria, Statistics, criteria_sums, n_points, summed_loglik
 from .unrolled_source import factorise_and_solve, import_generated, invert_factor, t_inv_entry, tri, u_entry
-from .vector_math import helpers_source
+from .vector_math import NO_FAST_MATH, helpers_source
 
-FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # not nnan / ninf: the pivot check needs them
+# Fast math's contraction and reassociation let LLVM choose where to fuse a multiply into an add and how to
+# group a sum. numba optimises a threaded kernel's body a second time when it builds the module it writes to
+# its disk cache, and LLVM then chooses otherwise: the threaded kernel loaded from the cache rounds some sums
+# otherwise (~1e-16 relative) than the one compiled in the process, which equals the serial kernel. Without
+# them (SCALABLE_XD_NO_FAST_MATH=1) every build rounds each operation as written, at 30-55% more time a pair
+# (docs/user-guide/reproducibility.md). Not nnan / ninf: the pivot check needs them.
+FASTMATH = {"nsz"} if NO_FAST_MATH else {"nsz", "arcp", "contract", "afn", "reassoc"}
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
 SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependence analysis gives up
 # (star, component) pairs below which a chunk runs on one thread, where a parallel region's cost and its

@@ -18,6 +18,7 @@ kernel's loops with those flags kept per instruction.
 
 from __future__ import annotations
 
+import os
 from math import factorial
 
 LOG2E = 1.4426950408889634
@@ -49,7 +50,12 @@ def _horner(var: str, coefficients: list[float]) -> str:
     return expr
 
 
-FASTMATH = {"nsz", "arcp", "contract", "afn"}  # not reassoc (see above), not nnan / ninf (inf and NaN pass)
+# With SCALABLE_XD_NO_FAST_MATH=1, the kernels are compiled without fast math's contraction and reassociation
+# (and these functions with nsz alone), so that every build of a kernel rounds each operation as written
+# (fused.FASTMATH says why a build can differ).
+NO_FAST_MATH = os.environ.get("SCALABLE_XD_NO_FAST_MATH", "0") not in ("", "0")
+# not reassoc (see above), not nnan / ninf (inf and NaN pass)
+FASTMATH = {"nsz"} if NO_FAST_MATH else {"nsz", "arcp", "contract", "afn"}
 
 
 def _exp_lines(x: str, out: str, lane: str, floor: float) -> list[str]:
