@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n-components", type=int, nargs="+", default=[64])
     parser.add_argument("--methods", nargs="+", default=["em", "minibatch_em", "sgd"])
     parser.add_argument("--epochs", type=int, default=2)
-    args = parse_args(parser, argv, n=3000, n_components=[4], epochs=1)
+    args = parse_args(parser, argv, n=3000, n_components=[4], epochs=1, methods=["minibatch_em"])
     rows = []
     for k in args.n_components:
         for method in args.methods:
