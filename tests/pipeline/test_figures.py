@@ -202,7 +202,8 @@ def test_a_fit_under_a_selection_does_not_share_the_training_curves(run, tmp_pat
     m.write(tmp_path / "cut.json")
     with_cut = plot_training_curves([*metrics, tmp_path / "cut.json"], [tmp_path / "with_cut.png"], 3)
     assert with_cut == plain
-    assert plot_training_curves([tmp_path / "cut.json"], [tmp_path / "alone.png"], 3)["methods"] == ["em_cut"]
+    alone = plot_training_curves([tmp_path / "cut.json"], [tmp_path / "alone.png"], 3)
+    assert (alone["methods"], alone["labels"]) == (["em_cut"], ["Batch EM, cut to x0 < 1 (aware)"])
 
 
 def test_a_legend_takes_as_many_columns_as_fit_across_the_figure():

@@ -67,6 +67,12 @@ def _means(runs: pd.DataFrame, column: str) -> pd.DataFrame:
     return runs.groupby(["K", "method"])[column].mean().unstack("method")
 
 
+def _label(runs: pd.DataFrame, method: str) -> str:
+    """The method's or workflow variant's name (``style.fit_label``), as the runs record it."""
+    labels = runs.label[runs.method == method]
+    return labels.iloc[0] if len(labels) else method_name(method)
+
+
 def _fmt(values: pd.Series, digits: int = 2) -> str:
     return ", ".join(f"K={k}: {v:.{digits}f}" for k, v in values.items())
 
@@ -84,7 +90,7 @@ def claim_sgd_best(runs):
     margin = val["sgd"] - val.drop(columns="sgd").max(axis=1)
     verdict = HOLDS if (best == "sgd").all() else FAILS
     return verdict, (
-        f"best method per K: {', '.join(f'K={k}: {method_name(m)}' for k, m in best.items())}; "
+        f"best method per K: {', '.join(f'K={k}: {_label(runs, m)}' for k, m in best.items())}; "
         f"SGD minus the best other method (nats/star): {_fmt(margin, 3)}"
     )
 
@@ -98,7 +104,7 @@ def claim_comparable(runs):
         if method in val:
             diff = val[method] - val["em"]
             ok &= bool((diff.abs() <= COMPARABLE_NATS).all())
-            parts.append(f"{method_name(method)} minus batch EM (nats/star): {_fmt(diff, 3)}")
+            parts.append(f"{_label(runs, method)} minus batch EM (nats/star): {_fmt(diff, 3)}")
     return (HOLDS if ok else FAILS), f"margin {COMPARABLE_NATS} nats/star; " + "; ".join(parts)
 
 
@@ -108,7 +114,7 @@ def claim_faster(runs):
     if "em" not in seconds or not minibatch:
         return UNMEASURED, "needs batch EM and a minibatch method"
     ok = all(bool((seconds[m] < seconds["em"]).all()) for m in minibatch)
-    detail = "; ".join(f"{method_name(m)}: {_fmt(seconds[m], 1)} s" for m in ["em"] + minibatch)
+    detail = "; ".join(f"{_label(runs, m)}: {_fmt(seconds[m], 1)} s" for m in ["em"] + minibatch)
     return (HOLDS if ok else FAILS), (
         f"seconds (at the median epoch's pace) to come within {CONVERGED_NATS} nats/star of the final training "
         f"log-likelihood, {detail}"
@@ -124,7 +130,7 @@ def claim_sublinear(runs, device_note):
     slopes = {m: float(np.polyfit(logk, np.log(seconds[m].to_numpy()), 1)[0]) for m in minibatch}
     device = device_note or ", ".join(sorted(runs.device.unique()))
     verdict = HOLDS if all(s < 1.0 for s in slopes.values()) else FAILS
-    detail = "; ".join(f"{method_name(m)}: {s:.2f}" for m, s in slopes.items())
+    detail = "; ".join(f"{_label(runs, m)}: {s:.2f}" for m, s in slopes.items())
     return verdict, (
         f"log-log slope of training time (at the median epoch's pace) against K (1 is linear), {detail}; "
         f"timed on {device}"
@@ -150,7 +156,7 @@ def claim_truth(runs):
         return UNMEASURED, "the fits have no achievable reference to compare with"
     ok = bool((share >= SHARE_GOAL).all().all())
     detail = "; ".join(
-        f"{method_name(m)}: {_fmt(100 * share[m], 0)} % (gap closed {_fmt(100 * gap[m], 0)} %)" for m in share
+        f"{_label(runs, m)}: {_fmt(100 * share[m], 0)} % (gap closed {_fmt(100 * gap[m], 0)} %)" for m in share
     )
     return (HOLDS if ok else FAILS), f"share of the achievable, goal {100 * SHARE_GOAL:.0f} %: {detail}"
 
@@ -167,7 +173,7 @@ def claim_split_merge(runs):
         gain = val[method, True] - val[method, False]
         ok &= bool((gain >= -SPLIT_MERGE_SLACK).all())
         accepted = runs[(runs.fitted_with == method) & runs.split_merge].moves_accepted.mean()
-        parts.append(f"{method_name(method)}: {_fmt(gain, 3)} (moves kept per fit: {accepted:.1f})")
+        parts.append(f"{_label(runs, method)}: {_fmt(gain, 3)} (moves kept per fit: {accepted:.1f})")
     if not parts:
         return UNMEASURED, "needs a method run both with and without split_merge"
     return (HOLDS if ok else FAILS), (
@@ -187,7 +193,7 @@ def claim_time_to_share(runs):
     family = runs.drop_duplicates("method").set_index("method").fitted_with
     fastest = t90.T.groupby(family).min().T  # each method at its fastest variant (label)
     minibatch = [m for m in PAPER_MINIBATCH if m in fastest]
-    detail = "; ".join(f"{method_name(m)}: {_seconds(t90[m])} (95%: {_seconds(t95[m])})" for m in t90)
+    detail = "; ".join(f"{_label(runs, m)}: {_seconds(t90[m])} (95%: {_seconds(t95[m])})" for m in t90)
     if "em" not in fastest or not minibatch:
         return UNMEASURED, f"needs batch EM and a minibatch method; {detail}"
     ok = all(bool((fastest[m] < fastest["em"]).all()) for m in minibatch)
@@ -236,7 +242,7 @@ def claim_selection(runs):
         closed = (aware - naive) / (uncut - naive)
         ok &= bool((closed >= SELECTION_GOAL).all())
         parts.append(
-            f"{method_name(method)} cut to {spec}: "
+            f"{_label(runs, method)} cut to {spec}: "
             + ", ".join(f"K={k}: {aware[k] - naive[k]:+.3f} nats/star, {100 * closed[k]:.0f} %" for k in closed.index)
         )
     if not parts:

@@ -17,6 +17,7 @@ from .style import (
     SAMPLES,
     TRUE_COLOUR,
     colour,
+    fit_label,
     in_paper_order,
     legend_columns,
     legend_height,
@@ -62,7 +63,8 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     plt = pyplot()
     frame = metrics_frame(metrics_paths)
     timed = frame[frame.timed_alone] if "timed_alone" in frame else frame
-    labels = [method_name(method) for method in in_paper_order(timed.method)]
+    names = dict(zip(frame.method, frame.label))
+    labels = [names[method] for method in in_paper_order(timed.method)]
     ncols = legend_columns(labels, 2)
     fig, ax = plt.subplots(figsize=(COLUMN, legend_height(len(labels), ncols)), layout="constrained")
     drawn = {}
@@ -79,7 +81,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
             markersize=3,
             capsize=3,
             color=colour(method, frame.method),
-            label=method_name(method),
+            label=names[method],
         )
         drawn[method] = {"K": list(log_t.index), "centre": centre, "low": low, "high": high}
     ks = sorted(frame.K.unique())
@@ -108,14 +110,16 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     plt = pyplot()
     curves: dict = {}
     cut: dict = {}
+    names: dict = {}
     for path in metrics_paths:
         m = FitMetrics.read(path)
         if m.n_components == n_components:
             (cut if m.settings.get("selection") else curves).setdefault(m.method, []).append(m.history)
+            names[m.method] = fit_label(m.method, m.settings)
     curves = curves or cut
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
-    labels = [method_name(method) for method in in_paper_order(curves)]
+    labels = [names[method] for method in in_paper_order(curves)]
     ncols = legend_columns(labels, 3)
     fig, ax = plt.subplots(figsize=(COLUMN, legend_height(len(labels), ncols)), layout="constrained")
     shown, start = [], []
@@ -131,7 +135,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
             marker=".",
             markersize=3,
             color=colour(method, curves),
-            label=method_name(method),
+            label=names[method],
         )
         ax.fill_between(seconds, mean - sd, mean + sd, color=colour(method, curves), alpha=0.3, linewidth=0)
         last = slice(max(1, length - LAST_EPOCHS), length) if length > 1 else slice(0, 1)
@@ -149,7 +153,7 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     )
     fig.legend(loc="outside lower center", ncols=ncols, frameon=False)  # below the axes
     save(fig, outputs)
-    return {"ylim": ax.get_ylim(), "methods": list(curves)}
+    return {"ylim": ax.get_ylim(), "methods": list(curves), "labels": labels}
 
 
 def model_samples(model_path, n_samples: int, seed: int):

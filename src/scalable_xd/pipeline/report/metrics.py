@@ -18,7 +18,7 @@ import pandas as pd
 from ...data.missing import MISSING_LOGLIK_CONSTANT
 from ...files import read_json, write_json
 from ..truth import SHARE_MARKS
-from .style import name_variants
+from .style import fit_label
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05
@@ -113,6 +113,7 @@ def metrics_frame(paths) -> pd.DataFrame:
         m = FitMetrics.read(path)
         row = {
             "method": m.method,
+            "label": fit_label(m.method, m.settings),  # the figures', tables' and claims' name for it
             "K": m.n_components,
             "seed": m.seed,
             "mode": m.covariance_mode,
@@ -150,7 +151,6 @@ def metrics_frame(paths) -> pd.DataFrame:
         raise ValueError(
             f"more than one metrics file for {frame[duplicated].iloc[0][['method', 'K', 'seed']].to_dict()}"
         )
-    name_variants(frame)  # the figures and tables name a variant by what it is, not by its config key
     return frame
 
 

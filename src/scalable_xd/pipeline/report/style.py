@@ -80,32 +80,28 @@ def save(fig, outputs) -> None:
     pyplot().close(fig)
 
 
-# Readable names of the workflow's variants (fit.variants) met in the metrics read so far (``name_variants``).
-VARIANT_NAMES: dict[str, str] = {}
-
-
 def method_name(method: str) -> str:
-    """The method's label, or a variant's readable name (``name_variants``), or else its own name."""
-    return LOOKS[method][0] if method in LOOKS else VARIANT_NAMES.get(method, method)
+    """The method's label, or else its own name (a workflow variant's: ``fit_label`` names it)."""
+    return LOOKS[method][0] if method in LOOKS else method
 
 
-def name_variants(frame) -> None:
-    """Learn a readable name for each workflow variant in ``frame`` (``metrics.metrics_frame``'s rows): its
-    method's short label and what sets it apart, e.g. "Batch EM, cut to phot_g_mean_mag < 20 (naive)"."""
-    for row in frame.drop_duplicates("method").itertuples():
-        if row.method in LOOKS:
-            continue
-        if row.fitted_with not in LOOKS:  # a method of its own, without a look: its own name
-            VARIANT_NAMES.pop(row.method, None)
-            continue
-        parts = [LOOKS[row.fitted_with][0].split(" (")[0]]
-        if row.selection:
-            parts.append(f"cut to {row.selection} ({'aware' if row.selection_aware else 'naive'})")
-        if row.averaging != "none":
-            parts.append(f"{row.averaging} averaging")
-        if row.split_merge:
-            parts.append("split-and-merge")
-        VARIANT_NAMES[row.method] = ", ".join(parts) if len(parts) > 1 else f"{parts[0]} ({row.method})"
+def fit_label(method: str, settings: dict) -> str:
+    """A fit's name in the figures, tables and claims: its method's label, or for a workflow variant
+    (``fit.variants``) its method's short label and what sets it apart, from the settings its metrics
+    record, e.g. "Batch EM, cut to phot_g_mean_mag < 20 (naive)"."""
+    fitted_with = settings.get("method", method)
+    if method in LOOKS or fitted_with not in LOOKS:  # a method, or a variant of a method without a look
+        return method_name(method)
+    parts = [LOOKS[fitted_with][0].split(" (")[0]]
+    if settings.get("selection"):
+        parts.append(
+            f"cut to {settings['selection']} ({'aware' if settings.get('selection_aware', True) else 'naive'})"
+        )
+    if (settings.get("averaging") or "none") != "none":
+        parts.append(f"{settings['averaging']} averaging")
+    if settings.get("split_merge"):
+        parts.append("split-and-merge")
+    return ", ".join(parts) if len(parts) > 1 else f"{parts[0]} ({method})"
 
 
 def in_paper_order(methods) -> list[str]:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ...files import atomic_path, write_text
 from .metrics import metrics_frame
-from .style import in_paper_order, method_name
+from .style import in_paper_order
 
 
 def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -41,6 +41,7 @@ def loglik_table(frame: pd.DataFrame) -> pd.DataFrame:
     grouped = frame.groupby(["method", "K"])
     table = grouped[stats].agg(["mean", "std"])
     table.columns = [f"{name}_{agg}" for name, agg in table.columns]
+    table["label"] = grouped["label"].first()
     table["n_seeds"] = grouped.size()
     table["n_converged"] = grouped["converged"].sum()
     table = table.reset_index()
@@ -106,7 +107,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     ]
     previous = None
     for row in table.itertuples():
-        name = method_name(row.method) if row.method != previous else ""
+        name = row.label if row.method != previous else ""
         previous = row.method
         seeds = f"{row.n_seeds} ({row.n_converged})"
         lines.append(f"| {name} | {row.K} | " + " | ".join(_cells(row)) + f" | {_timing(row)} | {seeds} |")
@@ -125,7 +126,7 @@ def to_latex(table: pd.DataFrame) -> str:
     for row in table.itertuples():
         if previous is not None and row.method != previous:
             lines.append(r"\midrule")
-        name = method_name(row.method) if row.method != previous else ""
+        name = row.label if row.method != previous else ""
         previous = row.method
         cells = [_latex_cell(c) for c in _cells(row)]
         lines.append(f"{name} & {row.K} & " + " & ".join(cells) + r" \\")
