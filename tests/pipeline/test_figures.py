@@ -180,6 +180,24 @@ def test_corner_names_every_layer_and_the_mass_beyond_the_panels(run, tmp_path):
     )
     assert [label.split(":")[0] for label in drawn["legend"]] == ["data", "model", "true values"]
     assert all(0 <= share <= 1 for share in drawn["outside"].values()) and "G [mag]" in drawn["outside"]
+    assert drawn["title"] == "SGD, K = 3"
+
+
+def test_a_variants_corner_is_titled_by_what_sets_it_apart(run, tmp_path):
+    """A workflow variant's corner plot is titled by its metrics' name for it, not its method's alone (the
+    demo's selection-aware fit was titled "Batch EM (Bovy et al. 2011)")."""
+    root, metrics = run
+    m = FitMetrics.read(metrics[0])
+    m.method, m.settings = "em_cut_aware", {**m.settings, "method": "em", "selection": "x0 < 1"}
+    m.write(tmp_path / "metrics.json")
+    drawn = plot_corner(
+        root / "sgd" / "seed0" / "model.npz",
+        root / "data" / "test.parquet",
+        [tmp_path / "corner.png"],
+        n_samples=2000,
+        metrics_path=tmp_path / "metrics.json",
+    )
+    assert drawn["title"] == "Batch EM, cut to x0 < 1 (aware), K = 3"
 
 
 def test_the_corner_caption_holds_noise_broadens_the_data(run):

@@ -99,6 +99,7 @@ rule corner:
     """Corner plot of one method's model samples over the data, every feature."""
     input:
         model=lambda wildcards: figure_model(wildcards.method),
+        metrics=lambda wildcards: f"{fit_dir(wildcards.method, FIGURE_K, FIGURE_SEED)}/metrics.json",
         data=f"{DATA}/test.parquet",
     output:
         png=report(f"{RESULTS}/figures/corner_{{method}}_K{FIGURE_K}.png", caption="../report/corner.rst",
@@ -112,7 +113,8 @@ rule corner:
     conda:
         ENV
     shell:
-        "{params.cli} plot-corner --model {input.model} --data {input.data} --n-samples {params.samples} "
+        "{params.cli} plot-corner --model {input.model} --metrics {input.metrics} --data {input.data} "
+        "--n-samples {params.samples} "
         "--output {output.png} {output.pdf} 2> {log}"
 
 

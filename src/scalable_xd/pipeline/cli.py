@@ -670,7 +670,14 @@ def _figure_commands() -> list[Command]:
         Command(
             "plot-corner",
             "corner plot of model samples over the data",
-            (MODEL, DATA, samples, _seed("the sampling seed"), IMAGES),
+            (
+                MODEL,
+                DATA,
+                option("--metrics", help="the fit's metrics.json: the title names the fit by its settings (a variant by what sets it apart)"),
+                samples,
+                _seed("the sampling seed"),
+                IMAGES,
+            ),
             step="plot_corner",
         ),
         Command(

@@ -540,10 +540,10 @@ def plot_sky(model, data, n_samples: int, seed: int, output, frame: str) -> None
     plot_sky_density(model, data, output, n_samples=n_samples, seed=seed, frame=frame)
 
 
-def plot_corner(model, data, n_samples: int, seed: int, output) -> None:
+def plot_corner(model, data, n_samples: int, seed: int, output, metrics=None) -> None:
     from .report.figures import plot_corner as draw
 
-    draw(model, data, output, n_samples=n_samples, seed=seed)
+    draw(model, data, output, n_samples=n_samples, seed=seed, metrics_path=metrics)
 
 
 def plot_selection(naive, aware, data, selection: str, n_samples: int, seed: int, output) -> None:

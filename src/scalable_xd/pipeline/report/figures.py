@@ -200,12 +200,14 @@ def _beyond_note(spec, outside: dict) -> str:
     return f"{100 * outside[label]:.1f}% in {label.split(' [')[0]} (past the survey's limits), {most}"
 
 
-def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0) -> dict:
+def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0, metrics_path=None) -> dict:
     """Corner plot of the deconvolved model's samples over the noisy data and, where the data know them (a
     mock), the true values: every feature, 1-D histograms normalised to unit area, contours holding 39% and
     86% of each set (1 and 2 sigma of a 2-D Gaussian). Each panel spans the 0.5-99.5 percentiles of the data;
     the share of model samples beyond them is stated (for the magnitude, where a feature plays that role,
-    beyond the survey's faint limit). Each feature is labelled as the data's spec labels it."""
+    beyond the survey's faint limit). Each feature is labelled as the data's spec labels it. The title names
+    the fit as its metrics (``metrics_path``) do where given (a workflow variant by what sets it apart),
+    else by the model's method."""
     import corner
     from matplotlib.lines import Line2D
 
@@ -252,7 +254,12 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         ax.tick_params(labelsize=6)
     fig.subplots_adjust(top=0.98, left=0.08, bottom=0.07, right=0.98)
     # the legend and notes sit in the empty upper-right triangle, clear of every panel
-    fig.text(0.97, 0.975, f"{method_name(model.method)}, K = {model.n_components}", ha="right", va="top", fontsize=10)
+    if metrics_path is None:
+        title = f"{method_name(model.method)}, K = {model.n_components}"
+    else:
+        fit = FitMetrics.read(metrics_path)
+        title = f"{fit_label(fit.method, fit.settings)}, K = {model.n_components}"
+    fig.text(0.97, 0.975, title, ha="right", va="top", fontsize=10)
     fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(0.97, 0.945), frameon=False, fontsize=7)
     fig.text(
         0.97,
@@ -266,4 +273,4 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         linespacing=1.4,
     )
     save(fig, outputs)
-    return {"legend": [h.get_label() for h in handles], "outside": outside}
+    return {"legend": [h.get_label() for h in handles], "outside": outside, "title": title}
