@@ -673,7 +673,11 @@ def _figure_commands() -> list[Command]:
             (
                 MODEL,
                 DATA,
-                option("--metrics", help="the fit's metrics.json: the title names the fit by its settings (a variant by what sets it apart)"),
+                option(
+                    "--metrics",
+                    help="the fit's metrics.json: the title names the fit by its settings (a variant by what "
+                    "sets it apart)",
+                ),
                 samples,
                 _seed("the sampling seed"),
                 IMAGES,
