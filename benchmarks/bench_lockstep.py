@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    args = parse_args(parser, argv, n=3000, k=[8], starts=3, rounds=1, epochs=1)
+    args = parse_args(parser, argv, n=3000, k=[8], starts=3, rounds=1, epochs=1, methods=["minibatch_em"])
     rows = []
     for k in args.k:
         data = synthetic(args.n, k, torch.float32)
