@@ -104,6 +104,7 @@ def test_sky_figure_shows_data_and_model_on_one_scale(run, tmp_path, frame):
         n_samples=20_000,
         frame=frame,
     )
+    assert "K = 3 Minibatch EM\n" in out["titles"]["model"]  # without metrics, the model's method
     area = hp.nside2pixarea(out["nside"], degrees=True)
     n_train = len(read_features(root / "data" / "train.parquet").X)
     assert out["maps"]["data"].sum() * area == pytest.approx(n_train)
@@ -183,9 +184,10 @@ def test_corner_names_every_layer_and_the_mass_beyond_the_panels(run, tmp_path):
     assert drawn["title"] == "SGD, K = 3"
 
 
-def test_a_variants_corner_is_titled_by_what_sets_it_apart(run, tmp_path):
-    """A workflow variant's corner plot is titled by its metrics' name for it, not its method's alone (the
-    demo's selection-aware fit was titled "Batch EM (Bovy et al. 2011)")."""
+def test_a_variants_corner_and_sky_figures_name_it_by_what_sets_it_apart(run, tmp_path):
+    """A workflow variant's corner plot and sky figure name it as its metrics do, not by its method alone
+    (the demo's selection-aware fit was titled "Batch EM (Bovy et al. 2011)"; converge.yaml's sky figure
+    draws the variant minibatch_em_defaults)."""
     root, metrics = run
     m = FitMetrics.read(metrics[0])
     m.method, m.settings = "em_cut_aware", {**m.settings, "method": "em", "selection": "x0 < 1"}
@@ -198,6 +200,14 @@ def test_a_variants_corner_is_titled_by_what_sets_it_apart(run, tmp_path):
         metrics_path=tmp_path / "metrics.json",
     )
     assert drawn["title"] == "Batch EM, cut to x0 < 1 (aware), K = 3"
+    sky = plot_sky_density(
+        root / "minibatch_em" / "seed0" / "model.npz",
+        root / "data" / "train.parquet",
+        [tmp_path / "sky.png"],
+        n_samples=2000,
+        metrics_path=tmp_path / "metrics.json",
+    )
+    assert "K = 3 Batch EM, cut to x0 < 1 (aware)\n" in sky["titles"]["model"]
 
 
 def test_the_corner_caption_holds_noise_broadens_the_data(run):

@@ -78,6 +78,7 @@ rule sky_density:
     """Sky density of model samples beside the data (Figure 2)."""
     input:
         model=figure_model(config["report"]["sky_method"]),
+        metrics=f"{fit_dir(config['report']['sky_method'], FIGURE_K, FIGURE_SEED)}/metrics.json",
         data=f"{DATA}/train.parquet",
     output:
         png=report(f"{RESULTS}/figures/sky_density.png", caption="../report/sky_density.rst", category="Figure 2"),
@@ -91,7 +92,8 @@ rule sky_density:
     conda:
         ENV
     shell:
-        "{params.cli} plot-sky --model {input.model} --data {input.data} --n-samples {params.samples} "
+        "{params.cli} plot-sky --model {input.model} --metrics {input.metrics} --data {input.data} "
+        "--n-samples {params.samples} "
         "--frame {params.frame} --output {output.png} {output.pdf} 2> {log}"
 
 

@@ -214,6 +214,10 @@ IMAGES = option("--output", nargs="+", required=True, help="one or more image fi
 MODEL = option("--model", required=True, help="a model file (XDGMM.save)")
 DENOISED = option("--denoised", required=True, help="a denoised catalogue (scalable-xd denoise)")
 DATA = option("--data", required=True, help="a features file (e.g. test.parquet)")
+FIT_METRICS = option(
+    "--metrics",
+    help="the model's metrics.json: the figure names the fit by its settings (a variant by what sets it apart)",
+)
 
 
 def commands() -> list[Command]:
@@ -655,6 +659,7 @@ def _figure_commands() -> list[Command]:
             (
                 MODEL,
                 DATA,
+                FIT_METRICS,
                 samples,
                 _seed("the sampling seed"),
                 IMAGES,
@@ -673,11 +678,7 @@ def _figure_commands() -> list[Command]:
             (
                 MODEL,
                 DATA,
-                option(
-                    "--metrics",
-                    help="the fit's metrics.json: the title names the fit by its settings (a variant by what "
-                    "sets it apart)",
-                ),
+                FIT_METRICS,
                 samples,
                 _seed("the sampling seed"),
                 IMAGES,

@@ -534,10 +534,10 @@ def plot_curves(metrics, n_components: int, output) -> None:
     plot_training_curves(metrics, output, n_components=n_components)
 
 
-def plot_sky(model, data, n_samples: int, seed: int, output, frame: str) -> None:
+def plot_sky(model, data, n_samples: int, seed: int, output, frame: str, metrics=None) -> None:
     from .report.sky import plot_sky_density
 
-    plot_sky_density(model, data, output, n_samples=n_samples, seed=seed, frame=frame)
+    plot_sky_density(model, data, output, n_samples=n_samples, seed=seed, frame=frame, metrics_path=metrics)
 
 
 def plot_corner(model, data, n_samples: int, seed: int, output, metrics=None) -> None:

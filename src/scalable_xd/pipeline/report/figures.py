@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .metrics import FitMetrics, metrics_frame
+from .metrics import FitMetrics, fit_name, metrics_frame
 from .style import (
     COLUMN,
     DATA_COLOUR,
@@ -21,7 +21,6 @@ from .style import (
     in_paper_order,
     legend_columns,
     legend_height,
-    method_name,
     pyplot,
     save,
 )
@@ -254,11 +253,7 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         ax.tick_params(labelsize=6)
     fig.subplots_adjust(top=0.98, left=0.08, bottom=0.07, right=0.98)
     # the legend and notes sit in the empty upper-right triangle, clear of every panel
-    if metrics_path is None:
-        title = f"{method_name(model.method)}, K = {model.n_components}"
-    else:
-        fit = FitMetrics.read(metrics_path)
-        title = f"{fit_label(fit.method, fit.settings)}, K = {model.n_components}"
+    title = f"{fit_name(model.method, metrics_path)}, K = {model.n_components}"
     fig.text(0.97, 0.975, title, ha="right", va="top", fontsize=10)
     fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(0.97, 0.945), frameon=False, fontsize=7)
     fig.text(

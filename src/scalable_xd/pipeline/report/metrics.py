@@ -18,7 +18,7 @@ import pandas as pd
 from ...data.missing import MISSING_LOGLIK_CONSTANT
 from ...files import read_json, write_json
 from ..truth import SHARE_MARKS
-from .style import fit_label
+from .style import fit_label, method_name
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05
@@ -103,6 +103,16 @@ def _seconds_to(true: dict, mark: float) -> float:
 
 def _score(split: dict | None, key: str) -> float:
     return np.nan if split is None else split.get(key, np.nan)
+
+
+def fit_name(method: str, metrics_path=None) -> str:
+    """The name a figure gives a model of ``method``: its fit's as its metrics file (``metrics_path``)
+    records it where given (a workflow variant by what sets it apart, ``style.fit_label``), else its
+    method's."""
+    if metrics_path is None:
+        return method_name(method)
+    fit = FitMetrics.read(metrics_path)
+    return fit_label(fit.method, fit.settings)
 
 
 def metrics_frame(paths) -> pd.DataFrame:

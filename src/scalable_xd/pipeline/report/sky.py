@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .style import PAGE, SAMPLES, method_name, pyplot, save
+from .metrics import fit_name
+from .style import PAGE, SAMPLES, pyplot, save
 
 MAX_EMPTY = 0.05
 EMPTY = "0.85"  # light grey
@@ -66,13 +67,14 @@ def _label_graticule(hp, ax, lon: str) -> None:
 
 
 def plot_sky_density(
-    model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0, frame: str = "icrs"
+    model_path, data_path, outputs, n_samples: int = SAMPLES, seed: int = 0, frame: str = "icrs", metrics_path=None
 ) -> dict:
     """Mollweide maps of the data's and the model samples' stars per square degree (Figure 2), in ``frame``
     ``"icrs"`` (ra, dec) or ``"galactic"`` (l, b). A Gaussian does not know that ra is periodic or that
     |dec| <= 90: samples' ra are taken modulo 360 (a component near ra = 0 spills across it, as the data
-    do), and samples beyond the poles are left out and their fraction stated. Returns the maps and their
-    scale."""
+    do), and samples beyond the poles are left out and their fraction stated. The model is named as its
+    metrics (``metrics_path``) name its fit where given (``metrics.fit_name``). Returns the maps, their
+    scale and the panels' titles."""
     import healpy as hp
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LogNorm
@@ -100,9 +102,10 @@ def plot_sky_density(
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, 0.46 * PAGE))
     axis = "l, b (Galactic)" if frame == "galactic" else "ra, dec (ICRS)"
+    name = fit_name(model.method, metrics_path)
     titles = {
         "data": f"data: {len(stars):,} stars",
-        "model": f"model: {len(samples):,} samples of the K = {model.n_components} {method_name(model.method)}\n"
+        "model": f"model: {len(samples):,} samples of the K = {model.n_components} {name}\n"
         f"fit, scaled to the data ({100 * (1 - on_sky.mean()):.1f}% off the sky, not shown)",
     }
     seam = "The model's density has a seam at ra = 0°/360°" + (", a curve in l, b" if frame == "galactic" else "")
@@ -142,4 +145,4 @@ def plot_sky_density(
         y=0.97,
     )
     save(fig, outputs)
-    return {"maps": maps, "nside": nside, "norm": norm, "on_sky": float(on_sky.mean())}
+    return {"maps": maps, "nside": nside, "norm": norm, "on_sky": float(on_sky.mean()), "titles": titles}
