@@ -278,19 +278,24 @@ for threads in (2, 1):  # 50,000 pairs: the threaded kernel on two threads, the 
 """
 
 
-def test_without_fast_math_a_kernel_loaded_from_the_cache_is_the_fresh_compile_to_the_bit(tmp_path):
+@pytest.mark.parametrize("no_fast_math", ["0", "1"], ids=["fast_math", "no_fast_math"])
+def test_a_kernel_loaded_from_the_cache_gives_the_bits_of_the_process_that_compiled_it(tmp_path, no_fast_math):
     """numba optimises a threaded kernel's body again when it builds what it writes to the cache: with fast
     math's contraction and reassociation LLVM then fuses and groups other sums than in the process that
-    compiled it (2e-16 relative in U here, 2.3e-13 in UU on collapsed components). With
-    SCALABLE_XD_NO_FAST_MATH=1 each operation is rounded as written, so the first process (compiling) and
-    the second (loading from the cache) give the same bits, on one thread (the serial kernel) or two."""
-    env = {**os.environ, "SCALABLE_XD_CACHE": str(tmp_path), "NUMBA_NUM_THREADS": "2", "SCALABLE_XD_NO_FAST_MATH": "1"}
+    compiled it (2e-16 relative in U here, 2.3e-13 in UU on collapsed components). The threaded kernel runs
+    as the cache holds it in every process (``fused.CacheLoadedKernel``), so the first process (compiling)
+    and the second (loading) give the same bits on two threads, and on one (the serial kernel). With
+    SCALABLE_XD_NO_FAST_MATH=1 each operation is rounded as written: two threads and one agree too."""
+    env = {**os.environ, "SCALABLE_XD_CACHE": str(tmp_path), "NUMBA_NUM_THREADS": "2"}
+    env["SCALABLE_XD_NO_FAST_MATH"] = no_fast_math
     run = lambda: subprocess.run(  # noqa: E731
         [sys.executable, "-c", _SUMS_DIGESTS], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     compiled, loaded = run(), run()
     assert list((tmp_path / "kernels" / "__pycache__").glob("*.nbi"))
-    assert compiled == loaded and len(set(compiled)) == 1, (compiled, loaded)
+    assert compiled == loaded, (compiled, loaded)
+    if no_fast_math == "1":
+        assert len(set(compiled)) == 1, compiled
 
 
 def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkeypatch):

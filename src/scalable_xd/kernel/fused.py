@@ -30,6 +30,10 @@ dispatcher falls back to the torch kernel with a message (``dispatch.choose_back
 from __future__ import annotations
 
 import hashlib
+import logging
+import pickle
+import subprocess
+import sys
 import types
 from functools import cache
 from pathlib import Path
@@ -47,9 +51,12 @@ from .vector_math import NO_FAST_MATH, helpers_source
 
 # Fast math's contraction and reassociation let LLVM choose where to fuse a multiply into an add and how to
 # group a sum. numba optimises a threaded kernel's body a second time when it builds the module it writes to
-# its disk cache, and LLVM then chooses otherwise: the threaded kernel loaded from the cache rounds some sums
-# otherwise (~1e-16 relative) than the one compiled in the process, which equals the serial kernel. Without
-# them (SCALABLE_XD_NO_FAST_MATH=1) every build rounds each operation as written, at 30-55% more time a pair
+# its disk cache, and LLVM then chooses otherwise: the threaded kernel compiled in a process rounds some sums
+# otherwise (~1e-16 relative) than the one loaded from the cache. The threaded kernel is therefore compiled in a
+# process of its own and always run as the cache holds it (``_compile_elsewhere``); it still differs from the
+# serial kernel in its last bits.
+# Without contraction and reassociation (SCALABLE_XD_NO_FAST_MATH=1) every build rounds each operation as
+# written, so one thread and several give the same bits, at 30-55% more time a pair
 # (docs/user-guide/reproducibility.md). Not nnan / ninf: the pivot check needs them.
 FASTMATH = {"nsz"} if NO_FAST_MATH else {"nsz", "arcp", "contract", "afn", "reassoc"}
 TILE = 16  # components per tile: a compile-time stride, so that LLVM proves the tile loops free of aliasing
@@ -62,6 +69,7 @@ UNROLLED_MAX_DIM = 12
 # exp(x) for x below this is < 1e-304 and is taken as 0 (responsibilities exactly 0): vector_math's exp
 # builds 2^n as a normal float, which it no longer is below -708
 EXP_CUTOFF = -700.0
+log = logging.getLogger(__name__)
 DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # a lookup: numpy's str(dtype) is slow
 NO_ROWS = np.empty(0, np.int64)  # the kernel's ``rows`` where x and S are the batch itself
 # Rows a block of the pass's sums takes at least, up to four blocks a thread of numba's pool: each block
@@ -564,11 +572,56 @@ def compiled_module(dim: int, with_stats: bool, dtype: str, parallel: bool = Tru
     source = _module_source(dim, with_stats, dtype, parallel)
     stem = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}{'' if parallel else '_serial'}"
     try:
-        return import_generated(stem, source)
+        module = import_generated(stem, source)
     except OSError:
         module = types.ModuleType(stem)
         exec(compile(source.replace("cache=True", "cache=False"), stem, "exec"), module.__dict__)
         return module
+    if parallel:  # the serial kernel is the same code compiled or loaded
+        _compile_elsewhere(module)
+    return module
+
+
+# Run by ``_compile_elsewhere`` in a new process: compile the kernel of the generated module (name, path) for
+# the argument types pickled on stdin, which numba writes to its disk cache.
+_COMPILE_CHILD = """
+import importlib.util, pickle, sys
+name, path = sys.argv[1:]
+spec = importlib.util.spec_from_file_location(name, path)
+module = importlib.util.module_from_spec(spec)
+sys.modules[name] = module
+spec.loader.exec_module(module)
+module.kernel.compile(tuple(pickle.load(sys.stdin.buffer)))
+"""
+
+
+def _compile_elsewhere(module) -> None:
+    """Make the module's threaded kernel compile for new argument types in a new process, then load that
+    code from numba's disk cache, so that this process runs the code every later process loads (see
+    ``FASTMATH``: compiled in the process, numba's code for the kernel's threads is not the code it writes
+    to the cache). Where that process fails, the kernel is compiled here, as numba would, with a message."""
+    kernel, compile_here = module.kernel, module.kernel.compile
+
+    def compile(sig):
+        from numba.core import sigutils
+
+        args, _ = sigutils.normalize_signature(sig)
+        if tuple(args) not in kernel.overloads and kernel._cache.load_overload(sig, kernel.targetctx) is None:
+            child = subprocess.run(
+                [sys.executable, "-c", _COMPILE_CHILD, module.__name__, module.__file__],
+                input=pickle.dumps(tuple(args)),
+                capture_output=True,
+            )
+            if child.returncode:
+                log.warning(
+                    "the threaded kernel %s could not be compiled in a new process, so it is compiled here; "
+                    "this process's sums may then differ from a later one's in their last bits:\n%s",
+                    module.__name__,
+                    child.stderr.decode(errors="replace")[-2000:],
+                )
+        return compile_here(sig)
+
+    kernel.compile = compile
 
 
 def fused_chunk(
