@@ -315,6 +315,35 @@ def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkey
     assert dispatch.choose_backend("auto", None, torch.device("meta")) == "unrolled"
 
 
+@pytest.mark.parametrize("backend", ["fused", LOOPED])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
+def test_missing_entries_in_one_fused_pass_equal_a_pass_per_pattern(backend, dtype, rtol, request):
+    """The fused kernel marginalises each star's missing entries inside one pass (T_oo (+) I, the
+    normalisation by the observed count); the other kernels run a pass per pattern of observed entries on
+    the mixture's marginal. Densities and sums agree, with point weights (and sampled assignments in
+    float64), for stars with every pattern, none observed included, and NaN in the missing entries."""
+    backend = _kernel(backend, request)
+    rng = np.random.default_rng(17)
+    x, S, weights, means, covs = kernel_problem(rng, n=400, k=5, d=5)
+    observed = torch.tensor(rng.random(x.shape) > 0.3)
+    observed[:4] = False
+    x[~observed.numpy()] = np.nan
+    mixture = _mixture(weights, means, covs)
+    xt, St = torch.tensor(x, dtype=dtype), torch.tensor(S, dtype=dtype)
+    extra = {"point_weights": torch.tensor(rng.uniform(0.5, 2.0, size=len(x)), dtype=dtype)}
+    if dtype == torch.float64:
+        extra["uniforms"] = torch.tensor(rng.random(len(x)))
+    per_pattern = log_densities(xt, St, mixture, backend="unrolled", observed=observed)
+    for a, b in zip(per_pattern, log_densities(xt, St, mixture, backend=backend, observed=observed)):
+        assert torch.allclose(b.double(), a.double(), rtol=rtol, atol=rtol)
+    want = batch_statistics(xt, St, mixture, backend="unrolled", observed=observed, **extra)
+    got = batch_statistics(xt, St, mixture, backend=backend, observed=observed, **extra)
+    for name in ("q", "U", "UU", "P"):
+        a, b = getattr(want, name).double(), getattr(got, name).double()
+        assert float((a - b).abs().max()) <= rtol * float(a.abs().max()), name
+    assert float(got.loglik) == pytest.approx(float(want.loglik), rel=rtol)
+
+
 @pytest.mark.parametrize("backend", ["fused", LOOPED, TRITON, "unrolled", "linalg"])
 def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, caplog, request):
     """A component with condition number 1e11 and stars with tiny noise in its thin directions: float32's

@@ -115,11 +115,15 @@ def _tile_scratch(row: int) -> str:
     return f"tile_scr[{row * TILE} + c]"
 
 
-def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
-    """Statements for component c of a tile for point p, writing only the tile's scratch."""
+def _component_loop(dim: int, with_stats: bool, real: str, masked: bool) -> list[str]:
+    """Statements for component c of a tile for point p, writing only the tile's scratch; ``masked``: the
+    point's missing entries decoupled (``_masked_point``), V's entries and d's times the masks ``o{i}_{j}``."""
     at = layout(dim)
     lines = [f"d{i} = x{i} - {_tile_parameter(at['means'] + i)}" for i in range(dim)]
     v, s = (lambda i, j: _tile_parameter(tri(i, j))), (lambda i, j: f"s{i}_{j}")
+    if masked:
+        lines = [f"d{i} = (x{i} - {_tile_parameter(at['means'] + i)}) * o{i}_{i}" for i in range(dim)]
+        v = lambda i, j: f"{_tile_parameter(tri(i, j))} * o{i}_{j}"  # noqa: E731
     lines += factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
     pivots = ", ".join(f"p{j}" for j in range(dim))
     lines += [
@@ -132,30 +136,57 @@ def _component_loop(dim: int, with_stats: bool, real: str) -> list[str]:
         return lines
     lines += invert_factor(dim)
     lines += [f"{_tile_scratch(at['u'] + i)} = {u_entry(dim, i)}" for i in range(dim)]
+    mask = (lambda i, j: f" * o{i}_{j}") if masked else (lambda i, j: "")  # a missing diagonal entry is 1: 0 in P
     lines += [
-        f"{_tile_scratch(at['t_inv'] + tri(i, j))} = {t_inv_entry(dim, i, j)}" for i in range(dim) for j in range(i + 1)
+        f"{_tile_scratch(at['t_inv'] + tri(i, j))} = ({t_inv_entry(dim, i, j)}){mask(i, j)}"
+        for i in range(dim)
+        for j in range(i + 1)
     ]
     return lines
 
 
-def _component_loop_looped(dim: int, with_stats: bool, real: str) -> list[str]:
+def _component_loop_looped(dim: int, with_stats: bool, real: str, masked: bool) -> list[str]:
     """``_component_loop`` for large D, for a whole tile: the same scratch rows, computed in loops over the
     dimensions with the tile's components innermost, so that LLVM still vectorises across them while the
     source, and numba's compile time, no longer grow with D. The tile's parameters and scratch are read as
     (rows, TILE) arrays (``par2``, ``scr2``); work rows: L and W = L^-1 row-major in ``lf`` and ``wf``, the
-    residual ``dv``, z ``zv``, the pivots ``pv``, one row of TILE entries each."""
+    residual ``dv``, z ``zv``, the pivots ``pv``, one row of TILE entries each; ``masked``: as
+    ``_component_loop``'s, the masks read from ``observed`` as the loops go."""
     at = layout(dim)
+    seen = (lambda *e: " and ".join(f"observed[r, {i}]" for i in e)) if masked else None  # noqa: E731
     lines = [
         f"par2, scr2 = tile_par.reshape({at['n_params']}, TILE), tile_scr.reshape({at['n_scratch']}, TILE)",
         "for i in range(D):",
-        f"    xi = {real}(x[r, i])",
-        "    for c in range(TILE):",
-        f"        dv[i, c] = xi - par2[{at['means']} + i, c]",
+        *(
+            [
+                f"    xi, oi = ({real}(x[r, i]), {real}(1.0)) if {seen('i')} else ({real}(0.0), {real}(0.0))",
+                "    for c in range(TILE):",
+                f"        dv[i, c] = (xi - par2[{at['means']} + i, c]) * oi",
+            ]
+            if masked
+            else [
+                f"    xi = {real}(x[r, i])",
+                "    for c in range(TILE):",
+                f"        dv[i, c] = xi - par2[{at['means']} + i, c]",
+            ]
+        ),
         "for j in range(D):",
         "    for i in range(j, D):",
-        f"        sij, vij = noise_entry(S, r, i, j, {real}), i * (i + 1) // 2 + j",
-        "        for c in range(TILE):",
-        "            av[c] = par2[vij, c] + sij",
+        *(
+            [
+                f"        seen, vij = {seen('i', 'j')}, i * (i + 1) // 2 + j",
+                f"        sij = noise_entry(S, r, i, j, {real}) if seen else {real}(1.0 if i == j else 0.0)",
+                f"        oij = {real}(1.0) if seen else {real}(0.0)",
+                "        for c in range(TILE):",
+                "            av[c] = par2[vij, c] * oij + sij",
+            ]
+            if masked
+            else [
+                f"        sij, vij = noise_entry(S, r, i, j, {real}), i * (i + 1) // 2 + j",
+                "        for c in range(TILE):",
+                "            av[c] = par2[vij, c] + sij",
+            ]
+        ),
         "        for m in range(j):",
         "            for c in range(TILE):",
         "                av[c] -= lf[i * D + m, c] * lf[j * D + m, c]",
@@ -211,8 +242,9 @@ def _component_loop_looped(dim: int, with_stats: bool, real: str) -> list[str]:
         "        for m in range(i, D):",
         "            for c in range(TILE):",
         "                av[c] += wf[m * D + i, c] * wf[m * D + j, c]",
+        *([f"        oij = {real}(1.0) if {seen('i', 'j')} else {real}(0.0)"] if masked else []),
         "        for c in range(TILE):",
-        f"            scr2[{at['t_inv']} + i * (i + 1) // 2 + j, c] = av[c]",
+        f"            scr2[{at['t_inv']} + i * (i + 1) // 2 + j, c] = av[c]" + (" * oij" if masked else ""),
     ]
 
 
@@ -250,7 +282,7 @@ def _density_loop(dim: int, real: str) -> list[str]:
     return [
         "k = t * TILE + c",
         f"dens[k] = {_tile_parameter(at['log_weights'])} - {real}(0.5) * ({real}({_log_det(dim)})"
-        f" + {_tile_scratch(at['maha'])} + {real}({dim * LOG_2PI!r}))",
+        f" + {_tile_scratch(at['maha'])} + norm)",
         f"n_failed += 0 if k >= n_comp or ({_tile_scratch(at['lo'])} > 0"
         f" and {_tile_scratch(at['hi'])} < math.inf) else 1",
     ]
@@ -301,9 +333,10 @@ def _accumulate_loops(dim: int) -> list[str]:
     return lines
 
 
-def _source(dim: int, with_stats: bool, real: str) -> str:
+def _source(dim: int, with_stats: bool, real: str, masked: bool) -> str:
     """The kernel's Python source for dimension ``dim`` and scalar type ``real``: arrays are flat, and
-    every index is a tile's base plus a literal offset, so that the strides are compile-time constants."""
+    every index is a tile's base plus a literal offset, so that the strides are compile-time constants.
+    ``masked``: the kernel takes each point's observed entries, ``observed`` (n, D), after ``rows``."""
     at = layout(dim)
     looped = dim > UNROLLED_MAX_DIM
     # float32 only: float64 meets subnormals only below 2.2e-308 (a responsibility near exp(-700) times a
@@ -311,7 +344,8 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
     flush = real == "np.float32"
     fit_par = f"n_tiles * {at['n_params'] * TILE}"  # one fit's parameters in ``par``
     head = [
-        "def kernel(x, S, rows, par, point_weights, uniforms, out_loglik, out_dens, failed, acc, n_blocks, n_fits):",
+        f"def kernel(x, S, rows, {'observed, ' if masked else ''}par, point_weights, uniforms, out_loglik, out_dens, "
+        "failed, acc, n_blocks, n_fits):",
         "    in_place = rows.shape[0] > 0",
         "    n = rows.shape[0] if in_place else x.shape[0]",
         "    n_fit, fit_blocks = n // n_fits, n_blocks // n_fits  # each fit's points and blocks, fit after fit",
@@ -333,7 +367,7 @@ def _source(dim: int, with_stats: bool, real: str) -> str:
         *(["        env = flush_subnormals()  # restored at the block's end (float_env)"] if flush else []),
         "        for p in range(s * n_fit + b * n_fit // fit_blocks, s * n_fit + (b + 1) * n_fit // fit_blocks):",
     ]
-    point = _point_source(dim, with_stats, real, _tiles(at))
+    point = _point_source(dim, with_stats, real, _tiles(at), masked)
     return "\n".join(head + _indent(point, 3) + (["        restore_float_env(env)"] if flush else [])) + "\n"
 
 
@@ -364,9 +398,35 @@ def _tiles(at: dict[str, int]):
     return tiles
 
 
-def _point_source(dim: int, with_stats: bool, real: str, tiles) -> list[str]:
+def _masked_point(dim: int, real: str, looped: bool) -> list[str]:
+    """Point p's missing entries (``observed[r, i]`` 0) marginalised in the full dimension: with its missing
+    rows and columns of T = V_j + S_i replaced by the identity's and its residual's missing entries by 0, T is
+    T_oo (+) I, whose factor, log det, z^T z and u = T^-1 d are T_oo's (u 0 off the observed entries), and
+    whose inverse is T_oo^-1 (+) I, the identity's part masked out of P. Only the normalising constant
+    counts the observed entries: ``norm`` = n_obs log 2 pi. A point with nothing observed has density alpha_j:
+    p(x) = 1, responsibilities alpha_j. The unrolled form reads the masks here, ``o{i}_{j}`` = 1 where entries
+    i and j are both observed, else 0, and the observed entries of x and S; the looped form as it goes."""
+    count = " + ".join(f"({real}(1.0) if observed[r, {i}] else {real}(0.0))" for i in range(dim))
+    lines = [f"norm = {real}({LOG_2PI!r}) * ({count})"]
+    if looped:
+        return lines
+    for i in range(dim):
+        lines += [
+            f"o{i}_{i} = {real}(1.0) if observed[r, {i}] else {real}(0.0)",
+            f"x{i} = {real}(x[r, {i}]) if observed[r, {i}] else {real}(0.0)",
+        ]
+    for i in range(dim):
+        for j in range(i + 1):
+            both = f"observed[r, {i}] and observed[r, {j}]"
+            lines += [f"s{i}_{j} = noise_entry(S, r, {i}, {j}, {real}) if {both} else {real}({float(i == j)})"]
+            if j < i:
+                lines += [f"o{i}_{j} = o{i}_{i} * o{j}_{j}"]
+    return lines
+
+
+def _point_source(dim: int, with_stats: bool, real: str, tiles, masked: bool) -> list[str]:
     """The kernel's work on point p: its densities under every component, its log-likelihood and, with
-    ``with_stats``, its responsibilities added into the block's sums."""
+    ``with_stats``, its responsibilities added into the block's sums (``masked``: see ``_masked_point``)."""
     looped = dim > UNROLLED_MAX_DIM
     # the point's row: its own, or row rows[p] of the data in place, the next point's row asked for ahead
     point = [
@@ -375,12 +435,18 @@ def _point_source(dim: int, with_stats: bool, real: str, tiles) -> list[str]:
         "    prefetch_row(x, rows[p + 1])",
         "    prefetch_row(S, rows[p + 1])",
     ]
+    if masked:
+        point += _masked_point(dim, real, looped)
+    else:
+        point += [f"norm = {real}({dim * LOG_2PI!r})"]
     if looped:
-        point += tiles(_component_loop_looped(dim, with_stats, real), ["par", "scr"], loop=False)
+        point += tiles(_component_loop_looped(dim, with_stats, real, masked), ["par", "scr"], loop=False)
+    elif masked:
+        point += tiles(_component_loop(dim, with_stats, real, masked), ["par", "scr"])
     else:
         point += [f"x{i} = {real}(x[r, {i}])" for i in range(dim)]
         point += [f"s{i}_{j} = noise_entry(S, r, {i}, {j}, {real})" for i in range(dim) for j in range(i + 1)]
-        point += tiles(_component_loop(dim, with_stats, real), ["par", "scr"])
+        point += tiles(_component_loop(dim, with_stats, real, masked), ["par", "scr"])
     point += ["n_failed = 0", *tiles(_density_loop(dim, real), ["par", "scr"]), *_first_failure(dim)]
     # the point's log-likelihood, log sum_k exp(dens_k - top) + top; exp(dens_k - top) / the sum are its
     # responsibilities (the padding's dens is -inf: 0)
@@ -520,7 +586,7 @@ def _unpack_checked_source(dim: int, dtype: str) -> list[str]:
     ]
 
 
-def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> str:
+def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool, masked: bool = False) -> str:
     """A module defining the kernel, ``pack`` and (with the statistics) ``unpack`` and ``unpack_checked``,
     compiled with numba's on-disk cache (``parallel``: the kernel's blocks spread over numba's threads;
     otherwise run one after another on the calling thread)."""
@@ -549,7 +615,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool) -> st
         + "}, error_model='numpy', cache=True)",
     ]
     plain = ["", "", *_unpack_checked_source(dim, dtype)] if with_stats else []
-    return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}") + "\n".join(plain) + "\n"
+    return "\n".join(header) + "\n" + _source(dim, with_stats, f"np.{dtype}", masked) + "\n".join(plain) + "\n"
 
 
 @cache
@@ -561,16 +627,17 @@ def _helpers_digest() -> str:
 
 
 @cache
-def compiled_module(dim: int, with_stats: bool, dtype: str, parallel: bool = True):
+def compiled_module(dim: int, with_stats: bool, dtype: str, parallel: bool = True, masked: bool = False):
     """The numba-compiled module (``kernel``, ``pack``, ``unpack``, ``unpack_checked``) for dimension ``dim``
     and float dtype ``dtype`` ("float32" or "float64"), its kernel multi-threaded or serial
-    (``_module_source``).
+    (``_module_source``); ``masked``: its kernel takes each point's observed entries (``_masked_point``).
 
     Its source is written once into the kernel cache folder under a name holding its digest, so that numba's
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
     folder cannot be written it is compiled in memory, a few seconds per process."""
-    source = _module_source(dim, with_stats, dtype, parallel)
-    stem = f"fused_d{dim}_{dtype}_{'stats' if with_stats else 'densities'}{'' if parallel else '_serial'}"
+    source = _module_source(dim, with_stats, dtype, parallel, masked)
+    kind = ("stats" if with_stats else "densities") + ("_masked" if masked else "") + ("" if parallel else "_serial")
+    stem = f"fused_d{dim}_{dtype}_{kind}"
     try:
         module = import_generated(stem, source)
     except OSError:
@@ -634,9 +701,12 @@ def fused_chunk(
     point_weights=None,
     uniforms=None,
     with_criteria: bool = False,
+    observed=None,
 ):
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk on the CPU, R = I (``R``
-    is None); the statistics pass returns no log alpha_j N_ij (None) unless the criteria need them."""
+    is None); the statistics pass returns no log alpha_j N_ij (None) unless the criteria need them.
+    ``observed`` (B, D) bool: each point's other entries marginalised (``_masked_point``), U, UU and P in
+    the model's dimensions."""
     import numba
 
     n, dim = x.shape
@@ -651,14 +721,14 @@ def fused_chunk(
     loglik_np, log_dens_np = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
     acc = np.empty(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)  # each block zeroes its own
-    module = compiled_module(dim, with_stats, DTYPE_NAMES[x.dtype], parallel)
+    module = compiled_module(dim, with_stats, DTYPE_NAMES[x.dtype], parallel, masked=observed is not None)
     par = np.empty(n_tiles * at["n_params"] * TILE, x_np.dtype)
     module.pack(*mixture.arrays(), par)
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
-    module.kernel(
-        x_np, S_np, NO_ROWS, par, point_weights_np, uniforms_np, loglik_np, log_dens_np, failed, acc, n_blocks, 1
-    )
+    masks = () if observed is None else (_array(observed.to(torch.uint8)),)
+    outputs = (loglik_np, log_dens_np, failed, acc)
+    module.kernel(x_np, S_np, NO_ROWS, *masks, par, point_weights_np, uniforms_np, *outputs, n_blocks, 1)
     if n and failed.max() >= 0:  # the component of the pair that failed, -1 for none
         row = int(np.flatnonzero(failed >= 0)[0])
         raise NotPositiveDefiniteError(row_offset + row, int(failed[row]))
