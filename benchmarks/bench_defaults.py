@@ -12,7 +12,10 @@ The shapes (``SHAPES``), each three Gaussian components observed with heterosced
 * ``near_constant``: one component a thousandth as wide as the data in one feature;
 * ``noise_decades``: each star's noise variance drawn over six decades (1e-4 to 1e2 of the spread);
 * ``outliers``: 3% of the stars replaced by Student-t (1.5 degrees of freedom) draws ten times as wide;
-* ``many_features``: twenty features, each component's correlated across them (small N, many features).
+* ``many_features``: twenty features, each component's correlated across them (small N, many features);
+  ``ten_features`` the same with ten;
+* ``many_features_missing``, ``ten_features_missing``: the same with a fifth of the entries missing (NaN,
+  fitted with ``missing="marginalise"`` and scored on each star's observed entries).
 
 The score is the mean log-likelihood of the noisy training data per star (what XD maximises), computed here
 in float64 with numpy, independently of the library. A fit's share of the optimum is
@@ -99,9 +102,8 @@ def outliers(n: int, rng):
     return X, variances
 
 
-def many_features(n: int, rng):
+def many_features(n: int, rng, d: int = 20):
     """Twenty features, each component correlated across them (a catalogue of many colours and magnitudes)."""
-    d = 20
     means = rng.normal(0.0, 2.0, size=(3, d))
     mixing = rng.normal(0.0, 1.0, size=(3, d, d)) / np.sqrt(d)
     labels = rng.choice(3, size=n, p=(0.5, 0.3, 0.2))
@@ -110,9 +112,36 @@ def many_features(n: int, rng):
     return _observe(rng, true, variances), variances
 
 
+def ten_features(n: int, rng):
+    return many_features(n, rng, d=10)
+
+
+def _with_missing(shape):
+    """``shape`` with a fifth of its entries missing (NaN), at random."""
+
+    def missing(n: int, rng):
+        X, variances = shape(n, rng)
+        X[rng.random(X.shape) < 0.2] = np.nan
+        return X, variances
+
+    missing.__name__ = f"{shape.__name__}_missing"
+    return missing
+
+
 SHAPES = {
     f.__name__: f
-    for f in (order_one, mixed_scales, zero_error_column, near_constant, noise_decades, outliers, many_features)
+    for f in (
+        order_one,
+        mixed_scales,
+        zero_error_column,
+        near_constant,
+        noise_decades,
+        outliers,
+        many_features,
+        ten_features,
+        _with_missing(many_features),
+        _with_missing(ten_features),
+    )
 }
 
 
@@ -123,7 +152,19 @@ def data(shape: str, n: int, seed: int = 0):
 
 def mean_loglik(X, variances, weights, means, covariances, chunk: int = 100_000) -> float:
     """The mean log-likelihood per star of the noisy data under an XD mixture, in float64 with numpy:
-    log sum_j alpha_j N(x_i | m_j, V_j + S_i), S_i = diag(variances_i)."""
+    log sum_j alpha_j N(x_i | m_j, V_j + S_i), S_i = diag(variances_i); a star with entries missing (NaN) on
+    its observed entries, under the mixture's marginal (a star with none observed scores 0)."""
+    observed = ~np.isnan(X)
+    if not observed.all():
+        patterns, which = np.unique(observed, axis=0, return_inverse=True)
+        total = 0.0
+        for code, seen in enumerate(patterns):
+            rows = which.ravel() == code
+            if seen.any():
+                marginal = covariances[:, seen][:, :, seen]
+                mean = mean_loglik(X[rows][:, seen], variances[rows][:, seen], weights, means[:, seen], marginal)
+                total += mean * rows.sum()
+        return total / len(X)
     total = 0.0
     for start in range(0, len(X), chunk):
         x, s = X[start : start + chunk], variances[start : start + chunk]
@@ -145,6 +186,11 @@ def _score(model, X, variances) -> float:
     return mean_loglik(X, variances, model.weights_, model.means_, model.covariances_)
 
 
+def _missing(X) -> str:
+    """The library's missing-data setting for ``X``: its default where every entry is observed."""
+    return "marginalise" if np.isnan(X).any() else "variance"
+
+
 def optimum(X, variances, k: int, starts: int = 3) -> float:
     """The converged optimum's mean log-likelihood: SQUAREM batch EM to 1e-9, negligible regularisation,
     float64, best of ``starts`` k-means starts."""
@@ -152,7 +198,9 @@ def optimum(X, variances, k: int, starts: int = 3) -> float:
     for seed in range(starts):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model = XDGMM(k, "em", epochs=5000, tol=1e-9, w=1e-9, dtype="float64", random_state=seed)
+            model = XDGMM(
+                k, "em", epochs=5000, tol=1e-9, w=1e-9, dtype="float64", random_state=seed, missing=_missing(X)
+            )
             best = max(best, _score(model.fit(X, Xcov=variances), X, variances))
     return best
 
@@ -163,7 +211,7 @@ def at_defaults(method: str, X, variances, k: int) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         try:
-            model = XDGMM(k, method, random_state=0).fit(X, Xcov=variances)
+            model = XDGMM(k, method, random_state=0, missing=_missing(X)).fit(X, Xcov=variances)
         except Exception as err:  # a failure is a result here: recorded, not raised
             return {"error": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - tick}
     seconds = time.perf_counter() - tick
