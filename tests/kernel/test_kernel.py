@@ -298,6 +298,29 @@ def test_a_kernel_loaded_from_the_cache_gives_the_bits_of_the_process_that_compi
         assert len(set(compiled)) == 1, compiled
 
 
+@pytest.mark.skipif(os.cpu_count() < 2, reason="the threaded kernel runs on two or more threads")
+def test_a_threaded_kernel_that_cannot_compile_in_a_new_process_compiles_here_and_says_so(
+    tmp_path, monkeypatch, caplog
+):
+    """Where the process that compiles the threaded kernel for the cache cannot run, the kernel compiles in
+    the process, as numba would, with a warning that its sums may differ from a later process's."""
+    monkeypatch.setenv("SCALABLE_XD_CACHE", str(tmp_path))
+    monkeypatch.setattr(fused.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, b"", b"no room"))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    fused.compiled_module.cache_clear()
+    try:
+        rng = np.random.default_rng(3)
+        x, S, weights, means, covs = kernel_problem(rng, n=12_000, k=3, d=2)  # 36,000 pairs: threaded
+        mixture = _mixture(weights, means, covs)
+        with caplog.at_level(logging.WARNING, logger="scalable_xd"):
+            got = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="fused")
+        want = batch_statistics(torch.tensor(x), torch.tensor(S), mixture, backend="linalg")
+    finally:
+        fused.compiled_module.cache_clear()
+    assert "could not be compiled in a new process" in caplog.text and "no room" in caplog.text
+    assert torch.allclose(got.UU, want.UU, rtol=1e-10)
+
+
 def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkeypatch):
     import scalable_xd.kernel.dispatch as dispatch
 
