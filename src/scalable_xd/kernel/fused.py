@@ -153,7 +153,7 @@ def _component_loop_looped(dim: int, with_stats: bool, real: str, masked: bool) 
     residual ``dv``, z ``zv``, the pivots ``pv``, one row of TILE entries each; ``masked``: as
     ``_component_loop``'s, the masks read from ``observed`` as the loops go."""
     at = layout(dim)
-    seen = (lambda *e: " and ".join(f"observed[r, {i}]" for i in e)) if masked else None  # noqa: E731
+    seen = lambda *e: " and ".join(f"observed[r, {i}]" for i in e)  # noqa: E731  # masked only
     lines = [
         f"par2, scr2 = tile_par.reshape({at['n_params']}, TILE), tile_scr.reshape({at['n_scratch']}, TILE)",
         "for i in range(D):",
