@@ -333,7 +333,7 @@ def _accumulate_loops(dim: int) -> list[str]:
     return lines
 
 
-def _source(dim: int, with_stats: bool, real: str, masked: bool) -> str:
+def _source(dim: int, with_stats: bool, real: str, masked: bool = False) -> str:
     """The kernel's Python source for dimension ``dim`` and scalar type ``real``: arrays are flat, and
     every index is a tile's base plus a literal offset, so that the strides are compile-time constants.
     ``masked``: the kernel takes each point's observed entries, ``observed`` (n, D), after ``rows``."""
