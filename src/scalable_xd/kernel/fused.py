@@ -145,6 +145,36 @@ def _component_loop(dim: int, with_stats: bool, real: str, masked: bool) -> list
     return lines
 
 
+def _looped_residual_and_entry(real: str, means_row: int, masked: bool) -> list[str]:
+    """The looped kernel's residual rows ``dv`` and, in its factorisation's loop over (j, i >= j), entry
+    (i, j) of T = V + S into ``av`` (``masked``: the missing entries decoupled, as ``_masked_point``)."""
+    if not masked:
+        return [
+            "for i in range(D):",
+            f"    xi = {real}(x[r, i])",
+            "    for c in range(TILE):",
+            f"        dv[i, c] = xi - par2[{means_row} + i, c]",
+            "for j in range(D):",
+            "    for i in range(j, D):",
+            f"        sij, vij = noise_entry(S, r, i, j, {real}), i * (i + 1) // 2 + j",
+            "        for c in range(TILE):",
+            "            av[c] = par2[vij, c] + sij",
+        ]
+    return [
+        "for i in range(D):",
+        f"    xi, oi = ({real}(x[r, i]), {real}(1.0)) if observed[r, i] else ({real}(0.0), {real}(0.0))",
+        "    for c in range(TILE):",
+        f"        dv[i, c] = (xi - par2[{means_row} + i, c]) * oi",
+        "for j in range(D):",
+        "    for i in range(j, D):",
+        "        seen, vij = observed[r, i] and observed[r, j], i * (i + 1) // 2 + j",
+        f"        sij = noise_entry(S, r, i, j, {real}) if seen else {real}(1.0 if i == j else 0.0)",
+        f"        oij = {real}(1.0) if seen else {real}(0.0)",
+        "        for c in range(TILE):",
+        "            av[c] = par2[vij, c] * oij + sij",
+    ]
+
+
 def _component_loop_looped(dim: int, with_stats: bool, real: str, masked: bool) -> list[str]:
     """``_component_loop`` for large D, for a whole tile: the same scratch rows, computed in loops over the
     dimensions with the tile's components innermost, so that LLVM still vectorises across them while the
@@ -153,40 +183,9 @@ def _component_loop_looped(dim: int, with_stats: bool, real: str, masked: bool) 
     residual ``dv``, z ``zv``, the pivots ``pv``, one row of TILE entries each; ``masked``: as
     ``_component_loop``'s, the masks read from ``observed`` as the loops go."""
     at = layout(dim)
-    seen = lambda *e: " and ".join(f"observed[r, {i}]" for i in e)  # noqa: E731  # masked only
     lines = [
         f"par2, scr2 = tile_par.reshape({at['n_params']}, TILE), tile_scr.reshape({at['n_scratch']}, TILE)",
-        "for i in range(D):",
-        *(
-            [
-                f"    xi, oi = ({real}(x[r, i]), {real}(1.0)) if {seen('i')} else ({real}(0.0), {real}(0.0))",
-                "    for c in range(TILE):",
-                f"        dv[i, c] = (xi - par2[{at['means']} + i, c]) * oi",
-            ]
-            if masked
-            else [
-                f"    xi = {real}(x[r, i])",
-                "    for c in range(TILE):",
-                f"        dv[i, c] = xi - par2[{at['means']} + i, c]",
-            ]
-        ),
-        "for j in range(D):",
-        "    for i in range(j, D):",
-        *(
-            [
-                f"        seen, vij = {seen('i', 'j')}, i * (i + 1) // 2 + j",
-                f"        sij = noise_entry(S, r, i, j, {real}) if seen else {real}(1.0 if i == j else 0.0)",
-                f"        oij = {real}(1.0) if seen else {real}(0.0)",
-                "        for c in range(TILE):",
-                "            av[c] = par2[vij, c] * oij + sij",
-            ]
-            if masked
-            else [
-                f"        sij, vij = noise_entry(S, r, i, j, {real}), i * (i + 1) // 2 + j",
-                "        for c in range(TILE):",
-                "            av[c] = par2[vij, c] + sij",
-            ]
-        ),
+        *_looped_residual_and_entry(real, at["means"], masked),
         "        for m in range(j):",
         "            for c in range(TILE):",
         "                av[c] -= lf[i * D + m, c] * lf[j * D + m, c]",
@@ -242,7 +241,7 @@ def _component_loop_looped(dim: int, with_stats: bool, real: str, masked: bool) 
         "        for m in range(i, D):",
         "            for c in range(TILE):",
         "                av[c] += wf[m * D + i, c] * wf[m * D + j, c]",
-        *([f"        oij = {real}(1.0) if {seen('i', 'j')} else {real}(0.0)"] if masked else []),
+        *([f"        oij = {real}(1.0) if observed[r, i] and observed[r, j] else {real}(0.0)"] if masked else []),
         "        for c in range(TILE):",
         f"            scr2[{at['t_inv']} + i * (i + 1) // 2 + j, c] = av[c]" + (" * oij" if masked else ""),
     ]
