@@ -231,10 +231,7 @@ def log_densities(
     ``noise_mixture_pass``."""
     if isinstance(S, NoiseMixture):
         return noise_mixture_pass.log_densities(x, S, mixture, R, log_densities, backend=backend, max_pairs=max_pairs)
-    if observed is not None and _in_one_pass(backend, R, x):
-        parts = list(_passes(x, S, mixture, R, False, backend, max_pairs, observed=observed))
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    if observed is not None:
+    if observed is not None and not _in_one_pass(backend, R, x):
         loglik = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         log_dens = mixture.log_weights.to(x.dtype).expand(x.shape[0], -1).clone()  # nothing observed: alpha_j
         for rows, dims in patterns(observed):
@@ -243,7 +240,7 @@ def log_densities(
                     *_marginal(x, S, mixture, rows, dims), backend=backend, max_pairs=max_pairs
                 )
         return loglik, log_dens
-    parts = list(_passes(x, S, mixture, R, False, backend, max_pairs))
+    parts = list(_passes(x, S, mixture, R, False, backend, max_pairs, observed=observed))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
