@@ -440,11 +440,10 @@ def _point_source(dim: int, with_stats: bool, real: str, tiles, masked: bool) ->
         point += [f"norm = {real}({dim * LOG_2PI!r})"]
     if looped:
         point += tiles(_component_loop_looped(dim, with_stats, real, masked), ["par", "scr"], loop=False)
-    elif masked:
-        point += tiles(_component_loop(dim, with_stats, real, masked), ["par", "scr"])
     else:
-        point += [f"x{i} = {real}(x[r, {i}])" for i in range(dim)]
-        point += [f"s{i}_{j} = noise_entry(S, r, {i}, {j}, {real})" for i in range(dim) for j in range(i + 1)]
+        if not masked:  # a masked point's x and S are read in _masked_point
+            point += [f"x{i} = {real}(x[r, {i}])" for i in range(dim)]
+            point += [f"s{i}_{j} = noise_entry(S, r, {i}, {j}, {real})" for i in range(dim) for j in range(i + 1)]
         point += tiles(_component_loop(dim, with_stats, real, masked), ["par", "scr"])
     point += ["n_failed = 0", *tiles(_density_loop(dim, real), ["par", "scr"]), *_first_failure(dim)]
     # the point's log-likelihood, log sum_k exp(dens_k - top) + top; exp(dens_k - top) / the sum are its
