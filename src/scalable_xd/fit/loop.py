@@ -91,7 +91,18 @@ def run(
 
     A checkpoint written inside an epoch records the batches done; a resumed fit runs the same epoch's
     batches from there (the data source serves that epoch's batches again, skipping those done: a streamed
-    source reads the windows before them again, computing nothing), so it ends as an uninterrupted fit."""
+    source reads the windows before them again, computing nothing), so it ends as an uninterrupted fit.
+
+    Where every pass of the fit (training, scoring, validation) is below ``PARALLEL_PAIRS`` pairs, the
+    whole fit runs on one torch thread: the passes run serially then anyway, and a pool's wake-ups after
+    each small parameter-side operation (a K-matrix Cholesky) cost more than the operation."""
+    data = [train, val, scored, *(monitored or {}).values()]
+    with one_thread(_small_fit(cfg, fitter, max(len(d) for d in data if d is not None))):
+        return _run(fitter, train, val, cfg, checkpoint, monitored, scored)
+
+
+def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, scored):
+    """``run``'s loop."""
     one_pass = fitter.scores_its_pass
     scored_data = train if scored is None or one_pass else scored
     evaluate = functools.partial(_entry, fitter, cfg, scored_data, val, monitored or {})
@@ -197,6 +208,13 @@ def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
             f"{what} holds a state this fit cannot take ({err.__class__.__name__}: {str(err)[:120]}); {advice}"
         ) from None
     check_state(fitter, expected, what, advice)
+
+
+def _small_fit(cfg: LoopConfig, fitter: Fitter, rows: int) -> bool:
+    """Whether every pass over ``rows`` points (the most any pass scores) is too small for more than one
+    CPU thread (``kernel.fused``); never in lockstep (``_small_steps``)."""
+    small = rows * fitter.mixture.n_components < PARALLEL_PAIRS
+    return cfg.device.type == "cpu" and small and cfg.lockstep is None
 
 
 def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
