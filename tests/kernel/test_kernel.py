@@ -241,6 +241,21 @@ def test_above_the_unrolled_bound_the_fused_kernel_loops_over_d(d):
     assert looped_sizes[1] < 1.1 * looped_sizes[0] < len(fused._source(fused.UNROLLED_MAX_DIM, True, "np.float64"))
 
 
+@pytest.mark.parametrize("k, tile", [(3, 4), (5, 8), (17, 16)])
+def test_the_looped_kernel_takes_the_narrowest_tile_that_holds_k_and_equals_the_lapack_path(k, tile):
+    """Above ``UNROLLED_MAX_DIM`` a tile's lanes cost their time padding or not, so few components take a
+    narrower tile (``tile_for``); any tile's sums, padding lanes or several tiles, equal the LAPACK path's.
+    The unrolled form keeps tiles of 16 (its lanes are vectorised)."""
+    assert fused.tile_for(k, 13) == tile and fused.tile_for(k, fused.UNROLLED_MAX_DIM) == fused.TILE
+    x, S, weights, means, covs = kernel_problem(np.random.default_rng(9), n=60, k=k, d=13)
+    args = [torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs)]
+    fast, reference = (batch_statistics(*args, backend=b) for b in ("fused", "linalg"))
+    for name in ("q", "U", "UU", "P"):
+        got, want = (getattr(stats, name).double().numpy() for stats in (fast, reference))
+        assert max_row_relative_error(got, want) < 1e-10, name
+    assert float(fast.loglik) == pytest.approx(float(reference.loglik), rel=1e-12)
+
+
 def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
     """A second process finds the compiled kernel in the cache folder instead of compiling it again."""
     script = (

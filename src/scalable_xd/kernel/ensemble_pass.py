@@ -28,9 +28,10 @@ class EnsemblePass:
 
         self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
         self.dim, self.k, self.dtype = dim, n_components, dtype
-        at, n_tiles = fused.layout(dim), -(-n_components // fused.TILE)
-        self.fit_params = n_tiles * at["n_params"] * fused.TILE  # one fit's packed parameters
-        self.block_sums = n_tiles * at["n_sums"] * fused.TILE  # one block's sums
+        self.tile = fused.tile_for(n_components, dim)
+        at, n_tiles = fused.layout(dim), -(-n_components // self.tile)
+        self.fit_params = n_tiles * at["n_params"] * self.tile  # one fit's packed parameters
+        self.block_sums = n_tiles * at["n_sums"] * self.tile  # one block's sums
         self._buffers: dict[tuple[int, int, int], tuple] = {}  # by (torch's threads, fits, points a fit)
 
     def sums(self, places: list[RowsInMemory], weights: np.ndarray, means: np.ndarray, covariances: np.ndarray):
@@ -61,7 +62,7 @@ class EnsemblePass:
         settled = self._buffers.get(key)
         if settled is None:
             parallel = fused._threads_for(n * self.k, self.pool)  # as one fit's pass: the same compiled code
-            module = fused.compiled_module(self.dim, True, fused.DTYPE_NAMES[self.dtype], parallel)
+            module = fused.compiled_module(self.dim, True, fused.DTYPE_NAMES[self.dtype], parallel, tile=self.tile)
             n_blocks = n_fits * fused.blocks_for(n, self.pool)  # each fit's as in its pass alone
             real = fused.DTYPE_NAMES[self.dtype]
             par = np.empty(n_fits * self.fit_params, real)

@@ -66,6 +66,21 @@ SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependenc
 PARALLEL_PAIRS = 30_000
 # Dimensions up to which the algebra is unrolled entry by entry; above, it runs in loops over D (see above)
 UNROLLED_MAX_DIM = 12
+# Narrower tiles for the looped form's few components (``tile_for``)
+NARROW_TILES = (4, 8)
+
+
+def tile_for(n_components: int, dim: int) -> int:
+    """Components per tile for K components in D dimensions: ``TILE``, or for the looped form (D above
+    ``UNROLLED_MAX_DIM``) the narrowest of ``NARROW_TILES`` that holds K. The unrolled form's tile loops
+    are vectorised, so a lane of padding costs it little (at D = 7, K = 3: 0.63 us a pair in tiles of 16,
+    1.2 in tiles of 4); the looped form's cost a lane each, padding or not (at D = 20, K = 3: 34 us a pair
+    in tiles of 16, 12 in tiles of 4)."""
+    if dim <= UNROLLED_MAX_DIM:
+        return TILE
+    return next((tile for tile in NARROW_TILES if n_components <= tile), TILE)
+
+
 # exp(x) for x below this is < 1e-304 and is taken as 0 (responsibilities exactly 0): vector_math's exp
 # builds 2^n as a normal float, which it no longer is below -708
 EXP_CUTOFF = -700.0
@@ -106,13 +121,13 @@ def layout(dim: int) -> dict[str, int]:
 
 def _tile_parameter(row: int) -> str:
     """Row ``row`` of the tile's parameters (per component: V's triangle, the mean, log alpha), lane c."""
-    return f"tile_par[{row * TILE} + c]"
+    return f"tile_par[{row} * TILE + c]"
 
 
 def _tile_scratch(row: int) -> str:
     """Row ``row`` of the tile's per-pair scratch (the Mahalanobis term, the pivots' range, the determinant's
     factors, u and T^-1), lane c."""
-    return f"tile_scr[{row * TILE} + c]"
+    return f"tile_scr[{row} * TILE + c]"
 
 
 def _component_loop(dim: int, with_stats: bool, real: str, masked: bool) -> list[str]:
@@ -305,7 +320,7 @@ def _log_det(dim: int) -> str:
 def _first_failure(dim: int) -> list[str]:
     """Statements setting ``failed[p]`` to the first component whose factorisation failed, if any did."""
     at = layout(dim)
-    scratch = lambda row: f"scr[k // TILE * {at['n_scratch'] * TILE} + {row * TILE} + k % TILE]"  # noqa: E731
+    scratch = lambda row: f"scr[k // TILE * {at['n_scratch']} * TILE + {row} * TILE + k % TILE]"  # noqa: E731
     return [
         "failed[p] = -1",
         "if n_failed:",
@@ -320,7 +335,7 @@ def _accumulate_loops(dim: int) -> list[str]:
     """Loops over component c of a tile adding r times u, u u^T and T^-1 to the thread's sums, a few sums
     per loop (``SUMS_PER_LOOP``)."""
     at = layout(dim)
-    sums = lambda row: f"tile_acc[{row * TILE} + c]"  # noqa: E731
+    sums = lambda row: f"tile_acc[{row} * TILE + c]"  # noqa: E731
     u = lambda i: _tile_scratch(at["u"] + i)  # noqa: E731
     updates = [(at["q"], "r")] + [(at["U"] + i, f"r * {u(i)}") for i in range(dim)]
     updates += [(at["UU"] + tri(i, j), f"r * {u(i)} * {u(j)}") for i in range(dim) for j in range(i + 1)]
@@ -341,23 +356,23 @@ def _source(dim: int, with_stats: bool, real: str, masked: bool = False) -> str:
     # float32 only: float64 meets subnormals only below 2.2e-308 (a responsibility near exp(-700) times a
     # small number), too rarely to cost time, and its results stay as they were
     flush = real == "np.float32"
-    fit_par = f"n_tiles * {at['n_params'] * TILE}"  # one fit's parameters in ``par``
+    fit_par = f"n_tiles * {at['n_params']} * TILE"  # one fit's parameters in ``par``
     head = [
         f"def kernel(x, S, rows, {'observed, ' if masked else ''}par, point_weights, uniforms, out_loglik, out_dens, "
         "failed, acc, n_blocks, n_fits):",
         "    in_place = rows.shape[0] > 0",
         "    n = rows.shape[0] if in_place else x.shape[0]",
         "    n_fit, fit_blocks = n // n_fits, n_blocks // n_fits  # each fit's points and blocks, fit after fit",
-        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // ({at['n_params'] * TILE} * n_fits)",
+        f"    n_comp, n_tiles = out_dens.shape[1], par.shape[0] // ({at['n_params']} * TILE * n_fits)",
         "    for blk in prange(n_blocks):",
         "        s, b = blk // fit_blocks, blk % fit_blocks  # the block's fit, and its block among the fit's",
         f"        fit_par = par[s * {fit_par}:(s + 1) * {fit_par}]",
         *(
-            [f"        acc[blk * n_tiles * {at['n_sums'] * TILE}:(blk + 1) * n_tiles * {at['n_sums'] * TILE}] = 0.0"]
+            [f"        acc[blk * n_tiles * {at['n_sums']} * TILE:(blk + 1) * n_tiles * {at['n_sums']} * TILE] = 0.0"]
             if with_stats
             else []
         ),
-        f"        scr = np.empty(n_tiles * {at['n_scratch'] * TILE}, par.dtype)",
+        f"        scr = np.empty(n_tiles * {at['n_scratch']} * TILE, par.dtype)",
         "        dens = np.empty(n_tiles * TILE, par.dtype)",
         "        bits = np.empty(n_tiles * TILE, np.int64)  # one lane each for exp_lane and log_lane",
         "        bits_f = bits.view(np.float64)",
@@ -379,7 +394,7 @@ def _tiles(at: dict[str, int]):
     ``names`` (inside a loop over the tile's components c where ``loop``)."""
 
     def span(rows: int, first: str = "t") -> str:
-        return f"{first} * {rows * TILE}:({first} + 1) * {rows * TILE}"
+        return f"{first} * {rows} * TILE:({first} + 1) * {rows} * TILE"
 
     # Each tile's arrays are views, indexed from 0 by literal offsets: with a computed base, numba's
     # negative-index wraparound turns every access into a select, and nothing vectorises.
@@ -490,11 +505,11 @@ def _pack_source(dim: int, dtype: str) -> list[str]:
     numbers are the same either way. (Compiled, as the kernel: it runs once a batch, where numpy's dozen
     calls cost a tenth of a step at K = 64. Loops over D, so that its source does not grow with D.)"""
     at = layout(dim)
-    row = lambda name, offset="": f"par[t * {at['n_params'] * TILE} + ({at[name]}{offset}) * TILE + c]"  # noqa: E731
+    row = lambda name, offset="": f"par[t * {at['n_params']} * TILE + ({at[name]}{offset}) * TILE + c]"  # noqa: E731
     return [
         "@njit(error_model='numpy', cache=True)",
         "def pack(weights, means, covariances, par):",
-        f"    for t in range(par.shape[0] // {at['n_params'] * TILE}):",
+        f"    for t in range(par.shape[0] // ({at['n_params']} * TILE)):",
         "        for c in range(TILE):",
         "            k = t * TILE + c",
         "            real = k < means.shape[0]",
@@ -525,13 +540,13 @@ def _unpack_source(dim: int, dtype: str) -> list[str]:
         "@njit(error_model='numpy', cache=True)",
         "def unpack_into(acc, first, n_blocks, q, U, UU, P):",
         f"    D, n_comp = {dim}, q.shape[0]",
-        f"    sums = np.zeros((n_comp + TILE - 1) // TILE * {at['n_sums'] * TILE})",
+        f"    sums = np.zeros((n_comp + TILE - 1) // TILE * {at['n_sums']} * TILE)",
         "    for b in range(first, first + n_blocks):",
         "        for e in range(sums.shape[0]):",
         "            sums[e] += acc[b * sums.shape[0] + e]",
         "    for k in range(n_comp):",
-        f"        tile = sums[k // TILE * {at['n_sums'] * TILE} + k % TILE :]",
-        f"        q[k] = tile[{at['q'] * TILE}]",
+        f"        tile = sums[k // TILE * {at['n_sums']} * TILE + k % TILE :]",
+        f"        q[k] = tile[{at['q']} * TILE]",
         "        for i in range(D):",
         f"            U[k, i] = tile[({at['U']} + i) * TILE]",
         "            for j in range(i + 1):",
@@ -584,10 +599,12 @@ def _unpack_checked_source(dim: int, dtype: str) -> list[str]:
     ]
 
 
-def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool, masked: bool = False) -> str:
+def _module_source(
+    dim: int, with_stats: bool, dtype: str, parallel: bool, masked: bool = False, tile: int = TILE
+) -> str:
     """A module defining the kernel, ``pack`` and (with the statistics) ``unpack`` and ``unpack_checked``,
     compiled with numba's on-disk cache (``parallel``: the kernel's blocks spread over numba's threads;
-    otherwise run one after another on the calling thread)."""
+    otherwise run one after another on the calling thread), in tiles of ``tile`` components."""
     header = [
         f"# The fused statistics pass for D = {dim}, {dtype}, written by scalable_xd.kernel.fused.",
         f"# Reads rows through scalable_xd.kernel.row_access, sets floats through float_env: {_helpers_digest()}.",
@@ -599,7 +616,7 @@ def _module_source(dim: int, with_stats: bool, dtype: str, parallel: bool, maske
         "from scalable_xd.kernel.float_env import flush_subnormals, restore_float_env",
         "from scalable_xd.kernel.row_access import noise_entry, prefetch_row",
         "",
-        f"TILE = {TILE}",
+        f"TILE = {tile}",
         "",
         "",
         helpers_source(EXP_CUTOFF),
@@ -625,16 +642,20 @@ def _helpers_digest() -> str:
 
 
 @cache
-def compiled_module(dim: int, with_stats: bool, dtype: str, parallel: bool = True, masked: bool = False):
+def compiled_module(
+    dim: int, with_stats: bool, dtype: str, parallel: bool = True, masked: bool = False, tile: int = TILE
+):
     """The numba-compiled module (``kernel``, ``pack``, ``unpack``, ``unpack_checked``) for dimension ``dim``
     and float dtype ``dtype`` ("float32" or "float64"), its kernel multi-threaded or serial
-    (``_module_source``); ``masked``: its kernel takes each point's observed entries (``_masked_point``).
+    (``_module_source``); ``masked``: its kernel takes each point's observed entries (``_masked_point``);
+    ``tile``: components per tile (``tile_for``).
 
     Its source is written once into the kernel cache folder under a name holding its digest, so that numba's
     cache finds the compiled code in the next process (a workflow runs each fit in its own); where the
     folder cannot be written it is compiled in memory, a few seconds per process."""
-    source = _module_source(dim, with_stats, dtype, parallel, masked)
+    source = _module_source(dim, with_stats, dtype, parallel, masked, tile)
     kind = ("stats" if with_stats else "densities") + ("_masked" if masked else "") + ("" if parallel else "_serial")
+    kind += "" if tile == TILE else f"_tile{tile}"
     stem = f"fused_d{dim}_{dtype}_{kind}"
     try:
         module = import_generated(stem, source)
@@ -711,16 +732,17 @@ def fused_chunk(
     k, at = mixture.n_components, layout(dim)
     pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba's config is filled at import
     parallel = _threads_for(n * k, pool)
-    n_tiles = -(-k // TILE)
+    tile = tile_for(k, dim)
+    n_tiles = -(-k // tile)
     x_np, S_np = _array(x), _array(S)
     empty = np.empty(0, x_np.dtype)
     n_blocks = blocks_for(n, pool)
     per_pair = with_criteria or not with_stats  # the densities: the scoring pass's result, the criteria's input
     loglik_np, log_dens_np = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
-    acc = np.empty(n_blocks * n_tiles * at["n_sums"] * TILE if with_stats else 0)  # each block zeroes its own
-    module = compiled_module(dim, with_stats, DTYPE_NAMES[x.dtype], parallel, masked=observed is not None)
-    par = np.empty(n_tiles * at["n_params"] * TILE, x_np.dtype)
+    acc = np.empty(n_blocks * n_tiles * at["n_sums"] * tile if with_stats else 0)  # each block zeroes its own
+    module = compiled_module(dim, with_stats, DTYPE_NAMES[x.dtype], parallel, observed is not None, tile)
+    par = np.empty(n_tiles * at["n_params"] * tile, x_np.dtype)
     module.pack(*mixture.arrays(), par)
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
@@ -754,10 +776,11 @@ class PlainPass:
 
         self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
         self.dim, self.k, self.dtype, self.max_pairs = dim, n_components, dtype, max_pairs
-        at, n_tiles = layout(dim), -(-n_components // TILE)
+        self.tile = tile_for(n_components, dim)
+        at, n_tiles = layout(dim), -(-n_components // self.tile)
         real = DTYPE_NAMES[dtype]
-        self.par = np.empty(n_tiles * at["n_params"] * TILE, real)
-        self.block_sums = n_tiles * at["n_sums"] * TILE  # a block's length in ``acc``
+        self.par = np.empty(n_tiles * at["n_params"] * self.tile, real)
+        self.block_sums = n_tiles * at["n_sums"] * self.tile  # a block's length in ``acc``
         self.acc = np.empty(4 * self.pool * self.block_sums)  # room for the most blocks (``blocks_for``)
         self._modules: dict[tuple[int, int], tuple] = {}  # by (torch's threads, points): see _module
         self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
@@ -771,7 +794,7 @@ class PlainPass:
         settled = self._modules.get(key)
         if settled is None:
             parallel = _threads_for(n * self.k, self.pool)
-            module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel)
+            module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel, tile=self.tile)
             n_blocks = blocks_for(n, self.pool)
             acc = self.acc[: n_blocks * self.block_sums]
             settled = self._modules[key] = (module, (np.empty(n, self.par.dtype), np.empty(n, np.int64), acc, n_blocks))
