@@ -144,7 +144,8 @@ def test_the_bulk_path_gives_the_features_of_the_archive_query(catalogue, bulk, 
 
 def test_the_workflow_runs_from_bulk_files_served_over_http(bulk, tmp_path):
     """The real snakemake: the index, two of the three files through the HTTP storage plugin, hats-import,
-    features, k-means on a sample, fits streamed from disk, the report."""
+    features, k-means on a sample, fits streamed from disk (and a cut one in memory), the table. The
+    figures and claims after it are the smoke run's (test_workflow.py)."""
     folder, names = bulk
     with file_server(folder) as url:
         config = {
@@ -157,12 +158,19 @@ def test_the_workflow_runs_from_bulk_files_served_over_http(bulk, tmp_path):
                 "bulk": {"url": url, "n_files": 2, "pixel_threshold": 1500, "highest_order": 4, "workers": 1},
             },
             "init": {**SMOKE["init"], "kmeans_max_rows": 1000},
-            "fit": {**SMOKE["fit"], "n_components": [4], "seeds": [0], "stream_window": 700},
+            "fit": {
+                **SMOKE["fit"],
+                "methods": ["minibatch_em", "em_cut"],
+                "n_components": [4],
+                "seeds": [0],
+                "stream_window": 700,
+            },
             "report": {**SMOKE["report"], "figure_K": 4},
         }
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        table = "results/bulk/tables/loglik.md"
         output = snakemake(
-            tmp_path / "run", "--cores", "2", "--printshellcmds", configfile=str(tmp_path / "config.yaml")
+            tmp_path / "run", "--cores", "2", "--printshellcmds", table, configfile=str(tmp_path / "config.yaml")
         )
     run = tmp_path / "run"
     checked = sorted(p.name for p in (run / "resources" / "gaia_dr2_bulk" / "csv").iterdir())
