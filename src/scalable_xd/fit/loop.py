@@ -212,7 +212,8 @@ def resume_state(fitter: Fitter, state: dict, what: str, advice: str) -> None:
 
 def _small_fit(cfg: LoopConfig, fitter: Fitter, rows: int) -> bool:
     """Whether every pass over ``rows`` points (the most any pass scores) is too small for more than one
-    CPU thread (``kernel.fused``); never in lockstep (``_small_steps``)."""
+    CPU thread (``kernel.fused``); never in lockstep, whose passes are the fits' together (and torch's
+    thread count is every fit's to share)."""
     small = rows * fitter.mixture.n_components < PARALLEL_PAIRS
     return cfg.device.type == "cpu" and small and cfg.lockstep is None
 
@@ -220,8 +221,7 @@ def _small_fit(cfg: LoopConfig, fitter: Fitter, rows: int) -> bool:
 def _small_steps(cfg: LoopConfig, fitter: Fitter) -> bool:
     """Whether an epoch is minibatch steps too small for more than one CPU thread (``kernel.fused``); never
     in lockstep, whose steps are the fits' together (and torch's thread count is every fit's to share)."""
-    small = cfg.batch_size * fitter.mixture.n_components < PARALLEL_PAIRS
-    return cfg.device.type == "cpu" and cfg.shuffle and small and cfg.lockstep is None
+    return cfg.shuffle and _small_fit(cfg, fitter, cfg.batch_size)
 
 
 def _train_epoch_deferred(

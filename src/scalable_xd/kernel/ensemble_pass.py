@@ -28,10 +28,8 @@ class EnsemblePass:
 
         self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
         self.dim, self.k, self.dtype = dim, n_components, dtype
-        self.tile = fused.tile_for(n_components, dim)
-        at, n_tiles = fused.layout(dim), -(-n_components // self.tile)
-        self.fit_params = n_tiles * at["n_params"] * self.tile  # one fit's packed parameters
-        self.block_sums = n_tiles * at["n_sums"] * self.tile  # one block's sums
+        # one fit's packed parameters, and one block's sums
+        self.tile, self.fit_params, self.block_sums = fused.tiled_sizes(n_components, dim)
         self._buffers: dict[tuple[int, int, int], tuple] = {}  # by (torch's threads, fits, points a fit)
 
     def sums(self, places: list[RowsInMemory], weights: np.ndarray, means: np.ndarray, covariances: np.ndarray):

@@ -74,11 +74,19 @@ def tile_for(n_components: int, dim: int) -> int:
     """Components per tile for K components in D dimensions: ``TILE``, or for the looped form (D above
     ``UNROLLED_MAX_DIM``) the narrowest of ``NARROW_TILES`` that holds K. The unrolled form's tile loops
     are vectorised, so a lane of padding costs it little (at D = 7, K = 3: 0.63 us a pair in tiles of 16,
-    1.2 in tiles of 4); the looped form's cost a lane each, padding or not (at D = 20, K = 3: 34 us a pair
-    in tiles of 16, 12 in tiles of 4)."""
+    1.2 in tiles of 4); the looped form's cost a lane each, padding or not (at D = 20, K = 3: 22.7 us a
+    pair in tiles of 16, 5.3 in tiles of 4: docs/performance.md)."""
     if dim <= UNROLLED_MAX_DIM:
         return TILE
     return next((tile for tile in NARROW_TILES if n_components <= tile), TILE)
+
+
+def tiled_sizes(n_components: int, dim: int) -> tuple[int, int, int]:
+    """(the tile, the length of ``pack``'s parameters, the length of one block's sums) for K components in
+    D dimensions: K padded to whole tiles of ``tile_for``'s width."""
+    tile, at = tile_for(n_components, dim), layout(dim)
+    padded = -(-n_components // tile) * tile
+    return tile, padded * at["n_params"], padded * at["n_sums"]
 
 
 # exp(x) for x below this is < 1e-304 and is taken as 0 (responsibilities exactly 0): vector_math's exp
@@ -729,20 +737,19 @@ def fused_chunk(
     import numba
 
     n, dim = x.shape
-    k, at = mixture.n_components, layout(dim)
+    k = mixture.n_components
     pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba's config is filled at import
     parallel = _threads_for(n * k, pool)
-    tile = tile_for(k, dim)
-    n_tiles = -(-k // tile)
+    tile, n_params, block_sums = tiled_sizes(k, dim)
     x_np, S_np = _array(x), _array(S)
     empty = np.empty(0, x_np.dtype)
     n_blocks = blocks_for(n, pool)
     per_pair = with_criteria or not with_stats  # the densities: the scoring pass's result, the criteria's input
     loglik_np, log_dens_np = np.empty(n, x_np.dtype), np.empty((n if per_pair else 0, k), x_np.dtype)
     failed = np.empty(n, np.int64)
-    acc = np.empty(n_blocks * n_tiles * at["n_sums"] * tile if with_stats else 0)  # each block zeroes its own
+    acc = np.empty(n_blocks * block_sums if with_stats else 0)  # each block zeroes its own
     module = compiled_module(dim, with_stats, DTYPE_NAMES[x.dtype], parallel, observed is not None, tile)
-    par = np.empty(n_tiles * at["n_params"] * tile, x_np.dtype)
+    par = np.empty(n_params, x_np.dtype)
     module.pack(*mixture.arrays(), par)
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
@@ -776,11 +783,9 @@ class PlainPass:
 
         self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
         self.dim, self.k, self.dtype, self.max_pairs = dim, n_components, dtype, max_pairs
-        self.tile = tile_for(n_components, dim)
-        at, n_tiles = layout(dim), -(-n_components // self.tile)
+        self.tile, n_params, self.block_sums = tiled_sizes(n_components, dim)  # block_sums: a block's in ``acc``
         real = DTYPE_NAMES[dtype]
-        self.par = np.empty(n_tiles * at["n_params"] * self.tile, real)
-        self.block_sums = n_tiles * at["n_sums"] * self.tile  # a block's length in ``acc``
+        self.par = np.empty(n_params, real)
         self.acc = np.empty(4 * self.pool * self.block_sums)  # room for the most blocks (``blocks_for``)
         self._modules: dict[tuple[int, int], tuple] = {}  # by (torch's threads, points): see _module
         self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
