@@ -200,7 +200,7 @@ class FitSettings(_Settings):
         False,
         "minibatch EM re-seeds, at an epoch's end before the step decays (decay_epoch), each component whose "
         "weight fell below one star's worth (1/N) from the heaviest, split along its principal axis (as "
-        "split-and-merge splits); off by default: on the DR2-like mock it ended 0.03-0.33 nats a star below "
+        "split-and-merge splits); off by default: on the DR2-like mock it ended 0.01-0.24 nats a star below "
         "leaving them dead (docs/user-guide/fitting.md); a fit that ends with dead components warns either way",
     )
     truncation_bound: float = setting(
