@@ -138,3 +138,22 @@ def test_posteriors_of_stars_with_missing_entries_and_the_errors(problem):
         ValueError, match=r"Xcov row 0, entry \(0, 0\) contains NaN or inf; .* marked by NaN in X .*not by NaN in Xcov"
     ):
         XDGMM(K, "em", epochs=1, device="cpu", missing="marginalise", **init).fit(x_nan, Xcov=S_nan)
+
+
+def test_with_no_complete_star_k_means_starts_among_the_data_of_features_far_from_zero():
+    """Twenty features, three tenths of the entries missing, 300 stars: no star has all twenty, so
+    k-means clusters every star with its missing entries at their feature's observed mean. The starting
+    means then lie among each feature's values; with those entries at 0, features centred at up to
+    +-1,000 (spread 1) started up to hundreds away, outside their values."""
+    from scalable_xd.data.dataset import Dataset
+    from scalable_xd.fit.init import initial_mixture
+    from scalable_xd.settings import KMeansSettings
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 20)) + np.linspace(-1000, 1000, 20)
+    X[rng.random(X.shape) < 0.3] = np.nan
+    assert not (~np.isnan(X)).all(1).any()
+    data = Dataset(X, np.full(X.shape, 0.01), missing="marginalise")
+    means = initial_mixture(data, 3, KMeansSettings(), 0, "cpu", torch.float64).means.numpy()
+    low, high = np.nanmin(X, 0), np.nanmax(X, 0)
+    assert ((means >= low) & (means <= high)).all(), (means - np.nanmean(X, 0)).round(1)

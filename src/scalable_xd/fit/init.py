@@ -94,9 +94,16 @@ def kmeans_sample(source, max_rows: int, seed: int) -> Dataset:
 
 def _kmeans_points(data: Dataset, k: int):
     """What k-means clusters: the stars with every entry observed where entries are marginalised (and
-    there are at least K of them), all of X otherwise."""
-    complete = data.complete_X
-    return complete if len(complete) >= k else torch.nan_to_num(data.X, nan=0.0)
+    there are at least K of them), else every star with its missing entries at their feature's mean over
+    the observed ones (0 in the features' own units would sit far from data centred away from 0: a
+    magnitude of 15, a parallax of 1e3); all of X without marginalised entries."""
+    complete, observed = data.complete_X, data.observed
+    if observed is None or len(complete) >= k:
+        return complete
+    X = data.X.to(torch.float64)
+    counts = observed.sum(0).clamp_min(1)
+    means = torch.where(observed, X, 0.0).sum(0) / counts
+    return torch.where(observed, X, means)
 
 
 def initial_mixture(
