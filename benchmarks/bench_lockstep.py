@@ -2,12 +2,15 @@
 benchmarks/results/.
 
     python benchmarks/bench_lockstep.py                 # CPU, 50,000 stars, D = 7, K = 16 and 64, batch 500
+    python benchmarks/bench_lockstep.py --device cuda --n 200000 --k 64 512 --epochs 2 --train-score-rows 10000
 
 For each minibatch method, whole fits of ``--epochs`` epochs with ``n_init`` = 1 and ``n_init`` =
 ``--starts``, each the best of ``--rounds``: ``ratio``, the ensemble's time over one fit's (S fits one after
 another would be S), and ``per_start_s``, the ensemble's time over S. Every start begins from the same given
 means (no k-means: its cost is per start, and not what lockstep shares), each with its own batch order; a
-fit's time includes its data checks, start and scoring of ``train_score_rows`` training rows each epoch.
+fit's time includes its data checks, start and scoring of ``train_score_rows`` training rows each epoch
+(scoring is each start's own, not shared). On CUDA the starts share one replayed step
+(``fit.engines.cuda.GraphedEnsemble``); the JSON is bench_lockstep_<device>.json.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def fit_seconds(method: str, k: int, n_init: int, epochs: int, data, args) -> fl
         dtype="float32",
         random_state=0,
         means_init=mixture.means.double().numpy(),
+        device=args.device,
+        **({} if args.train_score_rows is None else {"train_score_rows": args.train_score_rows}),
     )
     tick = time.perf_counter()
     with warnings.catch_warnings():
@@ -63,6 +68,8 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--train-score-rows", type=int, default=None, help="default: the library's")
     args = parse_args(parser, argv, n=3000, k=[8], starts=3, rounds=1, epochs=1, methods=["minibatch_em"])
     rows = []
     for k in args.k:
@@ -84,7 +91,9 @@ def main(argv=None) -> None:
             )
             print(f"{method} K={k}: one fit {one:.3f} s, {args.starts} starts {together:.3f} s ({together / one:.2f}x)")
     config = {k: v for k, v in vars(args).items() if k != "quick"}
-    write_result("bench_lockstep_cpu", {"machine": machine(), "config": config, "results": rows})
+    write_result(
+        f"bench_lockstep_{torch.device(args.device).type}", {"machine": machine(), "config": config, "results": rows}
+    )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     x, S, mixture = x.to(device), S.to(device), mixture.to(device, torch.float64)
     densities, sums = triton_pass.kernels(dim)
     xt, st = x.T.contiguous(), S.reshape(n, dim * dim).T.contiguous()
-    par = triton_pass._parameters(mixture, dtype)
+    par = triton_pass._parameters(*mixture.tensors(), dtype)
     dens = torch.empty((k, n), dtype=dtype, device=device)
     failed = torch.empty((k, n), dtype=torch.int8, device=device)
     resp = torch.rand((k, n), dtype=dtype, device=device)

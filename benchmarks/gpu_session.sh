@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
 #   bash benchmarks/gpu_session.sh chunks                      # the pass at batch 50,000 by chunk size
+#   bash benchmarks/gpu_session.sh lockstep                    # 10 starts in one replayed step against one
+#                                                              # fit (K = 64 and 512, batch 500)
 #
 # PASS_KS, PASS_KERNELS, STEP_BACKENDS, PROFILE_KS and PAPER_METHODS narrow the pass, step, profile and
 # paper steps (default: all).
@@ -89,7 +91,12 @@ for name in "$@"; do
                     python3 benchmarks/bench_paper_fit.py --device cuda --method minibatch_em --epochs 5 --kernel triton \
                     --label concurrent_\$i & done; wait"
                 done ;;
-    *) echo "unknown step $name: say tests, update_tests, pass, chunks, step, profile, paper or concurrent" >&2; exit 2 ;;
+    lockstep) # n_init = 10 against one fit, both methods, 200,000 stars, 2 epochs: the GPU target of the issue
+              # on many fits at once (10 starts of minibatch EM at K = 512 in at most 2x one fit's time)
+              step lockstep 240 python3 benchmarks/bench_lockstep.py --device cuda --n 200000 --k 64 512 --epochs 2 \
+                --starts 10 --rounds 2 --train-score-rows 10000 ;;
+    *) echo "unknown step $name: say tests, update_tests, pass, chunks, step, profile, paper, concurrent or lockstep" >&2
+       exit 2 ;;
   esac
 done
 # The session's record beside the benchmarks' JSON: device, driver and versions, and every step's exit status

@@ -59,6 +59,17 @@ def deferring(device, checks: DeferredChecks | None = None):
         _active.reset(token)
 
 
+@contextmanager
+def noting(checks: DeferredChecks):
+    """Defer the tests within the block to ``checks`` as they stand (not cleared): a fit's step taken
+    outside its own loop, beside other fits' (``fit.engines.cuda``'s ensemble step)."""
+    token = _active.set(checks)
+    try:
+        yield checks
+    finally:
+        _active.reset(token)
+
+
 def positive_weight(n_points) -> bool:
     """Whether a batch's total weight ``n_points`` is positive; where it is a tensor on the device (checks
     deferred), noted for the epoch's end and taken as true."""

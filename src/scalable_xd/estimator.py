@@ -201,7 +201,8 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         whole population, every batch carrying its share of the points the selection removed, drawn from the
         current model (Monte Carlo EM, as in Melchior & Goulding 2018; docs/user-guide/selection.md).
 
-        ``n_init`` starts (seeds ``random_state + s``) are fitted one after another on the data read once, and
+        ``n_init`` starts (seeds ``random_state + s``) are fitted on the data read once (the minibatch methods'
+        in lockstep, each step one pass and one update for all of them; batch EM's one after another), and
         the best is kept (``fit.restarts``): ``start_scores_`` holds each start's final mean log-likelihood
         (validation where given, else training; None where it diverged) and ``best_start_`` the one kept.
 

@@ -147,6 +147,70 @@ def test_a_tripped_check_runs_the_epoch_again_with_ordinary_steps(
     np.testing.assert_allclose(graphed.means_, immediate.means_, rtol=1e-12)
 
 
+@pytest.fixture
+def ensemble_steps(monkeypatch):
+    """Counts the ensemble steps the graphed path takes, by the number of fits in each."""
+    taken = []
+    original = cuda.GraphedEnsemble._body
+
+    def counted(self):
+        taken.append(len(self.engines))
+        original(self)
+
+    monkeypatch.setattr(cuda.GraphedEnsemble, "_body", counted)
+    return taken
+
+
+@pytest.mark.parametrize(
+    "method, backend, update",
+    [
+        ("minibatch_em", "unrolled", "torch"),
+        ("sgd", "unrolled", "torch"),
+        ("minibatch_em", "triton", "triton"),
+        ("sgd", "triton", "torch"),
+    ],
+)
+def test_starts_in_lockstep_take_one_replayed_step_and_each_ends_as_alone(
+    method, backend, update, gpu_path, graphed_steps, ensemble_steps, monkeypatch, request
+):
+    """``n_init`` starts on the GPU's path advance in lockstep, each step one ``GraphedEnsemble`` step for
+    the three (here run eagerly on the CPU). Each start ends as its seed's fit alone: to the bit where each
+    fit's pass runs in turn and updates one at a time; with the triton kernels, to float rounding (the
+    ensemble pass takes the log-sum-exp over a (F, K, B) array; the update kernel is the same for one fit
+    or three), well inside 1e-10 after 10 steps."""
+    if backend == "triton" or update == "triton":
+        request.getfixturevalue("triton_update")
+    x, S = _data()
+    epochs = 3 if backend == "unrolled" else 1  # Triton's interpreter is slow
+    settings = dict(n_components=3, method=method, batch_size=200, epochs=epochs, tol=None, backend=backend)
+    together = XDGMM(random_state=4, n_init=3, **settings).fit(x, Xcov=S)
+    assert ensemble_steps == [3] * 10 * epochs and graphed_steps == []  # an epoch's last batch (250) too
+    alone = [XDGMM(random_state=seed, **settings).fit(x, Xcov=S) for seed in (4, 5, 6)]
+    assert len(graphed_steps) == 3 * 9 * epochs
+    scores = [fit.history_[-1]["train_loglik"] for fit in alone]
+    best = alone[together.best_start_]
+    if backend == "unrolled":
+        assert together.start_scores_ == scores
+        for attr in ("weights_", "means_", "covariances_"):
+            assert np.array_equal(getattr(together, attr), getattr(best, attr)), attr
+    else:
+        np.testing.assert_allclose(together.start_scores_, scores, rtol=1e-10)
+        _assert_same_fit(together, best, rtol=1e-10)
+
+
+def test_a_tripped_check_in_lockstep_runs_that_starts_epoch_again(gpu_path, graphed_steps, ensemble_steps, caplog):
+    """A start whose deferred check trips in an ensemble step runs its epoch again alone with every test
+    made, and ends as it does alone; the others go on together."""
+    x, S, settings = rounding_prone_fit("minibatch_em", copies=4)
+    settings.update(epochs=2, dtype="float32", backend="unrolled")
+    with caplog.at_level("DEBUG", logger="scalable_xd.fit"):
+        together = XDGMM(**{**settings, "n_init": 2}).fit(x, Xcov=S)
+    assert "a deferred check tripped" in caplog.text and ensemble_steps
+    seeds = [settings["random_state"], settings["random_state"] + 1]
+    alone = [XDGMM(**{**settings, "random_state": seed}).fit(x, Xcov=S) for seed in seeds]
+    np.testing.assert_allclose(together.start_scores_, [a.history_[-1]["train_loglik"] for a in alone], rtol=1e-12)
+
+
 def test_adams_step_on_the_device_equals_its_host_step():
     rng = np.random.default_rng(52)
     start = [torch.tensor(rng.normal(size=shape)) for shape in ((4,), (4, 3), (4, 3, 3))]
@@ -184,6 +248,24 @@ def test_cuda_captures_the_step_and_replays_it_to_the_uncaptured_fit(method, bac
         max(replays) == 27 - 1
     )  # the first full batch warms up; the second is captured and replayed, as is every later one
     _assert_same_fit(captured, uncaptured, rtol=1e-10)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_cuda_replays_the_ensemble_step_to_each_starts_fit_alone(method, monkeypatch):
+    """Three starts on CUDA: one ensemble step each batch (the full batches' and the last's each warmed up,
+    captured, then replayed), each start ending as its seed's captured fit alone, to float rounding."""
+    replays = []
+    original = cuda.GraphedEnsemble.run
+    monkeypatch.setattr(cuda.GraphedEnsemble, "run", lambda self: (original(self), replays.append(self.replays)))
+    x, S = _data()
+    settings = dict(batch_size=200, epochs=3, tol=None, device="cuda", backend="triton", dtype="float32")
+    together = XDGMM(3, method, random_state=0, n_init=3, **settings).fit(x, Xcov=S)
+    alone = [XDGMM(3, method, random_state=seed, **settings).fit(x, Xcov=S) for seed in range(3)]
+    assert len(replays) == 30 and max(replays) == 27 - 1  # the full batches' ensemble: 27 steps
+    np.testing.assert_allclose(together.start_scores_, [a.history_[-1]["train_loglik"] for a in alone], rtol=1e-6)
+    _assert_same_fit(together, alone[together.best_start_], rtol=1e-4)
 
 
 @pytest.mark.cuda

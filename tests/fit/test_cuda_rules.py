@@ -101,6 +101,56 @@ def test_the_kernel_flags_a_covariance_that_lost_its_factor():
     assert suspect.tolist() == (info > 0).to(torch.int8).tolist() == [0, 0, 1, 0, 0]
 
 
+def test_several_fits_in_one_launch_each_get_their_own_update():
+    """F fits' updates in one launch (the CUDA engine's ensemble step), each with its own state, sums, step
+    size, data size, W and fixed components, equal to each fit's update alone: the same arithmetic on the
+    same numbers, so to the bit."""
+    k, d = 6, 3  # K not a multiple of the block: a program takes components of two fits
+    rng = np.random.default_rng(5)
+    cases = [_case(20 + f, k, d, scale) for f, scale in enumerate((1.0, 1e-2, 30.0))]
+    steps, sizes = [0.3, 0.05, 1.0], [None, 4000.0, 300.0]
+    ws = [None, torch.full((d,), 1e-6), torch.full((d,), 2.0)]
+    none = FixedParameters.none(k)
+    fixes = [none] + [
+        FixedParameters(
+            none.weights,
+            torch.from_numpy(rng.random(k) < 0.4),
+            torch.from_numpy(rng.random(k) < 0.4),
+            none.weight_values,
+        )
+        for _ in range(2)
+    ]
+    alone, stats_of = [], []
+    for (state, x, S), step, size, w, fixed in zip(cases, steps, sizes, ws, fixes):
+        stats = batch_statistics(x, S, regularised(state, w, fixed, size).to(dtype=torch.float32), backend="fused")
+        stats_of.append(stats)
+        alone.append(_kernel_update(state, stats, step, w, fixed, size)[:2])
+    stacked = lambda parts: torch.stack(parts).to(DEVICE)  # noqa: E731
+    new, e_step = (Mixture(*(stacked([c[0].tensors()[i] for c in cases]) for i in range(3))) for _ in range(2))
+    summed = type(stats_of[0])(300, *(stacked([getattr(st, n) for st in stats_of]) for n in ("q", "U", "UU", "P")))
+    constants = [
+        [0.0 if size is None or w is None else size, torch.finfo(torch.float64).tiny] for size, w in zip(sizes, ws)
+    ]
+    suspect = cuda_rules.online_em_step_in_place(
+        new,
+        e_step,
+        summed,
+        torch.tensor(steps, dtype=torch.float64, device=DEVICE),
+        stacked([torch.zeros(d, dtype=torch.float64) if w is None else w.double() for w in ws]),
+        FixedParameters(
+            *(stacked([getattr(f, n) for f in fixes]) for n in ("weights", "means", "covariances", "weight_values"))
+        ),
+        torch.tensor(constants, dtype=torch.float64, device=DEVICE),
+    )
+    assert suspect.shape == (3, k) and not suspect.any()
+    for f, (state_alone, e_alone) in enumerate(alone):
+        for ours, theirs in zip(new.tensors(), state_alone.tensors()):
+            assert torch.equal(ours[f].cpu(), theirs)
+        if not fixes[f].any():  # with fixed components the fitter shares the E-step's weights afterwards
+            for ours, theirs in zip(e_step.tensors(), e_alone.tensors()):
+                assert torch.equal(ours[f].cpu(), theirs)
+
+
 _COMPILE_FOR_HOPPER = """
 import sys
 import triton
@@ -110,7 +160,7 @@ from scalable_xd.fit.engines.cuda_rules import BLOCK, _online_em
 dim = int(sys.argv[1])
 signature = {name: "*fp64" for name in _online_em.arg_names}
 signature.update(q_ptr="*fp32", U_ptr="*fp32", UU_ptr="*fp32", P_ptr="*fp32", fixed_means_ptr="*i1",
-                 fixed_cov_ptr="*i1", suspect_ptr="*i8", n_comp="i32", D="constexpr", DP="constexpr",
+                 fixed_cov_ptr="*i1", suspect_ptr="*i8", n_comp="i32", n_all="i32", D="constexpr", DP="constexpr",
                  BLOCK="constexpr")
 constexprs = {"D": dim, "DP": triton.next_power_of_2(dim), "BLOCK": BLOCK}
 source = triton.compiler.ASTSource(fn=_online_em, signature=signature, constexprs=constexprs)

@@ -133,23 +133,27 @@ def test_the_kernels_compile_for_a_hopper_gpu(dim, element, tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_several_fits_in_one_launch_give_each_fit_its_pass_alone(dtype):
-    """``triton_fits``: S fits' batches, each under its own mixture, in one launch of each kernel, equal to
-    each fit's ``triton_chunk`` (the same pairs' arithmetic in the same order; the log-sum-exp over a fit's
-    components taken on a (S, K, B) array instead of (K, B), hence a tolerance of a few units in the last
-    place, not bit equality)."""
-    from scalable_xd.kernel.triton_pass import triton_chunk, triton_fits
+    """``ensemble_statistics``: F fits' batches, each under its own mixture, in one launch of each kernel,
+    equal to each fit's ``triton_chunk`` (the same pairs' arithmetic in the same order; the log-sum-exp over
+    a fit's components taken on a (F, K, B) array instead of (K, B), hence a tolerance of a few units in the
+    last place, not bit equality). A fit with a pair that does not factorise is flagged, the others not."""
+    from scalable_xd.kernel.triton_pass import ensemble_statistics, triton_chunk
 
     rng = np.random.default_rng(12)
     fits = [kernel_problem(rng, n=150, k=4, d=3) for _ in range(3)]
     x = torch.cat([torch.as_tensor(f[0]) for f in fits]).to(dtype)
     S = torch.cat([torch.as_tensor(f[1]) for f in fits]).to(dtype)
     mixtures = [_mixture(*f[2:], dtype=dtype) for f in fits]
-    together = triton_fits(x, S, mixtures)
+    stacked = [torch.stack(parts) for parts in zip(*(m.tensors() for m in mixtures))]
+    together, failed = ensemble_statistics(x, S, *stacked)
+    assert not failed.any()
     rtol = 1e-12 if dtype == torch.float64 else 1e-5
     for s, (xs, Ss, *_) in enumerate(fits):
         _, _, alone = triton_chunk(
             torch.as_tensor(xs).to(dtype), torch.as_tensor(Ss).to(dtype), mixtures[s], None, True, 0
         )
-        for name in ("q", "U", "UU", "P"):
-            torch.testing.assert_close(getattr(together[s], name), getattr(alone, name), rtol=rtol, atol=0)
-        assert together[s].n_points == alone.n_points
+        for name in ("q", "U", "UU", "P", "loglik"):
+            torch.testing.assert_close(getattr(together, name)[s], getattr(alone, name), rtol=rtol, atol=0)
+        assert together.n_points == alone.n_points
+    stacked[2][1, 2] = -torch.eye(3, dtype=dtype)  # fit 1's component 2: V + S_i is not positive definite
+    assert ensemble_statistics(x, S, *stacked)[1].tolist() == [False, True, False]

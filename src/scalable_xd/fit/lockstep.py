@@ -9,10 +9,12 @@ OpenMP team of their own, whose spinning workers took a 2-core machine's time (a
 twice the cost). Where a fit's loop asks its engine for a step, it posts the batch and hands the turn
 back; once every fit has posted, every posted step runs at once (the engine's ``together``: on the CPU,
 ``engines.cpu.steps_together``, one ensemble pass over the S batches, ``kernel.ensemble_pass``, and the S
-updates in one compiled call, ``cpu_rules.online_em_steps`` or ``cpu_rules.sgd_steps``). A fit that
-scores, checkpoints or has finished posts nothing, and the others wait for it, so the fits stay in step.
-Each fit's statistics and update are computed as alone, so a fit in lockstep ends with the parameters it
-ends with alone, to the bit (``tests/fit/test_lockstep.py``).
+updates in one compiled call, ``cpu_rules.online_em_steps`` or ``cpu_rules.sgd_steps``; on CUDA,
+``engines.cuda.steps_together``, one replayed graph of one Triton pass over the S batches and online EM's
+update kernel over the S fits). A fit that scores, checkpoints or has finished posts nothing, and the
+others wait for it, so the fits stay in step. Each fit's statistics and update are computed as alone, so a
+fit in lockstep ends with the parameters it ends with alone: to the bit on the CPU
+(``tests/fit/test_lockstep.py``), to float rounding through the Triton pass (``test_cuda_engine.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Lockstep:
         self._posted: dict[int, Any] = {}
         self._hub: Any = None  # the greenlet ``run`` resumes the fits from
         self._stopped: BaseException | None = None
+        self.shared: dict[str, dict] = {}  # what the fits' engines keep for their steps together, by engine
 
     def run(self, jobs: list[Callable[[Member], Any]]) -> list[Any]:
         """Each job's result, or the exception it raised, in order; job s is called with its ``Member``."""
@@ -82,6 +85,28 @@ class Lockstep:
         error = self._hub.switch()  # (): resumed with no error
         if isinstance(error, BaseException):
             raise error
+
+
+@dataclass
+class StepRequest:
+    """A fit's step posted to its lockstep: its engine, the batch, the epoch and the batch's number, and
+    ``together``, the engine module's function that takes every posted step at once and returns each fit's
+    error or None (``engines.cpu.steps_together``, ``engines.cuda.steps_together``)."""
+
+    engine: Any
+    batch: Any
+    epoch: int
+    number: int
+    together: Callable[[list[StepRequest]], list[BaseException | None]]
+
+
+def caught(step: Callable, *args) -> BaseException | None:
+    """The error ``step(*args)`` raised, or None: one fit's failure in a step taken for several is its own."""
+    try:
+        step(*args)
+    except Exception as err:
+        return err
+    return None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ whose fit diverges is left out, with a warning naming it; where every start dive
 is raised. With a checkpoint, each start has its own file beside it (``start_checkpoint``), so an
 interrupted run resumes the start it was in, and the starts already done are read back, not refitted.
 The data are read and checked once, for all of them (``fit.plan``); the minibatch methods' starts on the
-CPU advance in lockstep, each step one pass and one update call for all of them (``fit.lockstep``), and
-each start ends as it would alone.
+CPU, and replayed on CUDA, advance in lockstep, each step one pass and one update call for all of them
+(``fit.lockstep``), and each start ends as it would alone.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
 
 def fit_together(plans: list[FitPlan]) -> list[Fitted | FitDivergedError]:
     """Each plan's fit, or its divergence (any other error is raised, the first plan's first): in lockstep
-    where their steps can be taken together (``lockstep``: minibatch methods on the CPU, one process), else
+    where their steps can be taken together (``lockstep``: minibatch methods on the CPU or replayed on CUDA, one
+    process), else
     one after another. Each fit is the one its plan gives alone."""
     if len(plans) > 1 and plans[0].lockstep is None and in_lockstep(plans[0].settings):
         results = Lockstep(survivable=(FitDivergedError,)).run([functools.partial(_member_fit, p) for p in plans])
@@ -94,10 +95,13 @@ def _fit_or_divergence(plan: FitPlan) -> Fitted | FitDivergedError:
 
 
 def in_lockstep(settings: FitSettings) -> bool:
-    """Whether fits of these settings step together: minibatch steps on the CPU, in one process (the
-    threads' turns are not the same in every process, and collectives would meet out of order)."""
+    """Whether fits of these settings step together: minibatch steps on the CPU, or replayed on CUDA
+    (``cuda_graphs``), in one process (the threads' turns are not the same in every process, and
+    collectives would meet out of order)."""
     per_batch = method(settings.method).per_batch
-    return per_batch and resolve_device(settings.device).type == "cpu" and not Group.current().parallel
+    device = resolve_device(settings.device).type
+    together = device == "cpu" or (device == "cuda" and settings.cuda_graphs)
+    return per_batch and together and not Group.current().parallel
 
 
 def _score(fitted: Fitted, plan: FitPlan) -> float:

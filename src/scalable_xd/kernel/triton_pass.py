@@ -3,7 +3,7 @@ hand-written path, and one that runs on the CPU through Triton's interpreter (``
 that CI checks it on every commit.
 
 A program takes one component j and a block of BLOCK stars (with several fits' batches in one launch,
-``triton_fits``, one component of one fit and that fit's stars). The first kernel factorises
+``ensemble_statistics``, one component of one fit and that fit's stars). The first kernel factorises
 T_ij = V_j + S_i (Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves
 z = L^-1 d and writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of
 size (K, B, D, D) ever exists. The log-likelihoods and responsibilities (with per-point weights and stochastic
@@ -138,10 +138,12 @@ def kernels(dim: int):
     return module.densities, module.sums
 
 
-def _parameters(mixture: Mixture, dtype) -> torch.Tensor:
-    """Per component, V's lower triangle, the mean and log alpha, flat (K * n_par(D),) in the pass's dtype."""
-    rows, cols = torch.tril_indices(mixture.dim, mixture.dim, device=mixture.means.device)
-    par = torch.cat([mixture.covariances[:, rows, cols], mixture.means, mixture.log_weights[:, None]], dim=1)
+def _parameters(weights: torch.Tensor, means: torch.Tensor, covariances: torch.Tensor, dtype) -> torch.Tensor:
+    """Per component (of one fit, or of several stacked: leading axes), V's lower triangle, the mean and
+    log alpha, flat (... K * n_par(D),) in the pass's dtype."""
+    dim = means.shape[-1]
+    rows, cols = torch.tril_indices(dim, dim, device=means.device)
+    par = torch.cat([covariances[..., rows, cols], means, torch.log(weights)[..., None]], dim=-1)
     return par.to(dtype).contiguous().reshape(-1)
 
 
@@ -163,7 +165,7 @@ def triton_chunk(
     k = mixture.n_components
     densities, sums = kernels(dim)
     xt, st = x.T.contiguous(), S.reshape(n, dim * dim).T.contiguous()  # entry-major: coalesced loads
-    par = _parameters(mixture, x.dtype)
+    par = _parameters(*mixture.tensors(), x.dtype)
     dens = torch.empty((k, n), dtype=x.dtype, device=x.device)
     failed = torch.empty((k, n), dtype=torch.int8, device=x.device)
     grid = (k, triton.cdiv(n, BLOCK))
@@ -187,19 +189,25 @@ def triton_chunk(
     return loglik, dens.T, stats
 
 
-def triton_fits(x: torch.Tensor, S: torch.Tensor, mixtures: list[Mixture]) -> list[Statistics | None]:
-    """The statistics of S fits' plain batches at once (R = I; no weights or draws), fit s's batch rows
-    s n to (s + 1) n of ``x`` (S n, D) and ``S`` (S n, D, D), under ``mixtures[s]`` (each of K components):
-    one launch of each kernel over the fits' (component, star) pairs, where S launches of ``triton_chunk``
-    would each leave most of a GPU idle at a minibatch's size. Each fit's sums are its pairs' alone, in the
-    same order; a fit with a pair that did not factorise gets None (it steps alone, retried or named)."""
+def ensemble_statistics(
+    x: torch.Tensor, S: torch.Tensor, weights: torch.Tensor, means: torch.Tensor, covariances: torch.Tensor
+) -> tuple[Statistics, torch.Tensor]:
+    """The statistics of F fits' plain batches at once (R = I; no weights or draws): fit f's batch is rows
+    f n to (f + 1) n of ``x`` (F n, D) and ``S`` (F n, D, D), its mixture ``weights[f]`` (K,), ``means[f]``
+    (K, D) and ``covariances[f]`` (K, D, D). One launch of each kernel over the fits' (component, star)
+    pairs, where F launches of ``triton_chunk`` would each leave most of a GPU idle at a minibatch's size.
+    Returns the sums with a leading fit axis (q (F, K), U (F, K, D), UU and P (F, K, D, D), loglik (F,);
+    n_points, n, a fit's), and which fits had a pair that did not factorise (F,), left on the device: it
+    asks the host nothing, so that a CUDA graph can replay it (``fit.engines.cuda``). Each fit's sums are
+    its own pairs' alone, in the order ``triton_chunk`` takes them."""
     import triton
 
-    n_fits, (n_all, dim) = len(mixtures), x.shape
-    n, k = n_all // n_fits, mixtures[0].n_components
+    n_fits, k, dim = means.shape
+    n_all = x.shape[0]
+    n = n_all // n_fits
     densities, sums = kernels(dim)
     xt, st = x.T.contiguous(), S.reshape(n_all, dim * dim).T.contiguous()
-    par = torch.cat([_parameters(mixture, x.dtype) for mixture in mixtures])
+    par = _parameters(weights, means, covariances, x.dtype)
     dens = torch.empty((n_fits * k, n), dtype=x.dtype, device=x.device)
     failed = torch.empty((n_fits * k, n), dtype=torch.int8, device=x.device)
     grid = (n_fits * k, triton.cdiv(n, BLOCK))
@@ -211,16 +219,9 @@ def triton_fits(x: torch.Tensor, S: torch.Tensor, mixtures: list[Mixture]) -> li
     partial = torch.empty((grid[1], n_fits * k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
     sums[grid](xt, st, par, resp, partial, n, n_all, k, n_fits * k, BLOCK=BLOCK, num_warps=NUM_WARPS)
     total = partial.sum(0, dtype=torch.float64).to(x.dtype).view(n_fits, k, -1)
-    bad = failed.view(n_fits, k * n).any(dim=1).tolist()
-    out: list[Statistics | None] = []
-    for s in range(n_fits):
-        if bad[s]:
-            out.append(None)
-            continue
-        UU, P = (
-            symmetric_from_triangle(total[s][:, part], dim)
-            for part in (slice(dim, dim + n_tri), slice(dim + n_tri, None))
-        )
-        q = resp.view(n_fits, k, n)[s].sum(1)
-        out.append(Statistics(n, q, total[s][:, :dim], UU, P, summed_loglik(loglik[s])))
-    return out
+    UU, P = (
+        symmetric_from_triangle(total[..., part], dim) for part in (slice(dim, dim + n_tri), slice(dim + n_tri, None))
+    )
+    q = resp.view(n_fits, k, n).sum(2)
+    stats = Statistics(n, q, total[..., :dim], UU, P, loglik.sum(1, dtype=torch.float64))
+    return stats, failed.view(n_fits, k * n).amax(1) > 0

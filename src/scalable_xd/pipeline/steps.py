@@ -280,7 +280,7 @@ def fit(
     order, as the outputs and checkpoints are), on the splits read and checked once: each seed's model and
     metrics record (``report.metrics``), reported under ``label`` (a workflow variant's name) or the
     method's name. The first seed is fitted alone, timed as one fit. The others, where the method steps in
-    lockstep (``fit.restarts.in_lockstep``: the minibatch methods on the CPU), are fitted together, each
+    lockstep (``fit.restarts.in_lockstep``: the minibatch methods on the CPU and CUDA), are fitted together, each
     step one pass and one update call for all (``fit.lockstep``), each the fit it would be alone, to the
     bit, its metrics timed at the first seed's pace (``_fit_seed``); otherwise one after another, each timed
     alone. Each seed's checkpoint is removed only once every seed is written, so a stopped job resumes each

@@ -11,7 +11,6 @@ made the statistics, so that a fit's arithmetic does not depend on which batches
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +25,7 @@ from ...kernel.fused import PlainPass
 from ...kernel.statistics import Statistics
 from ..background_fit import background_of
 from ..fitters import Fitter
+from ..lockstep import StepRequest, caught
 from ..loop_config import LoopConfig
 from .reference import ReferenceEngine
 
@@ -127,7 +127,7 @@ class CpuEngine:
         fitter = self.fitter
         plain = uniforms is None and not fitter.wants_criteria and fitter.shadow is None
         if plain and self.member is not None and isinstance(fitter.compiled, ArrayRule) and batch.in_memory:
-            self.member.step(StepRequest(self, batch, epoch, number))  # with the other fits' steps
+            self.member.step(StepRequest(self, batch, epoch, number, steps_together))  # with the other fits' steps
             return
         self.step_alone(batch, epoch, number, uniforms)
 
@@ -163,20 +163,6 @@ def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CpuEngi
     return CpuEngine(fitter, cfg, general)
 
 
-@dataclass
-class StepRequest:
-    """A fit's step posted to its lockstep: its engine, the batch, the epoch and the batch's number."""
-
-    engine: CpuEngine
-    batch: Batch
-    epoch: int
-    number: int
-
-    @staticmethod
-    def together(requests: list[StepRequest]) -> list[BaseException | None]:
-        return steps_together(requests)
-
-
 def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
     """Every posted step: the fits' batches in one ensemble pass (``EnsemblePass``), then their updates in
     one compiled call (``cpu_rules.online_em_steps``, ``cpu_rules.sgd_steps``; fits of mixed rules one call
@@ -184,17 +170,17 @@ def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
     steps alone. Each fit's error (or None), so that one fit's failure is its own."""
     from . import cpu_rules
 
-    rules: list[ArrayRule] = [request.engine.fitter.compiled for request in requests]  # type: ignore[misc]
+    rules: list[ArrayRule] = [request.engine.fitter.compiled for request in requests]
     ensemble, done = requests[0].engine.ensemble, None
     if ensemble is not None and len(requests) > 1:  # one fit left steps alone
         stacked = tuple(np.stack([rule.arrays()[i] for rule in rules]) for i in range(3))
         places = [request.batch.in_memory for request in requests]  # each a batch's rows: ``step`` posts no other
-        done = ensemble.sums(places, *stacked)  # type: ignore[arg-type]
+        done = ensemble.sums(places, *stacked)
     failed = np.zeros(len(requests), np.int64) if done is None else done[1]
     errors: list[BaseException | None] = [None] * len(requests)
     for s, request in enumerate(requests):
         if done is None or failed[s] >= 0:  # the plain pass, or the general one, which retries or names a pair
-            errors[s] = _caught(request.engine.step_alone, request.batch, request.epoch, request.number, None)
+            errors[s] = caught(request.engine.step_alone, request.batch, request.epoch, request.number, None)
     if done is None or not (joined := [s for s in range(len(requests)) if failed[s] < 0]):
         return errors
     n, sums = done[0], done[2:] if len(joined) == len(requests) else tuple(a[joined] for a in done[2:])
@@ -214,14 +200,5 @@ def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
             sgd.hold(mixture)
         return errors
     for at, s in enumerate(joined):
-        errors[s] = _caught(rules[s].observe_sums, n, *(a[at] for a in sums))
+        errors[s] = caught(rules[s].observe_sums, n, *(a[at] for a in sums))
     return errors
-
-
-def _caught(step, *args) -> BaseException | None:
-    """The error ``step(*args)`` raised, or None."""
-    try:
-        step(*args)
-    except Exception as err:
-        return err
-    return None

@@ -22,10 +22,17 @@ On the CPU it runs the same static-buffer step eagerly, which is how the tests c
 ordinary step here. A capture that CUDA refuses is said in a warning, and the fit goes on with uncaptured
 steps. The rules' forms that a step replays (``GRAPHED``) take the fitter's host-side part of a step
 (``prepare_step``) apart from its device-side part (``step_in_place``).
+
+Fits in lockstep (``fit.lockstep``: restarts, a grid cell's seeds) share one replayed step,
+``GraphedEnsemble``: one fit at batch 500 leaves a GPU mostly idle, and F fits' steps one after another
+cost F launches' worth of latency for little more arithmetic than one. Their batches go through one Triton
+pass (``triton_pass.ensemble_statistics``), online EM's updates through one launch of its kernel over the
+F fits, each fit's parameters in a slice of stacked static tensors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 from types import ModuleType
@@ -35,12 +42,14 @@ import torch
 
 from ... import deferred_checks
 from ...data.batching import Batch
-from ...kernel.dispatch import batch_statistics
+from ...kernel.dispatch import batch_statistics, choose_backend
 from ...kernel.statistics import Statistics
+from ...kernel.triton_pass import ensemble_statistics
 from ...mixture import Mixture
 from ..fitters import Fitter
+from ..lockstep import StepRequest, caught
 from ..loop_config import LoopConfig
-from ..updates import online_em_update, regularised, share_weights
+from ..updates import FixedParameters, online_em_update, regularised, share_weights
 from .reference import ReferenceEngine
 
 if TYPE_CHECKING:
@@ -50,28 +59,71 @@ if TYPE_CHECKING:
 log = logging.getLogger("scalable_xd.fit")
 
 
-class GraphedStep:
-    """One fit's minibatch steps on static buffers, captured and replayed as a CUDA graph on CUDA, by
-    ``rule``, a form of the fitter's rule in ``GRAPHED``."""
+class Replayed:
+    """A step's body (``_body``) on static buffers: on the CPU run as it is; on CUDA run eagerly once on a
+    side stream (Triton compiles its kernels, the allocator settles), captured at the next step and
+    replayed from then on. A capture that CUDA refuses is said in a warning, and the steps run uncaptured."""
 
-    def __init__(self, rule, device: torch.device, backend: str):
-        self.rule = rule
-        self.device, self.backend = device, backend
-        self.checks = deferred_checks.DeferredChecks(device)  # the flag the captured step writes to
+    what = "the minibatch step"
+
+    def __init__(self, device: torch.device):
+        self.device = device
         self.capturing = device.type == "cuda"
-        self.layout: tuple[int, bool, bool] | None = None  # (batch size, weighted, drawn): the static buffers
-        self.inputs: dict[str, torch.Tensor | None] = {}
-        self.live: list[torch.Tensor] = []  # the rule's tensors the step reads and writes, static
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warm = False
         self.replays = 0
 
-    def step(self, batch, uniforms) -> bool:
-        """Take the batch's step; False where the ordinary step must take it instead: checks not deferred
-        to this step's flag (an epoch run again with every test made), projections or missing entries,
-        or a batch of another size or kind than the static buffers'."""
+    def _body(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        """The body, run, replayed, or run to warm up or captured and replayed, as the step's turn says."""
+        if not self.capturing:
+            self._body()
+        elif self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+        elif not self.warm:
+            warm_up(self.device, self._body)
+            self.warm = True
+        else:
+            graph = captured(self._body, self.what)
+            if graph is None:
+                self.capturing = False
+                self._body()
+                return
+            self.graph = graph
+            graph.replay()
+            self.replays += 1
+
+    def forget(self) -> None:
+        """Drop the captured graph, after a fitter's state was loaded anew (an epoch run again): the graph may
+        read tensors that loading replaced. The next step captures again."""
+        self.graph = None
+
+
+class GraphedStep(Replayed):
+    """One fit's minibatch steps on static buffers, captured and replayed as a CUDA graph on CUDA, by
+    ``rule``, a form of the fitter's rule in ``GRAPHED``."""
+
+    def __init__(self, rule, device: torch.device, backend: str):
+        super().__init__(device)
+        self.rule, self.backend = rule, backend
+        self.checks = deferred_checks.DeferredChecks(device)  # the flag the captured step writes to
+        self.layout: tuple[int, bool, bool] | None = None  # (batch size, weighted, drawn): the static buffers
+        self.inputs: dict[str, torch.Tensor | None] = {}
+        self.live: list[torch.Tensor] = []  # the rule's tensors the step reads and writes, static
+
+    def takes(self, batch) -> bool:
+        """Whether a replayed step can take the batch: checks deferred to this step's flag (not in an epoch
+        run again with every test made), no projections or missing entries, noise as matrices."""
         plain = batch.R is None and batch.observed is None and isinstance(batch.S, torch.Tensor)  # not noise mixtures
-        if deferred_checks.active() is not self.checks or not plain:
+        return plain and deferred_checks.active() is self.checks
+
+    def step(self, batch, uniforms) -> bool:
+        """Take the batch's step; False where the ordinary step must take it instead: a batch the replayed
+        step does not take (``takes``), or one of another size or kind than the static buffers'."""
+        if not self.takes(batch):
             return False
         layout = (batch.size, batch.weights is not None, uniforms is not None)
         if self.layout is None:
@@ -86,21 +138,8 @@ class GraphedStep:
             return False
         self._load(batch, uniforms)
         self.rule.prepare_step()
-        if not self.capturing:
-            self._body()
-        elif self.graph is not None:
-            self.graph.replay()
-            self.replays += 1
-        elif not self.warm:
-            self._warm_up()
-        else:
-            self._capture_and_replay()
+        self.run()
         return True
-
-    def forget(self) -> None:
-        """Drop the captured graph, after the fitter's state was loaded anew (an epoch run again): the graph
-        may read tensors that loading replaced, beside ``live_tensors``. The next full batch captures again."""
-        self.graph = None
 
     def _load(self, batch, uniforms) -> None:
         """Copy the batch into the static inputs, and the fitter's tensors into the static ones where an
@@ -109,14 +148,9 @@ class GraphedStep:
             target = self.inputs[name]
             if value is not None and target is not None:  # the layout says both are given or neither
                 target.copy_(value)
-        current = self.rule.live_tensors()
         if not self.live:
-            self.live = [t.clone() for t in current]
-        if any(mine is not theirs for mine, theirs in zip(self.live, current)):
-            for mine, theirs in zip(self.live, current):
-                if mine is not theirs:
-                    mine.copy_(theirs)
-            self.rule.bind(self.live)
+            self.live = [t.clone() for t in self.rule.live_tensors()]
+        take_over(self.rule, self.live)
 
     def _body(self) -> None:
         """The step on the static buffers: the statistics pass, then the fitter's update in place."""
@@ -132,25 +166,24 @@ class GraphedStep:
         deferred_checks.positive_weight(stats.n_points)  # a batch of zero weight: noted (this step's flag)
         self.rule.step_in_place(stats)
 
-    def _warm_up(self) -> None:
-        warm_up(self.device, self._body)
-        self.warm = True
 
-    def _capture_and_replay(self) -> None:
-        graph = captured(self._body, "the minibatch step")
-        if graph is None:
-            self.capturing = False
-            self._body()
-            return
-        self.graph = graph
-        graph.replay()
-        self.replays += 1
+def take_over(rule, live: list[torch.Tensor]) -> None:
+    """Bind ``rule``'s fitter to the static tensors ``live``, copying its current ones into them, where it
+    holds others (an ordinary step's, a restored state's, another replayed step's)."""
+    current = rule.live_tensors()
+    if any(mine is not theirs for mine, theirs in zip(live, current)):
+        for mine, theirs in zip(live, current):
+            if mine is not theirs:
+                mine.copy_(theirs)
+        rule.bind(live)
 
 
 class GraphedOnlineEM:
     """Online EM's step (``updates.online_em_update``, then ``regularised``; less truncation) as a replayed
     step takes it, on a ``MinibatchEM``: the update one Triton kernel where triton is installed
     (``cuda_rules``), torch's in place elsewhere."""
+
+    READS = slice(3, 6)  # which of ``live_tensors`` the statistics pass reads: the E-step mixture's
 
     @staticmethod
     def accepts(fitter: MinibatchEM) -> bool:
@@ -204,13 +237,25 @@ class GraphedOnlineEM:
             if checks is None:
                 raise RuntimeError("the graphed step runs with its checks deferred (GraphedStep)")
             checks.note(suspect)  # a covariance rounding left indefinite: the epoch runs again
-            if fixed.any():  # as ``regularised``: the weights shared, the fixed ones restored
-                e_step.weights.copy_(share_weights(fitter.state.weights, fixed.weight_values, fixed.weights))
+            self.share_fixed_weights()
             return
         state = online_em_update(fitter.state, stats.double(), step, fitter.w, fixed, fitter.data_size)
         e_step = regularised(state, fitter.w, fitter.fixed, fitter.data_size)
         for live, new in zip(self.live_tensors(), [*state.tensors(), *e_step.tensors()]):
             live.copy_(new)
+
+    def share_fixed_weights(self) -> None:
+        """After the kernel's update, where any parameter is fixed, the E-step's weights shared and the fixed
+        ones restored, as ``regularised`` does (a host test made once: ``FixedParameters.any``)."""
+        fitter, fixed = self.fitter, self.fitter.fixed_parameters
+        if fixed.any():
+            fitter.mixture.weights.copy_(share_weights(fitter.state.weights, fixed.weight_values, fixed.weights))
+
+    def device_scalars(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step size and constants ``prepare_step`` sets on the device, for a step taken with others."""
+        if self._step is None or self._constants is None:
+            raise RuntimeError("prepare_step sets the step size on the device first")
+        return self._step, self._constants
 
 
 class GraphedAdam:
@@ -221,6 +266,8 @@ class GraphedAdam:
     def accepts(fitter: SGD) -> bool:
         """Not with fixed weights (the free ones are selected by a mask, asking the host)."""
         return not fitter.params.fixed.has_fixed_weights
+
+    READS = slice(0, 3)  # which of ``live_tensors`` the statistics pass reads: the mixture's
 
     def __init__(self, fitter: SGD):
         self.fitter = fitter
@@ -273,7 +320,9 @@ def triton_rules(device: torch.device) -> ModuleType | None:
 
 class CudaEngine:
     """Steps of whole batches replayed (``GraphedStep``); the batches it does not take (another size or
-    kind than its buffers', an epoch run again with every test made) go to the reference engine."""
+    kind than its buffers', an epoch run again with every test made) go to the reference engine. A fit in
+    lockstep with others (``fit.lockstep``) posts its plain, unweighted batches to be stepped with theirs
+    (``steps_together``)."""
 
     in_place = False
 
@@ -281,13 +330,145 @@ class CudaEngine:
         self.graphed = GraphedStep(rule, cfg.device, cfg.backend)
         self.general = general
         self.checks = self.graphed.checks
+        self.member = cfg.lockstep  # the fits this one steps with (``fit.lockstep``), or None
 
     def step(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
+        if self.member is not None and uniforms is None and batch.weights is None and self.graphed.takes(batch):
+            self.member.step(StepRequest(self, batch, epoch, number, steps_together))
+            return
+        self.step_alone(batch, epoch, number, uniforms)
+
+    def step_alone(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
+        """The step of this fit's batch by itself."""
         if not self.graphed.step(batch, uniforms):
             self.general.step(batch, epoch, number, uniforms)
 
     def restart(self) -> None:
         self.graphed.forget()
+        if self.member is not None:  # the ensembles' graphs may read what loading replaced
+            for ensemble in self.member.lockstep.shared.get("cuda", {}).values():
+                ensemble.forget()
+
+
+def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
+    """Every posted step: where the fits' batches are alike (one size and dtype, one rule, one mixture
+    shape), one ``GraphedEnsemble`` step for all of them, kept by the lockstep for these fits and this batch
+    size; else each fit's step alone. Each fit's error (or None)."""
+    engines = [request.engine for request in requests]
+    first, batches = engines[0], [request.batch for request in requests]
+    rules = [engine.graphed.rule for engine in engines]
+    alike = len(requests) > 1 and all(
+        type(rule) is type(rules[0])
+        and engine.graphed.backend == first.graphed.backend
+        and batch.x.shape == batches[0].x.shape
+        and batch.x.dtype == batches[0].x.dtype
+        and rule.mixture.means.shape == rules[0].mixture.means.shape
+        for rule, engine, batch in zip(rules, engines, batches)
+    )
+    if not alike:
+        return [caught(r.engine.step_alone, r.batch, r.epoch, r.number, None) for r in requests]
+    ensembles = first.member.lockstep.shared.setdefault("cuda", {})
+    key = (tuple(engine.member.index for engine in engines), batches[0].size)
+    ensemble = ensembles.get(key)
+    if ensemble is None:  # an epoch's last, smaller batches have their own
+        ensemble = ensembles[key] = GraphedEnsemble(engines, batches[0])
+    error = caught(ensemble.step, batches)
+    return [error] * len(requests)
+
+
+class GraphedEnsemble(Replayed):
+    """F fits' steps as one replayed step: their batches in one statistics pass (``triton_pass``'s
+    ``ensemble_statistics`` where the fits run the triton kernel; each fit's pass in turn otherwise), then
+    their updates, online EM's in one launch of its kernel over the F fits (``cuda_rules``), SGD's one fit
+    after another; all captured as one CUDA graph on CUDA. Each fit's parameters live in a slice of stacked
+    static tensors (``take_over``), its deferred tests go to its own flag, and its sums and update are
+    those it would have alone (the pass's to float rounding, the update's to the bit)."""
+
+    what = "the ensemble's minibatch step"
+
+    def __init__(self, engines: list[CudaEngine], batch: Batch):
+        super().__init__(engines[0].graphed.device)
+        self.engines = engines
+        self.rules = [engine.graphed.rule for engine in engines]
+        self.backend = engines[0].graphed.backend
+        self.size = batch.size
+        n_fits = len(engines)
+        self.x = batch.x.new_empty((n_fits * batch.size, *batch.x.shape[1:]))
+        self.S = batch.S.new_empty((n_fits * batch.size, *batch.S.shape[1:]))
+        self.live = [torch.stack(tensors) for tensors in zip(*(rule.live_tensors() for rule in self.rules))]
+        self.views = [[t[f] for t in self.live] for f in range(n_fits)]  # fit f's slice, made once: bound by identity
+        self.batched = all(isinstance(rule, GraphedOnlineEM) and rule.kernel is not None for rule in self.rules)
+        if self.batched:
+            fitters = [rule.fitter for rule in self.rules]
+            masks = [field.name for field in dataclasses.fields(FixedParameters)]
+            self.fixed = FixedParameters(
+                *(torch.stack([getattr(f.fixed_parameters, m) for f in fitters]) for m in masks)
+            )
+            dim = self.live[1].shape[-1]
+            self.w = torch.stack([f.w if f.w is not None else self.live[1].new_zeros(dim) for f in fitters])
+
+    def step(self, batches: list[Batch]) -> None:
+        """Copy each fit's batch into its rows of the static inputs and its tensors into its slices, set each
+        fit's scalars, and run the step."""
+        n = self.size
+        for f, (batch, rule) in enumerate(zip(batches, self.rules)):
+            self.x[f * n : (f + 1) * n].copy_(batch.x)
+            self.S[f * n : (f + 1) * n].copy_(batch.S)
+            take_over(rule, self.views[f])
+            rule.prepare_step()
+        self.run()
+
+    def _body(self) -> None:
+        """The fits' pass, then their updates in place, each fit's tests noted in its own flag."""
+        stacked = self._statistics()
+        if self.batched:
+            self._online_em_steps(stacked)
+            return
+        for f, (engine, rule) in enumerate(zip(self.engines, self.rules)):
+            with deferred_checks.noting(engine.checks):
+                rule.step_in_place(fit_of(stacked, f))
+
+    def _statistics(self) -> Statistics:
+        """Every fit's sums, with a leading fit axis: one pass where the fits run the triton kernel, else
+        each fit's pass in turn, stacked."""
+        if choose_backend(self.backend, None, self.device) == "triton":
+            stacked, failed = ensemble_statistics(self.x, self.S, *self.live[self.rules[0].READS])
+            for f, engine in enumerate(self.engines):
+                engine.checks.note(failed[f])
+            return stacked
+        fits, n = [], self.size
+        for f, (engine, rule) in enumerate(zip(self.engines, self.rules)):
+            with deferred_checks.noting(engine.checks):
+                rows = slice(f * n, (f + 1) * n)
+                fits.append(batch_statistics(self.x[rows], self.S[rows], rule.mixture, backend=self.backend))
+        q, U, UU, P, loglik = (torch.stack([getattr(stats, name) for stats in fits]) for name in STACKED)
+        return Statistics(n, q, U, UU, P, loglik)
+
+    def _online_em_steps(self, stacked: Statistics) -> None:
+        """Online EM's update of every fit in one launch of its kernel (``cuda_rules``), each fit's step
+        size and constants those its ``prepare_step`` set."""
+        scalars = [rule.device_scalars() for rule in self.rules]
+        suspect = self.rules[0].kernel.online_em_step_in_place(
+            Mixture(*self.live[:3]),
+            Mixture(*self.live[3:]),
+            stacked,
+            torch.stack([step for step, _ in scalars]),
+            self.w,
+            self.fixed,
+            torch.stack([constants for _, constants in scalars]),
+        )
+        for f, (engine, rule) in enumerate(zip(self.engines, self.rules)):
+            engine.checks.note(suspect[f])  # a covariance rounding left indefinite: its epoch runs again
+            rule.share_fixed_weights()
+
+
+STACKED = ("q", "U", "UU", "P", "loglik")  # the sums an ensemble's pass gives, with a leading fit axis
+
+
+def fit_of(stacked: Statistics, f: int) -> Statistics:
+    """Fit ``f``'s sums from sums with a leading fit axis."""
+    loglik = None if stacked.loglik is None else stacked.loglik[f]
+    return Statistics(stacked.n_points, stacked.q[f], stacked.U[f], stacked.UU[f], stacked.P[f], loglik)
 
 
 def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CudaEngine | None:

@@ -48,31 +48,33 @@ def _online_em(
     fixed_cov_ptr,
     suspect_ptr,
     n_comp,
+    n_all,
     D: tl.constexpr,
     DP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """``cpu_rules._online_em_components`` for BLOCK components, as (BLOCK, DP, DP) blocks (DP: D padded
-    to a power of two; the padding is masked, and zero)."""
+    """``cpu_rules._online_em_components`` for BLOCK components, as (BLOCK, DP, DP) blocks (DP: D padded to a
+    power of two, masked, zero), of n_all / n_comp fits one after another, each with its own scalars and W."""
     k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    on = k < n_comp
+    on = k < n_all
+    fit = k // n_comp
     idx = tl.arange(0, DP)
     row, col = idx[None, :, None], idx[None, None, :]
     vec_on = on[:, None] & (idx[None, :] < D)
     mat_on = on[:, None, None] & (row < D) & (col < D)
-    step = tl.load(step_ptr)
-    n = tl.load(n_ptr).to(tl.float64)
-    data_size = tl.load(const_ptr)  # 0: the paper's W added (or no W)
-    tiny = tl.load(const_ptr + 1)
+    step = tl.load(step_ptr + fit, mask=on, other=0.0)
+    n = tl.load(n_ptr + fit, mask=on, other=1.0).to(tl.float64)
+    data_size = tl.load(const_ptr + 2 * fit, mask=on, other=0.0)  # 0: the paper's W added (or no W)
+    tiny = tl.load(const_ptr + 2 * fit + 1, mask=on, other=1.0)
     fixed_mean = tl.load(fixed_means_ptr + k, mask=on, other=0) != 0
     fixed_cov = tl.load(fixed_cov_ptr + k, mask=on, other=0) != 0
     weight = tl.load(weights_ptr + k, mask=on, other=1.0)
-    paper = tl.full([BLOCK], 0.0, tl.float64) + data_size == 0.0
+    paper = data_size == 0.0
     plain = (paper | fixed_cov)[:, None, None]
     free = tl.where(fixed_cov, 0.0, 1.0)[:, None, None]
     count = (weight * data_size)[:, None, None]
-    w = tl.load(w_ptr + idx, mask=idx < D, other=0.0)
-    ridge = tl.where(row == col, w[None, :, None], 0.0)  # W, (1, DP, DP)
+    w = tl.load(w_ptr + fit[:, None] * D + idx[None, :], mask=vec_on, other=0.0)
+    ridge = tl.where(row == col, w[:, :, None], 0.0)  # W, (BLOCK, DP, DP)
     vec = k[:, None] * D + idx[None, :]
     at = k[:, None, None] * (D * D) + row * D + col
     m = tl.load(means_ptr + vec, mask=vec_on, other=0.0)
@@ -87,9 +89,9 @@ def _online_em(
     live = q_new > tiny
     q_safe = tl.where(live, q_new, 1.0)
     pull = (step * q_b / q_safe)[:, None, None]
-    g = step * U / (n * q_safe[:, None])
+    g = step[:, None] * U / (n[:, None] * q_safe[:, None])
     centre = tl.where(fixed_mean[:, None, None], 0.0, g[:, :, None] * g[:, None, :])
-    inner = step * scatter / (n * q_safe[:, None, None]) - centre
+    inner = step[:, None, None] * scatter / (n[:, None, None] * q_safe[:, None, None]) - centre
     t = tl.sum(V[:, :, :, None] * inner[:, None, :, :], axis=2)  # V inner
     tv = tl.sum(t[:, :, :, None] * V[:, None, :, :], axis=2)  # V inner V
     a = tl.where(paper[:, None, None], c + pull * ridge, c + pull * (V - c)) + tv
@@ -140,26 +142,32 @@ def online_em_step_in_place(
     any parameter is fixed, the caller shares the E-step's weights afterwards, as ``regularised`` does.
     ``constants``: (data_size, or 0 for the paper's W added, and float64's smallest normal number) on the
     device. Returns which components' new covariance has no Cholesky factor (int8, (K,)), for the caller
-    to note or clip."""
-    k, dim = state.means.shape
-    n = stats.n_points
-    if not torch.is_tensor(n):
-        n = torch.full((), float(n), dtype=torch.float64, device=state.means.device)
-    w = torch.zeros(dim, dtype=torch.float64, device=state.means.device) if w is None else w
-    suspect = torch.empty(k, dtype=torch.int8, device=state.means.device)
-    grid = (triton.cdiv(k, BLOCK),)
+    to note or clip.
+
+    F fits at once (``engines.cuda``'s ensemble step): every tensor with a leading fit axis, the mixtures'
+    and the sums' (F, K, ...), ``step`` (F,), ``constants`` (F, 2), ``w`` (F, D), ``fixed``'s masks (F, K)
+    and ``stats.n_points`` one fit's; the suspects are then (F, K)."""
+    k, dim = state.means.shape[-2:]
+    n_all = state.weights.numel()
+    n_fits, device = n_all // k, state.means.device
+    n = stats.n_points  # a fill, not a copy from the host: a CUDA graph captures it
+    n = n.expand(n_fits) if torch.is_tensor(n) else torch.full((n_fits,), float(n), dtype=torch.float64, device=device)
+    w = torch.zeros((n_fits, dim), dtype=torch.float64, device=device) if w is None else w
+    suspect = torch.empty(state.weights.shape, dtype=torch.int8, device=device)
+    grid = (triton.cdiv(n_all, BLOCK),)
     _online_em[grid](
         *state.tensors(),
         *e_step.tensors(),
         *(t.contiguous() for t in (stats.q, stats.U, stats.UU, stats.P)),
-        n,
+        n.contiguous(),
         step,
-        w,
+        w.expand(n_fits, dim).contiguous(),
         constants,
         fixed.means,
         fixed.covariances,
         suspect,
         k,
+        n_all,
         D=dim,
         DP=triton.next_power_of_2(dim),
         BLOCK=BLOCK,
