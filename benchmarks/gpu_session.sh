@@ -29,7 +29,9 @@
 # 67, pass 53, profile 13 + 14 + 15 (evaluation), paper 89-92 (48 making the mock). In a 15-minute device
 # budget that is one call of "step pass profile paper tests" with those narrowings and STEP_BACKENDS=triton
 # PROFILE_KS=512 PAPER_METHODS=minibatch_em (about 7 minutes with the start), and a second for the checks of
-# what the first found, or for "concurrent".
+# what the first found, or for "concurrent". Since fits in lockstep share one replayed step on CUDA (not yet
+# run on a GPU), the next call is "tests lockstep" first (the ensemble's CUDA test and 10 starts against
+# one), then "paper" with PAPER_METHODS=minibatch_em if time is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_SESSION_OUT:-/tmp/gpu_session}"
