@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import types
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -112,7 +113,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         acceleration: str = _FIT.acceleration,
         split_merge: bool = _FIT.split_merge,
         split_merge_tries: int = _FIT.split_merge_tries,
-        n_init: int = _FIT.n_init,
+        n_init: int | None = _FIT.n_init,
         averaging: str = _FIT.averaging,
         truncation: bool = _FIT.truncation,
         truncation_bound: float = _FIT.truncation_bound,
@@ -232,7 +233,9 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
             )
         fitted, restarts = fit_best_of(plan)
         history = fitted.history if warm is None else _continued(self.history_, fitted.history)
-        self._set_fitted(fitted.mixture, history, fitted.converged, fitted.settings, kmeans, fitted.background)
+        # n_init as given (None: chosen per fit, and ``start_scores_`` has one score per start fitted)
+        given = replace(fitted.settings, n_init=settings.n_init)
+        self._set_fitted(fitted.mixture, history, fitted.converged, given, kmeans, fitted.background)
         self.n_features_in_ = plan.train.obs_dim
         self.start_scores_, self.best_start_ = restarts.scores, restarts.best
         self._fitted_to_noise = Xcov is not None  # arrays scored without their noise are then warned of

@@ -213,12 +213,15 @@ class FitSettings(_Settings):
         "judged on a fixed validation sample",
     )
     split_merge_tries: int = setting(5, "split-and-merge moves tried at most", low=1)
-    n_init: int = setting(
-        1,
+    n_init: int | None = setting(
+        None,
         "starts fitted, the best kept (scikit-learn's n_init): start s is the fit of seed random_state + s, "
         "judged by its final validation log-likelihood where validation data are given, else its training "
-        "one; XD's likelihood has many local optima, and restarts are the defence",
+        "one; XD's likelihood has many local optima, and restarts are the defence; None: 3 where the fit is "
+        "small (N x K at most 1e6) and its start not given (means_init, warm_start), else 1, said on the "
+        "scalable_xd.fit logger",
         low=1,
+        nullable=True,
     )
     covariance_update: str = setting(
         "stable", "minibatch EM's covariance update: the centred form or the paper's eq. 7", choices=COVARIANCE_UPDATES

@@ -143,7 +143,7 @@ def test_a_minibatch_of_zero_total_weight_makes_no_update(method, fitter, monkey
     observed = []
     real = fitter.observe
     monkeypatch.setattr(fitter, "observe", lambda self, stats: (observed.append(stats.n_points), real(self, stats)))
-    model = XDGMM(2, method, epochs=3, batch_size=20, device="cpu", dtype="float64", random_state=0)
+    model = XDGMM(2, method, n_init=1, epochs=3, batch_size=20, device="cpu", dtype="float64", random_state=0)
     model.fit(X, sample_weight=weights)
     batches = [rows for epoch in (1, 2, 3) for rows in epoch_order(len(X), 20, epoch, 0, True)]  # seed 0
     weighted = [(weights[rows] > 0).any() for rows in batches]

@@ -274,4 +274,4 @@ def test_a_data_parallel_fit_refuses_an_iterable(monkeypatch):
     # two processes given the same input: every exchange before the refusal hears this one's answer twice
     monkeypatch.setattr(parallel.dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), [mine] * 2))
     with pytest.raises(ValueError, match="X is an iterable of batches, which fits in one process"):
-        XDGMM(n_components=2, device="cpu").fit([(x, S)])
+        XDGMM(n_components=2, n_init=1, device="cpu").fit([(x, S)])

@@ -247,7 +247,7 @@ def test_k_means_sees_a_sample_and_the_fit_runs_from_a_hats_layout(tmp_path, mon
         "initial_mixture",
         lambda data, *a, **k: (seen.append(len(data)), real(data, *a, **k))[1],
     )
-    model = XDGMM(n_components=3, method="em", epochs=3, dtype="float64", device="cpu", random_state=0)
+    model = XDGMM(n_components=3, method="em", n_init=1, epochs=3, dtype="float64", device="cpu", random_state=0)
     model.fit(_source(root))
     assert seen == [250]
     assert np.isfinite(model.history_[-1]["train_loglik"])

@@ -143,6 +143,7 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(
     settings = {
         **dict(
             n_components=2,
+            n_init=1,
             method=method,
             epochs=3,
             batch_size=batch_size,
@@ -195,7 +196,9 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(
 def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path, monkeypatch, killed_after_checkpoint):
     x, S = data
     settings = {
-        **dict(n_components=K, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5),
+        **dict(
+            n_components=K, n_init=1, method=method, epochs=6, tol=None, dtype="float64", device="cpu", random_state=5
+        ),
         **options,
     }
     uninterrupted = XDGMM(**settings).fit(x, Xcov=S)
@@ -228,7 +231,7 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(
     data, tmp_path, monkeypatch, killed_after_checkpoint
 ):
     x, S = data
-    settings = dict(n_components=K, method="sgd", epochs=4, dtype="float64", device="cpu")
+    settings = dict(n_components=K, n_init=1, method="sgd", epochs=4, dtype="float64", device="cpu")
     with killed_after_checkpoint(2):
         XDGMM(**settings).fit(x, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
     seed = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
@@ -407,7 +410,7 @@ def test_minibatch_epochs_score_a_fixed_sample_of_the_training_data(data, method
     from scalable_xd.data.batching import random_rows
 
     x, S = data
-    settings = dict(epochs=2, tol=None, dtype="float64", device="cpu", random_state=3)
+    settings = dict(n_init=1, epochs=2, tol=None, dtype="float64", device="cpu", random_state=3)
     model = XDGMM(K, method, train_score_rows=200, **settings).fit(x, Xcov=S)
     rows = random_rows(len(x), 200, 3).numpy()
     params = (model.weights_, model.means_, model.covariances_)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import scalable_xd.fit.checkpoint
+import scalable_xd.fit.plan
 import scalable_xd.fit.restarts
 from scalable_xd import XDGMM, FitDivergedError
 
@@ -22,7 +23,7 @@ SETTINGS = dict(n_components=3, epochs=5, dtype="float64", device="cpu")
 def _separate(method: str, seeds, **fit_kwargs) -> list[XDGMM]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # short budgets: ConvergenceWarning
-        return [XDGMM(method=method, random_state=s, **SETTINGS).fit(X, Xcov=S, **fit_kwargs) for s in seeds]
+        return [XDGMM(method=method, random_state=s, n_init=1, **SETTINGS).fit(X, Xcov=S, **fit_kwargs) for s in seeds]
 
 
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
@@ -118,3 +119,35 @@ def test_partial_fit_refuses_restarts_and_warm_start_takes_one_start():
         XDGMM(method="minibatch_em", n_init=2, **SETTINGS).partial_fit(X, Xcov=S)
     with pytest.raises(ValueError, match="n_init=2: warm_start continues the fitted model, one start"):
         XDGMM(method="em", n_init=2, warm_start=True, **SETTINGS).fit(X, Xcov=S)
+
+
+def test_by_default_a_small_fit_takes_three_starts_and_says_so(caplog):
+    """``n_init=None`` (the default): 3 starts where N x K is at most 1e6 (here 1,300 x 3) and the start is
+    not given; the best of them is the fit of ``n_init=3``, and the log says what was chosen."""
+    with caplog.at_level("INFO", logger="scalable_xd.fit"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = XDGMM(method="em", random_state=10, **SETTINGS).fit(X, Xcov=S)
+    assert "n_init=None: 3 starts (N x K = 3,900 <= 1,000,000)" in caplog.text
+    explicit = _separate_restarts(3)
+    assert default.start_scores_ == explicit.start_scores_ and default.best_start_ == explicit.best_start_
+    assert np.array_equal(default.means_, explicit.means_)
+
+
+def _separate_restarts(n_init: int) -> XDGMM:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return XDGMM(method="em", n_init=n_init, random_state=10, **SETTINGS).fit(X, Xcov=S)
+
+
+def test_by_default_a_large_fit_a_given_start_or_a_warm_start_takes_one_start(caplog, monkeypatch):
+    with caplog.at_level("INFO", logger="scalable_xd.fit"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        means = XDGMM(method="em", random_state=10, means_init=X[:3], **SETTINGS).fit(X, Xcov=S)
+        warm = XDGMM(method="em", random_state=10, warm_start=True, **SETTINGS).fit(X, Xcov=S)
+        warm.fit(X, Xcov=S)  # the second call starts from the first's model
+        monkeypatch.setattr(scalable_xd.fit.plan, "AUTO_STARTS_PAIRS", 3 * len(X) - 1)
+        large = XDGMM(method="em", random_state=10, **SETTINGS).fit(X, Xcov=S)
+    assert len(means.start_scores_) == len(warm.start_scores_) == len(large.start_scores_) == 1
+    assert caplog.text.count("n_init=None: 1 start (start given)") == 2
+    assert "n_init=None: 1 start (N x K = 3,900 > 3,899)" in caplog.text
+    assert "3 starts" in caplog.text  # the warm start's first call, from k-means

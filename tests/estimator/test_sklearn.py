@@ -187,12 +187,12 @@ def test_verbose_epochs_go_through_the_named_logger(blobs, caplog):
 
     X, variances = blobs
     with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
-        XDGMM(2, epochs=3, device="cpu", random_state=0, verbose=1).fit(X, Xcov=variances)
+        XDGMM(2, n_init=1, epochs=3, device="cpu", random_state=0, verbose=1).fit(X, Xcov=variances)
     lines = [r.getMessage() for r in caplog.records if r.name == "scalable_xd.fit"]
     assert len(lines) == 4 and lines[0].startswith("epoch   0/3") and "train" in lines[-1]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
-        XDGMM(2, epochs=3, device="cpu", random_state=0).fit(X, Xcov=variances)  # verbose=0: silent
+        XDGMM(2, n_init=1, epochs=3, device="cpu", random_state=0).fit(X, Xcov=variances)  # verbose=0: silent
     assert not [r for r in caplog.records if r.name == "scalable_xd.fit"]
 
 
@@ -204,7 +204,7 @@ def test_a_long_fit_logs_at_most_fifty_epoch_lines_and_its_last_once(blobs, capl
 
     X, variances = blobs
     with caplog.at_level(logging.INFO, logger="scalable_xd.fit"):
-        model = XDGMM(2, method, epochs=epochs, batch_size=100, device="cpu", random_state=0, verbose=1)
+        model = XDGMM(2, method, n_init=1, epochs=epochs, batch_size=100, device="cpu", random_state=0, verbose=1)
         model.fit(X, Xcov=variances)
     epochs_logged = [
         int(r.getMessage().split()[1].split("/")[0]) for r in caplog.records if r.name == "scalable_xd.fit"

@@ -11,7 +11,7 @@ from scalable_xd import XDGMM
 from scalable_xd.fit import checkpoint
 from scalable_xd.fit.checkpoint import CheckpointError
 
-SETTINGS = dict(n_components=2, method="minibatch_em", epochs=2, batch_size=100, device="cpu", random_state=0)
+SETTINGS = dict(n_components=2, n_init=1, method="minibatch_em", epochs=2, batch_size=100, device="cpu", random_state=0)
 
 
 def _data(seed, n=600):

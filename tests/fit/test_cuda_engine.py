@@ -54,7 +54,9 @@ def _data(seed=50, n=2050, k=3, d=3):
 def _fit_both(monkeypatch, method, fit_kwargs=None, **settings):
     """(graphed, ordinary) fits of the same settings on the GPU's path."""
     x, S = _data()
-    settings = dict(n_components=3, method=method, batch_size=200, epochs=3, tol=None, backend="unrolled", **settings)
+    settings = dict(
+        n_components=3, n_init=1, method=method, batch_size=200, epochs=3, tol=None, backend="unrolled", **settings
+    )
     graphed = XDGMM(random_state=0, **settings).fit(x, Xcov=S, **(fit_kwargs or {}))
     monkeypatch.setattr(driver, "graphs_steps", lambda device: False)
     ordinary = XDGMM(random_state=0, **settings).fit(x, Xcov=S, **(fit_kwargs or {}))
@@ -126,7 +128,7 @@ def test_fits_the_graph_cannot_take_take_the_ordinary_step(gpu_path, graphed_ste
 def test_the_graphed_step_waits_for_the_device_at_no_batch(method, gpu_path, graphed_steps, monkeypatch):
     x, S = _data()
     waits_per_epoch = count_waits_per_epoch(monkeypatch)
-    XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(x, Xcov=S)
+    XDGMM(3, method, n_init=1, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(x, Xcov=S)
     assert len(graphed_steps) == 38 and waits_per_epoch == [[], []]
 
 
@@ -185,7 +187,7 @@ def test_starts_in_lockstep_take_one_replayed_step_and_each_ends_as_alone(
     settings = dict(n_components=3, method=method, batch_size=200, epochs=epochs, tol=None, backend=backend)
     together = XDGMM(random_state=4, n_init=3, **settings).fit(x, Xcov=S)
     assert ensemble_steps == [3] * 10 * epochs and graphed_steps == []  # an epoch's last batch (250) too
-    alone = [XDGMM(random_state=seed, **settings).fit(x, Xcov=S) for seed in (4, 5, 6)]
+    alone = [XDGMM(random_state=seed, n_init=1, **settings).fit(x, Xcov=S) for seed in (4, 5, 6)]
     assert len(graphed_steps) == 3 * 9 * epochs
     scores = [fit.history_[-1]["train_loglik"] for fit in alone]
     best = alone[together.best_start_]
@@ -241,7 +243,7 @@ def test_cuda_captures_the_step_and_replays_it_to_the_uncaptured_fit(method, bac
 
     monkeypatch.setattr(cuda.GraphedStep, "step", watched)
     x, S = _data()
-    settings = dict(batch_size=200, epochs=3, tol=None, device="cuda", backend=backend, dtype="float64")
+    settings = dict(n_init=1, batch_size=200, epochs=3, tol=None, device="cuda", backend=backend, dtype="float64")
     captured = XDGMM(3, method, random_state=0, **settings).fit(x, Xcov=S)
     uncaptured = XDGMM(3, method, random_state=0, cuda_graphs=False, **settings).fit(x, Xcov=S)
     assert (
@@ -262,7 +264,7 @@ def test_cuda_replays_the_ensemble_step_to_each_starts_fit_alone(method, monkeyp
     x, S = _data()
     settings = dict(batch_size=200, epochs=3, tol=None, device="cuda", backend="triton", dtype="float32")
     together = XDGMM(3, method, random_state=0, n_init=3, **settings).fit(x, Xcov=S)
-    alone = [XDGMM(3, method, random_state=seed, **settings).fit(x, Xcov=S) for seed in range(3)]
+    alone = [XDGMM(3, method, random_state=seed, n_init=1, **settings).fit(x, Xcov=S) for seed in range(3)]
     assert len(replays) == 30 and max(replays) == 27 - 1  # the full batches' ensemble: 27 steps
     np.testing.assert_allclose(together.start_scores_, [a.history_[-1]["train_loglik"] for a in alone], rtol=1e-6)
     _assert_same_fit(together, alone[together.best_start_], rtol=1e-4)

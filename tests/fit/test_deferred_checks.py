@@ -66,7 +66,7 @@ def test_a_minibatch_epoch_waits_for_the_device_at_no_batch(method, weighted, gp
     x, S = _data()
     waits_per_epoch = count_waits_per_epoch(monkeypatch)
     weights = np.random.default_rng(41).uniform(0.5, 2.0, len(x)) if weighted else None
-    XDGMM(3, method, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(
+    XDGMM(3, method, n_init=1, batch_size=100, epochs=2, tol=None, backend="unrolled", random_state=0).fit(
         x, Xcov=S, sample_weight=weights
     )
     assert waits_per_epoch == [[], []]  # 20 batches an epoch, and nothing asked of the device in any

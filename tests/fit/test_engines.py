@@ -70,7 +70,7 @@ def test_a_toy_engine_defined_in_the_test_alone_runs_the_fits_whose_rule_it_has(
     (its rule), and the fit equals the reference engine's with the torch rule to float64 rounding; SGD,
     whose rule it does not have, runs on the reference engine."""
     x, S = _data()
-    settings = dict(method=method, epochs=2, batch_size=200, tol=None, dtype="float64", backend="linalg")
+    settings = dict(method=method, n_init=1, epochs=2, batch_size=200, tol=None, dtype="float64", backend="linalg")
     TAKEN.clear()
     monkeypatch.setattr(engines, "ENGINES", (__name__,))
     toy = XDGMM(3, random_state=0, **settings).fit(x, Xcov=S)

@@ -20,7 +20,7 @@ from scalable_xd import XDGMM
 
 WORKER = Path(__file__).parents[1] / "parallel_worker.py"
 BOX = "-8:12, -8:12, -8:12"  # a uniform background's box about the worker's data
-BASE = dict(n_components=3, epochs=4, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=3)
+BASE = dict(n_components=3, n_init=1, epochs=4, batch_size=100, tol=None, dtype="float64", device="cpu", random_state=3)
 
 pytestmark = pytest.mark.slow
 

@@ -44,7 +44,7 @@ def test_cpu_k_means_runs_on_one_thread(two_threads, monkeypatch):
     seen = []
     _recording(monkeypatch, scalable_xd.fit.init, "minibatch_kmeans", seen)
     x = np.random.default_rng(0).normal(size=(600, 2))
-    XDGMM(n_components=3, method="em", epochs=2, device="cpu").fit(x, Xcov=np.zeros((600, 2)))
+    XDGMM(n_components=3, method="em", n_init=1, epochs=2, device="cpu").fit(x, Xcov=np.zeros((600, 2)))
     assert seen == [1]
     assert torch.get_num_threads() == 2  # restored
 
@@ -55,7 +55,7 @@ def test_minibatch_steps_use_the_pool_only_above_parallel_pairs(two_threads, mon
     seen = []
     _recording(monkeypatch, scalable_xd.kernel.fused.PlainPass, "sums", seen)  # the loop's pass of plain batches
     x = np.random.default_rng(1).normal(size=(1000, 2))
-    XDGMM(n_components=k, method="minibatch_em", epochs=1, batch_size=500, device="cpu").fit(
+    XDGMM(n_components=k, method="minibatch_em", n_init=1, epochs=1, batch_size=500, device="cpu").fit(
         x, Xcov=np.zeros((1000, 2))
     )
     assert seen == [threads, threads]

@@ -48,7 +48,7 @@ def check_options(settings: FitSettings) -> None:
         )
     if settings.background is not None:
         raise ValueError(f"background={settings.background!r}: partial_fit fits no background; fit does")
-    if settings.n_init > 1:
+    if settings.n_init is not None and settings.n_init > 1:  # None: one start here
         raise ValueError(
             f"n_init={settings.n_init}: partial_fit carries one running state from call to call, and restarts "
             "need whole fits of the data; fit takes n_init"

@@ -41,6 +41,8 @@ class Restarts:
 def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
     """The best of ``plan.settings.n_init`` starts' fits, and every start's score."""
     n_init = plan.settings.n_init
+    if n_init is None:
+        raise ValueError("n_init=None is resolved when the fit is planned (plan.with_starts)")
     if n_init == 1:
         fitted = fit_mixture(plan)
         return fitted, Restarts([_score(fitted, plan)], 0)
