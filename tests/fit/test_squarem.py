@@ -17,7 +17,9 @@ def data():
 
 
 def _fit(data, acceleration, **options):
-    settings = dict(n_init=1, epochs=6000, tol=1e-10, dtype="float64", device="cpu", random_state=0, acceleration=acceleration)
+    settings = dict(
+        n_init=1, epochs=6000, tol=1e-10, dtype="float64", device="cpu", random_state=0, acceleration=acceleration
+    )
     settings["w_scale"] = "none"  # Bovy et al.'s w I, which ``_objective`` writes out
     x, S = data
     return XDGMM(6, "em", **{**settings, **options}).fit(x, Xcov=S)
