@@ -52,11 +52,8 @@ def deferring(device, checks: DeferredChecks | None = None):
         checks = DeferredChecks(device)
     else:
         checks.clear()
-    token = _active.set(checks)
-    try:
+    with noting(checks):
         yield checks
-    finally:
-        _active.reset(token)
 
 
 @contextmanager

@@ -184,13 +184,10 @@ def with_starts(settings: FitSettings, n_rows: int, start: Start) -> FitSettings
     if settings.n_init is not None:
         return settings
     given = start.means is not None or start.warm is not None
-    small = n_rows * start.n_components <= AUTO_STARTS_PAIRS
+    pairs = n_rows * start.n_components
+    small = pairs <= AUTO_STARTS_PAIRS
     n_init = AUTO_STARTS if small and not given else 1
-    why = (
-        "start given"
-        if given
-        else f"N x K = {n_rows * start.n_components:,} {'<=' if small else '>'} {AUTO_STARTS_PAIRS:,}"
-    )
+    why = "start given" if given else f"N x K = {pairs:,} {'<=' if small else '>'} {AUTO_STARTS_PAIRS:,}"
     log.info("n_init=None: %d start%s (%s)", n_init, "s" if n_init > 1 else "", why)
     return replace(settings, n_init=n_init)
 

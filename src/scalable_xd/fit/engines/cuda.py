@@ -391,6 +391,7 @@ class GraphedEnsemble(Replayed):
         self.engines = engines
         self.rules = [engine.graphed.rule for engine in engines]
         self.backend = engines[0].graphed.backend
+        self.one_pass = choose_backend(self.backend, None, self.device) == "triton"  # else each fit's in turn
         self.size = batch.size
         n_fits = len(engines)
         self.x = batch.x.new_empty((n_fits * batch.size, *batch.x.shape[1:]))
@@ -431,7 +432,7 @@ class GraphedEnsemble(Replayed):
     def _statistics(self) -> Statistics:
         """Every fit's sums, with a leading fit axis: one pass where the fits run the triton kernel, else
         each fit's pass in turn, stacked."""
-        if choose_backend(self.backend, None, self.device) == "triton":
+        if self.one_pass:
             stacked, failed = ensemble_statistics(self.x, self.S, *self.live[self.rules[0].READS])
             for f, engine in enumerate(self.engines):
                 engine.checks.note(failed[f])
