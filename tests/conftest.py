@@ -14,7 +14,18 @@ if not torch.cuda.is_available():
 import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 import scalable_xd.fit.engines
+import scalable_xd.fit.plan
 from scalable_xd.pipeline.cli import main
+
+
+@pytest.fixture(autouse=True)
+def one_start_at_the_default(request, monkeypatch):
+    """In this process the default ``n_init=None`` takes one start where it would take three, unless a test
+    is marked ``default_starts``: most tests check a fit's mechanics (paths that agree, files, refusals), which
+    three starts on small data would check three times at three times the cost. The tests of the default
+    itself (test_restarts.py) are so marked; subprocesses (the workflow, the command line) keep it."""
+    if "default_starts" not in request.keywords:
+        monkeypatch.setattr(scalable_xd.fit.plan, "AUTO_STARTS", 1)
 
 
 @pytest.fixture(scope="session")

@@ -197,11 +197,11 @@ class FitSettings(_Settings):
         "the growing compact sets of Nguyen, Forbes & McLachlan",
     )
     reseed_dead: bool = setting(
-        False,
-        "minibatch EM re-seeds, at an epoch's end before the step decays (decay_epoch), each component whose "
+        True,
+        "minibatch EM re-seeds, at each epoch's end, each component whose "
         "weight fell below one star's worth (1/N) from the heaviest, split along its principal axis (as "
-        "split-and-merge splits); off by default: on the DR2-like mock it ended 0.01-0.24 nats a star below "
-        "leaving them dead (docs/user-guide/fitting.md); a fit that ends with dead components warns either way",
+        "split-and-merge splits), so that it keeps the capacity asked for (docs/user-guide/fitting.md); "
+        "False leaves them dead, as the paper's code did; a fit that ends with dead components warns either way",
     )
     truncation_bound: float = setting(
         1000.0, "c1 = c2 = c3 of the truncation sets, in the features' units", low=1, low_open=True

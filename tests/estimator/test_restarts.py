@@ -19,6 +19,8 @@ X = np.concatenate(
 S = np.tile(np.eye(2) * 0.05, (len(X), 1, 1))
 SETTINGS = dict(n_components=3, epochs=5, dtype="float64", device="cpu")
 
+pytestmark = pytest.mark.default_starts  # the default's own three starts (tests/conftest.py)
+
 
 def _separate(method: str, seeds, **fit_kwargs) -> list[XDGMM]:
     with warnings.catch_warnings():

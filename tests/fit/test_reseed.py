@@ -51,9 +51,9 @@ def test_minibatch_em_reseeds_a_component_that_dies_and_counts_it():
     settings = dict(epochs=6, batch_size=200, step_size=0.3, tol=None, random_state=0, means_init=means)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no dead component at the end: no warning
-        model = XDGMM(3, "minibatch_em", reseed_dead=True, **settings).fit(X, Xcov=variances)
+        model = XDGMM(3, "minibatch_em", **settings).fit(X, Xcov=variances)  # the default: re-seeded
     assert (model.weights_ * len(X) >= 1).all()
     assert model.history_[-1]["reseeded"] >= 1 and model.history_[0]["reseeded"] == 0
     with pytest.warns(UserWarning, match=r"1 of 3 components ended with less than one star's worth of weight"):
-        paper = XDGMM(3, "minibatch_em", **settings).fit(X, Xcov=variances)  # the default: left dead
+        paper = XDGMM(3, "minibatch_em", reseed_dead=False, **settings).fit(X, Xcov=variances)  # the paper's
     assert (paper.weights_ * len(X) < 1).sum() == 1 and "reseeded" not in paper.history_[-1]

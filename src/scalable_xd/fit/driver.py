@@ -125,8 +125,8 @@ def _warn_of_dead_components(mixture: Mixture, data_size: float, fixed) -> None:
     if len(dead):
         warnings.warn(
             f"{len(dead)} of {mixture.n_components} components ended with less than one star's worth of "
-            f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Minibatch EM can re-seed "
-            "them (reseed_dead=True), or fit fewer components",
+            f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Fit fewer components; "
+            "minibatch EM re-seeds them at each epoch's end (reseed_dead)",
             UserWarning,
             stacklevel=4,
         )

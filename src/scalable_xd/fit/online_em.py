@@ -36,10 +36,9 @@ class MinibatchEM(Capabilities):
     [1/(c + m), c + m], in the features' units); an update that leaves it restarts the running state from
     the initial parameters and m grows by one. The step-size count is not reset.
 
-    ``reseed_size``: the training data's total weight N; at each epoch's end before ``decay_epoch`` (while
-    the steps are large enough for a new component to find its place), a component of weight below 1/N
+    ``reseed_size``: the training data's total weight N; at each epoch's end a component of weight below 1/N
     (less than one star) is re-seeded from the heaviest (``reseed``), counted in ``reseeded``; None leaves
-    it dead (the paper, and the default).
+    it dead (the paper).
     """
 
     _reads_batch_loglik = False  # its update takes the sums alone
@@ -177,9 +176,8 @@ class MinibatchEM(Capabilities):
             self.restarts += 1
 
     def end_epoch(self) -> None:
-        """Re-seed the components that died in the epoch (``reseed``), where ``reseed_size`` is set, until the
-        step decays."""
-        if self.reseed_size is None or self._epoch + 1 >= self.decay_epoch:
+        """Re-seed the components that died in the epoch (``reseed``), where ``reseed_size`` is set."""
+        if self.reseed_size is None:
             return
         fixed = self.fixed_parameters
         held = fixed.weights | fixed.means | fixed.covariances
