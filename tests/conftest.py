@@ -11,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import scalable_xd.deferred_checks
 import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 import scalable_xd.fit.engines
@@ -79,4 +80,4 @@ def gpu_path(monkeypatch):
     """Fits on the CPU taking the GPU's path: torch updates (not the compiled CPU ones), checks deferred
     (graphs as each test says)."""
     monkeypatch.setattr(scalable_xd.fit.engines, "compiled_rule", lambda fitter, device: None)
-    monkeypatch.setattr(scalable_xd.fit.driver, "defers_checks", lambda device: True)
+    monkeypatch.setattr(scalable_xd.deferred_checks, "defers_on", lambda device: True)

@@ -39,6 +39,12 @@ class DeferredChecks:
 _active: ContextVar[DeferredChecks | None] = ContextVar("deferred_checks", default=None)
 
 
+def defers_on(device) -> bool:
+    """Whether work on ``device`` defers its per-batch tests (a fit's epochs, a scoring's batches): on GPUs,
+    where a test waits for the device; on the CPU a test costs nothing."""
+    return torch.device(device).type == "cuda"
+
+
 def active() -> DeferredChecks | None:
     """The checks of the enclosing ``deferring`` block, or None where tests run at their batch."""
     return _active.get()

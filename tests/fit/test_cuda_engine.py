@@ -11,7 +11,7 @@ import torch
 from helpers import draw_xd_data, random_spd, rounding_prone_fit
 from test_deferred_checks import count_waits_per_epoch
 
-from scalable_xd import XDGMM
+from scalable_xd import XDGMM, deferred_checks
 from scalable_xd.fit import driver
 from scalable_xd.fit.adam import Adam
 from scalable_xd.fit.engines import cuda
@@ -143,7 +143,7 @@ def test_a_tripped_check_runs_the_epoch_again_with_ordinary_steps(
     with caplog.at_level("DEBUG", logger="scalable_xd.fit"):
         graphed = XDGMM(**settings).fit(x, Xcov=S)
     assert "a deferred check tripped" in caplog.text and graphed_steps
-    monkeypatch.setattr(driver, "defers_checks", lambda device: False)
+    monkeypatch.setattr(deferred_checks, "defers_on", lambda device: False)
     immediate = XDGMM(**settings).fit(x, Xcov=S)
     np.testing.assert_allclose(graphed.covariances_, immediate.covariances_, rtol=1e-12)
     np.testing.assert_allclose(graphed.means_, immediate.means_, rtol=1e-12)

@@ -4,11 +4,13 @@ trips gives the fit it would have had with every test made at its batch."""
 import numpy as np
 import pytest
 import torch
-from helpers import draw_xd_data, random_spd, rounding_prone_fit
+from helpers import draw_xd_data, kernel_problem, random_spd, rounding_prone_fit
 from torch.overrides import TorchFunctionMode
 
-from scalable_xd import XDGMM
-from scalable_xd.fit import driver, loop
+from scalable_xd import XDGMM, deferred_checks
+from scalable_xd.data.dataset import Dataset
+from scalable_xd.fit import loop, scoring
+from scalable_xd.mixture import Mixture
 
 # Tensor methods that make the host wait for a GPU (or, for a boolean mask, a nonzero inside indexing).
 _WAITS = {"item", "tolist", "cpu", "numpy", "nonzero", "masked_select", "unique", "__bool__", "__float__", "__int__"}
@@ -78,7 +80,7 @@ def test_a_tripped_check_runs_the_epoch_again_with_every_test_made(gpu_path, mon
     with caplog.at_level("DEBUG", logger="scalable_xd.fit"):
         deferred = XDGMM(**settings).fit(x, Xcov=S)
     assert "a deferred check tripped" in caplog.text
-    monkeypatch.setattr(driver, "defers_checks", lambda device: False)
+    monkeypatch.setattr(deferred_checks, "defers_on", lambda device: False)
     immediate = XDGMM(**settings).fit(x, Xcov=S)
     np.testing.assert_array_equal(deferred.covariances_, immediate.covariances_)
     np.testing.assert_array_equal(deferred.means_, immediate.means_)
@@ -91,7 +93,7 @@ def test_a_zero_weight_batch_under_deferred_checks_makes_no_update(gpu_path, mon
     weights[::3] = 0.0  # batches of one star: a third of them weigh nothing
     settings = dict(batch_size=1, epochs=2, tol=None, backend="unrolled", random_state=0)
     deferred = XDGMM(3, "minibatch_em", **settings).fit(x, Xcov=S, sample_weight=weights)
-    monkeypatch.setattr(driver, "defers_checks", lambda device: False)
+    monkeypatch.setattr(deferred_checks, "defers_on", lambda device: False)
     immediate = XDGMM(3, "minibatch_em", **settings).fit(x, Xcov=S, sample_weight=weights)
     assert np.isfinite(deferred.means_).all()
     np.testing.assert_array_equal(deferred.means_, immediate.means_)
@@ -102,7 +104,39 @@ def test_without_trips_deferring_changes_nothing(gpu_path, monkeypatch):
     x, S = _data(seed=42)
     settings = dict(batch_size=200, epochs=2, tol=None, backend="unrolled", random_state=0)
     deferred = XDGMM(3, "sgd", **settings).fit(x, Xcov=S)
-    monkeypatch.setattr(driver, "defers_checks", lambda device: False)
+    monkeypatch.setattr(deferred_checks, "defers_on", lambda device: False)
     immediate = XDGMM(3, "sgd", **settings).fit(x, Xcov=S)
     np.testing.assert_array_equal(deferred.covariances_, immediate.covariances_)
     assert [h["train_loglik"] for h in deferred.history_] == [h["train_loglik"] for h in immediate.history_]
+
+
+def _scoring_problem(n: int, fails_in_float32: bool):
+    """(data, mixture): n stars and 4 components in 7 dimensions; with ``fails_in_float32``, one component of
+    condition number 1e11 and stars of tiny noise, whose V_j + S_i float32 cannot factorise (test_kernel)."""
+    rng = np.random.default_rng(7)
+    x, S, weights, means, covs = kernel_problem(rng, n=n, k=4, d=7)
+    if fails_in_float32:
+        q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
+        covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
+        S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(n, 1, 1))
+    return Dataset(x, S), Mixture(*(torch.tensor(a) for a in (weights, means, covs)))
+
+
+@pytest.mark.parametrize("fails_in_float32", [False, True])
+def test_a_scoring_asks_the_device_once_and_a_tripped_check_scores_again(fails_in_float32, gpu_path, monkeypatch):
+    """On the GPU's path a scoring of three evaluation batches keeps its sum and its tests on the device and
+    asks at the end (whether a test tripped, then the total): two questions, where each batch asked two. A
+    float32 pair that cannot be factorised trips the check and the data are scored again with each test
+    made at its batch, so the total is the one without deferring (that pair computed in float64)."""
+    data, mixture = _scoring_problem(3 * scoring.EVAL_BATCH, fails_in_float32)
+    with _HostWaits() as deferred_waits:
+        deferred = scoring.total_loglik(data, mixture, "cpu", torch.float32, "unrolled")
+    monkeypatch.setattr(deferred_checks, "defers_on", lambda device: False)
+    with _HostWaits() as immediate_waits:
+        immediate = scoring.total_loglik(data, mixture, "cpu", torch.float32, "unrolled")
+    assert deferred == immediate and np.isfinite(deferred)
+    assert len(immediate_waits.calls) >= 6  # a test and the sum of each batch
+    if fails_in_float32:  # tripped: asked once, then scored again as without deferring
+        assert deferred_waits.calls[0] == "__bool__" and len(deferred_waits.calls) > 2
+    else:
+        assert deferred_waits.calls == ["__bool__", "__float__"]

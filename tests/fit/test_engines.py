@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import draw_xd_data, random_spd
 
-from scalable_xd import XDGMM
+from scalable_xd import XDGMM, deferred_checks
 from scalable_xd.fit import engines
 from scalable_xd.fit.updates import online_em_update, regularised
 from scalable_xd.kernel.dispatch import batch_statistics
@@ -104,7 +104,7 @@ def test_each_fit_takes_the_engine_its_device_and_settings_call_for(monkeypatch)
     XDGMM(3, "sgd", random_state=0, background="auto", **settings).fit(x, Xcov=S)
     assert type(chosen[-1]) is ReferenceEngine
     monkeypatch.setattr(driver, "graphs_steps", lambda device: True)
-    monkeypatch.setattr(driver, "defers_checks", lambda device: True)
+    monkeypatch.setattr(deferred_checks, "defers_on", lambda device: True)
     XDGMM(3, "sgd", random_state=0, **settings).fit(x, Xcov=S)
     assert isinstance(chosen[-1], CudaEngine) and isinstance(chosen[-1].general, ReferenceEngine)
     assert chosen[-1].graphed.device == torch.device("cpu")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
+from .. import deferred_checks
 from .._torch import resolve_device, resolve_dtype
 from ..background import Background
 from ..data.batching import random_rows
@@ -171,7 +172,7 @@ def _loop_config(
         verbose=settings.verbose,
         group=group,
         checkpoint_every=checkpoint_every,
-        defer_checks=defers_checks(device),
+        defer_checks=deferred_checks.defers_on(device),
         graph_steps=settings.cuda_graphs and graphs_steps(device),
         selection=selection,
     )
@@ -181,12 +182,6 @@ def _resident(data: DataSource, device, dtype) -> DataSource:
     """Data scored after every epoch (or every split-and-merge move), held on the fit's device in its dtype
     where they are in memory and small enough (``Dataset.resident``); as they are otherwise."""
     return data.resident(device, dtype) if isinstance(data, Dataset) else data
-
-
-def defers_checks(device: torch.device) -> bool:
-    """Whether fits on ``device`` defer their per-batch tests to each epoch's end (``deferred_checks``):
-    on GPUs, where a test waits for the device; on the CPU a test costs nothing."""
-    return device.type == "cuda"
 
 
 def graphs_steps(device: torch.device) -> bool:

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from .. import deferred_checks
 from ..background import Background
 from ..data.source import DataSource
 from ..errors import NotPositiveDefiniteError
@@ -56,9 +57,26 @@ def total_loglik(
 ) -> float:
     """Sum over all points of log p(x_i) (times each point's weight, where the data are weighted),
     accumulated in float64; in a process group each process scores its share of the rows; with a
-    ``background``, under the mixture and the background together."""
-    total = 0.0
+    ``background``, under the mixture and the background together.
+
+    Where the device defers its tests (a GPU: ``deferred_checks``), the sum and the batches' tests stay on
+    the device until the end, one question of it a scoring instead of two a batch; where a test tripped, the
+    data are scored again with every test made at its batch (a float32 pair then computed in float64, or the
+    row that fails named), so the result is the same."""
     rows = group.share(slice(0, len(data)), len(data))
-    for _, ll, _, weights in scored_batches(data, mixture, device, dtype, backend, rows=rows, background=background):
-        total += float(summed_loglik(ll, weights))
+
+    def batch_totals():
+        for _, ll, _, weights in scored_batches(
+            data, mixture, device, dtype, backend, rows=rows, background=background
+        ):
+            yield summed_loglik(ll, weights)
+
+    if deferred_checks.defers_on(device):
+        with deferred_checks.deferring(device) as checks:
+            on_device = torch.zeros((), dtype=torch.float64, device=device)
+            for batch_total in batch_totals():
+                on_device += batch_total
+        if not checks.tripped():
+            return reduce_sum(float(on_device), group, device)
+    total = sum(float(batch_total) for batch_total in batch_totals())
     return reduce_sum(total, group, device)
