@@ -116,6 +116,16 @@ def hard_kernel_problem(rng, n=300, k=16, d=7):
     return x, S, weights, means, covs
 
 
+def float32_unfactorisable_problem(rng, n=200):
+    """``kernel_problem`` (4 components in 7 dimensions) with component 2 of condition number 1e11 and stars
+    of tiny noise (variances 1e-10 to 1e-8): float32's Cholesky of V_2 + S_i fails where float64's does not."""
+    x, S, weights, means, covs = kernel_problem(rng, n=n, k=4, d=7)
+    q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
+    covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
+    S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(n, 1, 1))
+    return x, S, weights, means, covs
+
+
 def rounding_prone_fit(method: str, copies: int = 1):
     """(x, S, XDGMM settings) of a fit whose float32 update leaves a covariance indefinite by rounding: two
     stars with positional-size noise (1e-16), ``copies`` times over, in one wide component. The exact

@@ -1,10 +1,12 @@
 """The per-batch path that a GPU runs asks the device nothing (deferred_checks), and a deferred check that
 trips gives the fit it would have had with every test made at its batch."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
-from helpers import draw_xd_data, kernel_problem, random_spd, rounding_prone_fit
+from helpers import draw_xd_data, float32_unfactorisable_problem, kernel_problem, random_spd, rounding_prone_fit
 from torch.overrides import TorchFunctionMode
 
 from scalable_xd import XDGMM, deferred_checks
@@ -112,13 +114,10 @@ def test_without_trips_deferring_changes_nothing(gpu_path, monkeypatch):
 
 def _scoring_problem(n: int, fails_in_float32: bool):
     """(data, mixture): n stars and 4 components in 7 dimensions; with ``fails_in_float32``, one component of
-    condition number 1e11 and stars of tiny noise, whose V_j + S_i float32 cannot factorise (test_kernel)."""
+    condition number 1e11 and stars of tiny noise, whose V_j + S_i float32 cannot factorise."""
     rng = np.random.default_rng(7)
-    x, S, weights, means, covs = kernel_problem(rng, n=n, k=4, d=7)
-    if fails_in_float32:
-        q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
-        covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
-        S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(n, 1, 1))
+    problem = float32_unfactorisable_problem if fails_in_float32 else partial(kernel_problem, k=4, d=7)
+    x, S, weights, means, covs = problem(rng, n=n)
     return Dataset(x, S), Mixture(*(torch.tensor(a) for a in (weights, means, covs)))
 
 

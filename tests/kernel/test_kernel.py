@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    float32_unfactorisable_problem,
     hard_kernel_problem,
     kernel_problem,
     max_row_relative_error,
@@ -389,10 +390,7 @@ def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, ca
     to float32) instead of stopping the fit; a covariance that is indefinite still raises."""
     backend = _kernel(backend, request)
     rng = np.random.default_rng(7)
-    x, S, weights, means, covs = kernel_problem(rng, n=200, k=4, d=7)
-    q, _ = np.linalg.qr(rng.normal(size=(7, 7)))
-    covs[2] = (q * np.geomspace(1e-7, 1e4, 7)) @ q.T
-    S[:] = np.eye(7) * rng.uniform(1e-10, 1e-8, size=(200, 1, 1))
+    x, S, weights, means, covs = float32_unfactorisable_problem(rng)
     mixture = _mixture(weights, means, covs)
     x32, S32 = torch.tensor(x, dtype=torch.float32), torch.tensor(S, dtype=torch.float32)
     dispatch._say_float64_once.cache_clear()  # the warning is said once a process
