@@ -87,8 +87,8 @@ def peer(X, Xcov, k: int, seed: int, iterations: int) -> dict | None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catalogue", type=Path, default=SAMPLE, help="a FITS table of Gaia DR2 rows")
-    parser.add_argument("--n-components", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(5)))
+    parser.add_argument("--n-components", type=int, nargs="+", default=[4, 8], help="the K of each fit")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(5)), help="each fit's random_state")
     parser.add_argument("--peer-iter", type=int, default=1000, help="the peer's EM iterations at most")
     args = parse_args(parser, argv, n_components=[2], seeds=[0], peer_iter=3)
     X, Xcov = real_rows(args.catalogue)
