@@ -150,10 +150,11 @@ def data(shape: str, n: int, seed: int = 0):
     return SHAPES[shape](n, np.random.default_rng([seed, n, list(SHAPES).index(shape)]))
 
 
-def mean_loglik(X, variances, weights, means, covariances, chunk: int = 100_000) -> float:
+def mean_loglik(X, noise, weights, means, covariances, chunk: int = 100_000) -> float:
     """The mean log-likelihood per star of the noisy data under an XD mixture, in float64 with numpy:
-    log sum_j alpha_j N(x_i | m_j, V_j + S_i), S_i = diag(variances_i); a star with entries missing (NaN) on
-    its observed entries, under the mixture's marginal (a star with none observed scores 0)."""
+    log sum_j alpha_j N(x_i | m_j, V_j + S_i), S_i = diag(noise_i) for noise variances (N, D), else the noise
+    covariances themselves (N, D, D); a star with entries missing (NaN) on its observed entries, under the
+    mixture's marginal (a star with none observed scores 0)."""
     observed = ~np.isnan(X)
     if not observed.all():
         patterns, which = np.unique(observed, axis=0, return_inverse=True)
@@ -162,16 +163,17 @@ def mean_loglik(X, variances, weights, means, covariances, chunk: int = 100_000)
             rows = which.ravel() == code
             if seen.any():
                 marginal = covariances[:, seen][:, :, seen]
-                mean = mean_loglik(X[rows][:, seen], variances[rows][:, seen], weights, means[:, seen], marginal)
-                total += mean * rows.sum()
+                kept = noise[rows][:, seen] if noise.ndim == 2 else noise[rows][:, seen][:, :, seen]
+                total += mean_loglik(X[rows][:, seen], kept, weights, means[:, seen], marginal) * rows.sum()
         return total / len(X)
     total = 0.0
     for start in range(0, len(X), chunk):
-        x, s = X[start : start + chunk], variances[start : start + chunk]
+        x, S = X[start : start + chunk], noise[start : start + chunk]
+        if S.ndim == 2:
+            S = S[:, :, None] * np.eye(X.shape[1])[None]
         terms = []
         for alpha, m, V in zip(weights, means, covariances):
-            T = V[None] + s[:, :, None] * np.eye(X.shape[1])[None]
-            L = np.linalg.cholesky(T)
+            L = np.linalg.cholesky(V[None] + S)
             z = np.linalg.solve(L, (x - m)[:, :, None])[..., 0]
             log_det = 2 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(1)
             with np.errstate(divide="ignore"):  # a frozen component's weight is 0: log 0 = -inf, no term

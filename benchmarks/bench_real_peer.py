@@ -11,8 +11,8 @@ The peer: astroML's ``XDGMM`` (VanderPlas et al. 2012; Bovy et al. 2011's EM), w
 install astroML``; never a dependency here), from its own start (scikit-learn's ``GaussianMixture`` on the
 noisy data) and run to its own convergence (total log-likelihood gain below 1e-5, at most ``--peer-iter``
 iterations). Ours: ``XDGMM(K, random_state=seed)``, nothing else set, so with the default's restarts. Both
-from the same seeds; each fit scored by the mean log-likelihood of the noisy data per star, computed here in
-float64 with numpy, independently of both libraries.
+from the same seeds; each fit scored by the mean log-likelihood of the noisy data per star, computed in
+float64 with numpy, independently of both libraries (``bench_defaults.mean_loglik``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from scipy.special import logsumexp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, parse_args, write_result  # noqa: E402
+from bench_defaults import mean_loglik  # noqa: E402
 
 from scalable_xd import XDGMM  # noqa: E402
 
@@ -46,20 +46,8 @@ def real_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the archive's units astropy does not parse
         features = compute_features(Table.read(path))
-    X, Xcov = np.asarray(features.X, dtype=float), features.covariance().dense().numpy()
-    complete = ~np.isnan(X).any(axis=1) & (features.n_missing == 0)
-    return X[complete], Xcov[complete]
-
-
-def mean_loglik(X, Xcov, weights, means, covariances) -> float:
-    """Mean over stars of log sum_j alpha_j N(x_i | m_j, V_j + S_i), in float64 with numpy."""
-    T = covariances[None] + Xcov[:, None]
-    L = np.linalg.cholesky(T)
-    z = np.linalg.solve(L, (X[:, None] - means[None])[..., None])[..., 0]
-    log_det = 2 * np.log(np.diagonal(L, axis1=2, axis2=3)).sum(-1)
-    with np.errstate(divide="ignore"):  # a weight of 0: no term
-        terms = np.log(weights) - 0.5 * (X.shape[1] * np.log(2 * np.pi) + log_det + (z**2).sum(-1))
-    return float(logsumexp(terms, axis=1).mean())
+    complete = features.n_missing == 0  # a missing entry is a fill value with a huge variance, not a NaN
+    return np.asarray(features.X, dtype=float)[complete], features.covariance().dense().numpy()[complete]
 
 
 def ours(X, Xcov, k: int, seed: int) -> dict:

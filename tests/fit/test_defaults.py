@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import random_spd
 from sklearn.exceptions import ConvergenceWarning
 
 from scalable_xd import XDGMM
@@ -88,3 +89,14 @@ def test_the_numpy_score_is_the_library_s():
         model = XDGMM(3, "em", epochs=3, dtype="float64", random_state=0).fit(X, Xcov=variances)
     mine = bench_defaults.mean_loglik(X, variances, model.weights_, model.means_, model.covariances_)
     assert mine == pytest.approx(model.score(X, Xcov=variances), rel=1e-10)
+    # Full noise covariances (bench_real_peer's form), correlated: the same scorer, the library's score.
+    rng = np.random.default_rng(1)
+    Xcov = random_spd(rng, len(X), X.shape[1], scale=0.3)
+    mine = bench_defaults.mean_loglik(X, Xcov, model.weights_, model.means_, model.covariances_)
+    assert mine == pytest.approx(model.score(X, Xcov=Xcov), rel=1e-10)
+    # With entries missing, noise matrices score each star's observed entries as its variances do.
+    gappy = np.where(rng.random(X.shape) < 0.2, np.nan, X)
+    matrices = variances[:, :, None] * np.eye(X.shape[1])
+    parameters = (model.weights_, model.means_, model.covariances_)
+    as_matrices = bench_defaults.mean_loglik(gappy, matrices, *parameters)
+    assert as_matrices == pytest.approx(bench_defaults.mean_loglik(gappy, variances, *parameters), rel=1e-12)
