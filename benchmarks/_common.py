@@ -69,11 +69,15 @@ def parse_args(parser, argv, **quick):
     return args
 
 
-def write_result(name: str, result: dict) -> Path:
+def write_result(name: str, result: dict, quiet: bool = False) -> Path:
+    """Write ``result`` to ``<destination>/<name>.json`` atomically (a stopped run leaves the last whole file)."""
     destination.mkdir(parents=True, exist_ok=True)
     path = destination / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(path)
+    if not quiet:
+        print(f"wrote {path}")
     return path
 
 

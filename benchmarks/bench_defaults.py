@@ -28,6 +28,7 @@ the same way; a fit that raises is recorded with its error, and a ConvergenceWar
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -39,6 +40,7 @@ from sklearn.exceptions import ConvergenceWarning
 from scalable_xd import XDGMM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 from _common import machine, parse_args, write_result  # noqa: E402
 
 METHODS = ("em", "minibatch_em", "sgd", "stochastic_em", "stochastic_minibatch_em")
@@ -267,6 +269,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def seconds_table(rows: list[dict]) -> str:
+    """Each method's seconds at its defaults per shape and size, and beside each its ratio to batch EM's."""
+    methods = [m for m in METHODS if m in rows[0]]
+    lines = ["| shape | N | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
+    for row in rows:
+        em = row.get("em", {}).get("seconds")
+        cells = [
+            f"{row[m]['seconds']:.2f}" + (f" ({row[m]['seconds'] / em:.1f}x)" if em and m != "em" else "")
+            for m in methods
+        ]
+        lines.append(f"| {row['shape']} | {row['N']:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _done_rows(name: str, warm_up: bool, methods: list[str]) -> list[dict]:
+    """The rows of an earlier run of the same kind in ``name``'s JSON (``--resume``), to be kept, not rerun."""
+    path = _common.destination / f"{name}.json"
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier.get("warm_up") != warm_up or earlier.get("methods") != methods:
+        raise SystemExit(
+            f"{path}: made with warm_up={earlier.get('warm_up')}, methods={earlier.get('methods')}; "
+            f"this run asks warm_up={warm_up}, methods={methods}: not resumed (give another --label)"
+        )
+    return earlier["results"]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 5_000, 50_000])
@@ -281,15 +311,28 @@ def main(argv=None) -> None:
         help="an untimed one-epoch fit before each timed one, so that its seconds leave out first compiles "
         "(the committed JSONs ran without it: their seconds include compiles)",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows (shape, N) already in the output JSON and run the others (the JSON is rewritten "
+        "after every row, so a stopped run loses at most the row in progress)",
+    )
     args = parse_args(parser, argv, sizes=[500], shapes=["order_one", "mixed_scales"], methods=["em"], large=[])
-    rows = []
+    name = "bench_defaults_cpu" + (f"_{args.label}" if args.label else "")
+    rows = _done_rows(name, args.warm_up, args.methods) if args.resume else []
+    done = {(row["shape"], row["N"]) for row in rows}
     for shape in args.shapes:
         for n in args.sizes + (args.large if shape in args.large_shapes else []):
+            if (shape, n) in done:
+                continue
             rows.append(study(shape, n, args.methods, warm_up=args.warm_up))
-            print(table(rows[-1:]).splitlines()[-1], flush=True)
+            print(table(rows[-1:]).splitlines()[-1], seconds_table(rows[-1:]).splitlines()[-1], flush=True)
+            result = {"benchmark": "bench_defaults", **machine(), "warm_up": args.warm_up, "methods": args.methods}
+            result.update(results=rows, table=table(rows), seconds=seconds_table(rows))
+            write_result(name, result, quiet=True)
     print(table(rows))
-    name = "bench_defaults_cpu" + (f"_{args.label}" if args.label else "")
-    write_result(name, {"benchmark": "bench_defaults", **machine(), "results": rows, "table": table(rows)})
+    print(seconds_table(rows))
+    print(f"wrote {_common.destination / name}.json")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 REPO = Path(__file__).resolve().parents[1]
+# The real Gaia DR2 rows beside the checkout (never copied into it); tests that read them skip without them.
+SHARED_SAMPLE = REPO.parent / "shared" / "data" / "gaia_dr2_real_sample"
+needs_shared_sample = pytest.mark.skipif(
+    not SHARED_SAMPLE.exists(), reason=f"the shared real DR2 sample ({SHARED_SAMPLE}) is not beside the checkout"
+)
 
 
 def random_spd(rng, k, d, scale=1.0, condition=10.0):

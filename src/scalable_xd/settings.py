@@ -108,7 +108,7 @@ class FitSettings(_Settings):
     batch_size: int | None = setting(
         None,
         "points per minibatch for minibatch_em and sgd (em sums over all points); None: 500, the paper's, or "
-        "N // 20 (at least 32) on fewer than 10,000 points, so that an epoch makes 20 updates",
+        "N // 20 (at least 8) on fewer than 10,000 points, so that an epoch makes 20 updates",
         low=1,
         nullable=True,
     )

@@ -145,7 +145,7 @@ def test_each_method_has_its_own_budget_resolved_for_the_data():
     assert [budgets["minibatch_em", n].epochs for n in (894, 80_000, 1_600_000)] == [100, 20, 20]  # 20, 160 batches
     assert [budgets["sgd", n].epochs for n in (894, 80_000, 400_000, 1_600_000)] == [100, 38, 20, 20]
     assert [budgets["sgd", n].decay_epoch for n in (894, 80_000, 400_000, 1_600_000)] == [50, 19, 10, 10]
-    assert [for_data(FitSettings(), n).batch_size for n in (10, 700, 9_999, 10_000)] == [32, 35, 499, 500]
+    assert [for_data(FitSettings(), n).batch_size for n in (10, 700, 9_999, 10_000)] == [8, 35, 499, 500]
     given = for_data(FitSettings(method="sgd", epochs=7, decay_epoch=3), 80_000)
     assert (given.epochs, given.decay_epoch) == (7, 3)
     assert for_data(FitSettings(method="sgd", epochs=1), 10).decay_epoch == 1  # one epoch: its full step

@@ -12,7 +12,7 @@ from helpers import random_spd
 from sklearn.exceptions import ConvergenceWarning
 
 from scalable_xd import XDGMM
-from scalable_xd.fit.methods import METHODS
+from scalable_xd.fit.methods import METHODS, default_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_defaults  # noqa: E402
@@ -50,8 +50,12 @@ def test_a_budget_counts_updates_as_the_batches_fall(method):
     """N // batch_size updates an epoch (a remainder joins the last batch): 894 rows at batch 500 make one
     update an epoch, and the budget gives a minibatch method as many updates on them as on a mock; at 20
     updates an epoch or more it runs no more passes than batch EM's budget. The default batch on 894 rows
-    makes 20 updates an epoch."""
+    makes 20 updates an epoch, and so does it on as few as 160 rows (a batch of 8)."""
     row = METHODS[method]
+    for n in (160, 300, 894, 9_999):
+        assert n // default_batch(n) == 20, n
+        assert row.budget(n, default_batch(n)) == min(METHODS["em"].epochs, -(-row.min_updates // 20))
+    assert default_batch(100) == 8  # fewer updates an epoch below 160 rows, more epochs: the floor of 8 points
     assert row.budget(894, 500) == row.min_updates  # one batch an epoch
     assert row.budget(999, 500) == row.min_updates  # still one: 499 rows join the first batch
     assert row.budget(5_000, 500) == max(row.epochs, -(-row.min_updates // 10))

@@ -2,11 +2,11 @@
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import SHARED_SAMPLE, needs_shared_sample
 
 from scalable_xd.data.missing import MISSING_LOGLIK_CONSTANT
 from scalable_xd.pipeline.features_file import read_features, split_of
@@ -14,8 +14,6 @@ from scalable_xd.pipeline.gaia.features import compute_features
 from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.schema import ASTROMETRY, CORRELATIONS, FEATURES
 from scalable_xd.pipeline.steps import features
-
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 
 
 @pytest.fixture(scope="module")
@@ -202,12 +200,12 @@ def test_a_bad_flux_error_makes_the_magnitude_missing(mock):
     assert features.n_missing.tolist() == [1, 1, 0]
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="the shared real DR2 sample is not beside the checkout")
+@needs_shared_sample
 @pytest.mark.filterwarnings("ignore::astropy.units.UnitsWarning")
 def test_real_rows_give_valid_features():
     from astropy.table import Table
 
-    real = Table.read(SHARED / "gdr2_sm.fits")
+    real = Table.read(SHARED_SAMPLE / "gdr2_sm.fits")
     features = compute_features(real)
     np.linalg.cholesky(features.covariance().dense().numpy())
     assert (features.n_missing == np.isnan(np.asarray(real["bp_rp"], dtype=float)).astype(int)).all()

@@ -2,11 +2,11 @@
 
 import socket
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import SHARED_SAMPLE, needs_shared_sample
 from tap_server import MockTapServer, votable_bytes
 
 from scalable_xd.pipeline.gaia.mock import make_mock
@@ -23,7 +23,6 @@ from scalable_xd.pipeline.gaia.schema import QUERY_COLUMNS
 from scalable_xd.pipeline.gaia.storage import read_raw
 from scalable_xd.pipeline.gaia.tap import ArchiveUnreachableError
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 N_ROWS, CHUNK = 20_000, 5_000
 # Timeouts well above honest reply times on a busy 2-core machine, below the injected slow reply (5 s).
 FAST = dict(backoff=0.01, request_timeout=3.0, job_timeout=1.5, poll=0.02, progress=False)
@@ -118,11 +117,11 @@ def test_query_text_selects_the_schema_columns():
     assert adql.endswith("WHERE random_index >= 200000 AND random_index < 400000")
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="the shared real DR2 sample is not beside the checkout")
+@needs_shared_sample
 def test_real_archive_votable_parses_like_the_pipeline_expects(catalogue):
     from astropy.table import Table
 
-    real = Table.read(SHARED / "gdr2_sm.vot", format="votable")
+    real = Table.read(SHARED_SAMPLE / "gdr2_sm.vot", format="votable")
     frame = table_to_frame(real)
     assert list(frame.columns) == list(QUERY_COLUMNS)
     assert {c: str(t) for c, t in frame.dtypes.items()} == {c: dtype for c, (dtype, _) in QUERY_COLUMNS.items()}

@@ -1,16 +1,14 @@
 """The DR2-like mock against published Gaia DR2 facts and the shared real DR2 sample."""
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import SHARED_SAMPLE, needs_shared_sample
 
 from scalable_xd.pipeline.gaia.galaxy import LMC, SMC
 from scalable_xd.pipeline.gaia.mock import make_mock
 from scalable_xd.pipeline.gaia.schema import CORRELATIONS, FEATURES, FIVE_PARAMETER_ONLY, QUERY_COLUMNS
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "gaia_dr2_real_sample"
 # G bins and median parallax_error (mas) of real five-parameter DR2 stars (the shared sample; Lindegren 2018).
 G_BINS = [(14, 16, 0.042), (16, 18, 0.098), (18, 19.5, 0.31), (19.5, 20.5, 0.68), (20.5, 22, 1.27)]
 
@@ -98,12 +96,12 @@ def test_sky_has_a_galactic_plane_bulge_and_magellanic_clouds(mock):
     assert mock.population.value_counts(normalize=True)["bulge"] == pytest.approx(0.12, abs=0.01)
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="the shared real DR2 sample is not beside the checkout")
+@needs_shared_sample
 @pytest.mark.filterwarnings("ignore::astropy.units.UnitsWarning")  # units of columns we do not use
 def test_mock_resembles_the_real_sample(mock):
     from astropy.table import Table
 
-    real = Table.read(SHARED / "gdr2_sm.fits").to_pandas()
+    real = Table.read(SHARED_SAMPLE / "gdr2_sm.fits").to_pandas()
     five = mock[mock.parallax.notna()]
 
     def median_error(frame, lo, hi):

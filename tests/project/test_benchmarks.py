@@ -5,7 +5,7 @@ themselves live in benchmarks/results/, measured on a quiet machine; none is ass
 from pathlib import Path
 
 import pytest
-from helpers import run_quick
+from helpers import SHARED_SAMPLE, run_quick
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_") and p.stem != "summarise_run")
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 # What a benchmark reads beside the checkout: without it, its quick mode is skipped (the shared real DR2 rows).
-NEEDS = {"bench_real_peer": BENCHMARKS.parents[1] / "shared" / "data" / "gaia_dr2_real_sample" / "gdr2_sm.fits"}
+NEEDS = {"bench_real_peer": SHARED_SAMPLE / "gdr2_sm.fits"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
