@@ -309,7 +309,7 @@ def main(argv=None) -> None:
         "--warm-up",
         action="store_true",
         help="an untimed one-epoch fit before each timed one, so that its seconds leave out first compiles "
-        "(a JSON's ``warm_up`` says which; those without the key ran without it: their seconds include compiles)",
+        "(a JSON's warm_up key says which; those without the key ran without it: their seconds include compiles)",
     )
     parser.add_argument(
         "--resume",
