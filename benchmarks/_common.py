@@ -69,15 +69,14 @@ def parse_args(parser, argv, **quick):
     return args
 
 
-def write_result(name: str, result: dict, quiet: bool = False) -> Path:
+def write_result(name: str, result: dict) -> Path:
     """Write ``result`` to ``<destination>/<name>.json`` atomically (a stopped run leaves the last whole file)."""
     destination.mkdir(parents=True, exist_ok=True)
     path = destination / f"{name}.json"
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(result, indent=2) + "\n")
     partial.replace(path)
-    if not quiet:
-        print(f"wrote {path}")
+    print(f"wrote {path}")
     return path
 
 

@@ -255,31 +255,24 @@ def study(
     return row
 
 
-def table(rows: list[dict]) -> str:
-    """The docs' table: each method's share of the optimum per shape and size ("diverged" where it raised)."""
+def _share(row: dict, method: str) -> str:
+    fit = row[method]
+    return ("raised" if "error" in fit else f"{100 * fit['share']:.0f}%") + (" (warned)" if fit.get("warning") else "")
+
+
+def _seconds(row: dict, method: str) -> str:
+    em = row.get("em", {}).get("seconds")
+    seconds = row[method]["seconds"]
+    return f"{seconds:.2f}" + (f" ({seconds / em:.1f}x)" if em and method != "em" else "")
+
+
+def table(rows: list[dict], cell=_share) -> str:
+    """The docs' table: each method's share of the optimum per shape and size ("raised" where it raised), or
+    with ``cell=_seconds`` its seconds and their ratio to batch EM's."""
     methods = [m for m in METHODS if m in rows[0]]
     lines = ["| shape | N | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
     for row in rows:
-        cells = []
-        for m in methods:
-            fit = row[m]
-            cell = "raised" if "error" in fit else f"{100 * fit['share']:.0f}%"
-            cells.append(cell + (" (warned)" if fit.get("warning") else ""))
-        lines.append(f"| {row['shape']} | {row['N']:,} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def seconds_table(rows: list[dict]) -> str:
-    """Each method's seconds at its defaults per shape and size, and beside each its ratio to batch EM's."""
-    methods = [m for m in METHODS if m in rows[0]]
-    lines = ["| shape | N | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
-    for row in rows:
-        em = row.get("em", {}).get("seconds")
-        cells = [
-            f"{row[m]['seconds']:.2f}" + (f" ({row[m]['seconds'] / em:.1f}x)" if em and m != "em" else "")
-            for m in methods
-        ]
-        lines.append(f"| {row['shape']} | {row['N']:,} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['shape']} | {row['N']:,} | " + " | ".join(cell(row, m) for m in methods) + " |")
     return "\n".join(lines)
 
 
@@ -326,13 +319,12 @@ def main(argv=None) -> None:
             if (shape, n) in done:
                 continue
             rows.append(study(shape, n, args.methods, warm_up=args.warm_up))
-            print(table(rows[-1:]).splitlines()[-1], seconds_table(rows[-1:]).splitlines()[-1], flush=True)
+            print(table(rows[-1:]).splitlines()[-1], table(rows[-1:], _seconds).splitlines()[-1], flush=True)
             result = {"benchmark": "bench_defaults", **machine(), "warm_up": args.warm_up, "methods": args.methods}
-            result.update(results=rows, table=table(rows), seconds=seconds_table(rows))
-            write_result(name, result, quiet=True)
+            result.update(results=rows, table=table(rows), seconds=table(rows, _seconds))
+            write_result(name, result)
     print(table(rows))
-    print(seconds_table(rows))
-    print(f"wrote {_common.destination / name}.json")
+    print(table(rows, _seconds))
 
 
 if __name__ == "__main__":
