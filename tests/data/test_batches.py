@@ -51,15 +51,12 @@ def test_batches_of_plain_rows_name_them_in_place_and_gather_them_when_read(form
 
 
 def test_batches_that_cannot_be_read_in_place_are_gathered():
-    """Projections, missing entries, no noise or rows not C-contiguous, or a pass that does not read rows
-    in place (``in_place`` False: the GPU's, the torch kernels', stochastic EM's): gathered."""
+    """Projections, no noise or rows not C-contiguous, or a pass that does not read rows in place
+    (``in_place`` False: the GPU's, the torch kernels', stochastic EM's): gathered."""
     rng = np.random.default_rng(1)
     X, S = _data(rng, n=400)
-    X_missing = X.copy()
-    X_missing[3, 1] = np.nan
     cases = [
         Dataset(X, S, R=np.broadcast_to(np.eye(3), (400, 3, 3)).copy()),
-        Dataset(X_missing, S, missing="marginalise"),
         Dataset(np.asfortranarray(X), S),
         Dataset(X),  # no noise: nothing to read in place
     ]
@@ -68,6 +65,23 @@ def test_batches_that_cannot_be_read_in_place_are_gathered():
         assert batch.in_memory is None and batch.x.shape == (100, 3)
     batch = next(iter(Dataset(X, S).epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64)))
     assert batch.in_memory is None and torch.equal(batch.x, torch.tensor(X[batch_rows(400, 100, 1, 0)]))
+
+
+def test_batches_with_missing_entries_are_read_in_place_with_their_mask():
+    """Missing entries marginalised: each batch names its rows and the data set's observed entries, and
+    gathers, when read, the x (0 where missing), S and mask of the batches made without reading in place."""
+    rng = np.random.default_rng(1)
+    X, S = _data(rng, n=400)
+    X[rng.random(X.shape) < 0.2] = np.nan
+    data = Dataset(X, S, missing="marginalise")
+    in_place = data.epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64, in_place=True)
+    gathered = data.epoch_batches(100, 1, 0, True, ONE_PROCESS, CPU, torch.float64)
+    for batch, other in zip(in_place, gathered, strict=True):
+        place = batch.in_memory
+        assert place is not None and other.in_memory is None
+        assert np.shares_memory(place.X, data.X.numpy()) and np.array_equal(place.observed, ~np.isnan(X))
+        assert torch.equal(batch.observed, other.observed) and not batch.observed.all()
+        assert torch.equal(batch.x, other.x) and torch.equal(batch.S, other.S) and not batch.x.isnan().any()
 
 
 def batch_rows(n, batch_size, epoch, seed):

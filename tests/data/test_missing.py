@@ -8,8 +8,12 @@ import torch
 from helpers import draw_xd_data, random_spd, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM
+from scalable_xd.data.batching import Batch, RowsInMemory
 from scalable_xd.data.missing import MISSING_LOGLIK_CONSTANT, MISSING_VARIANCE
+from scalable_xd.fit.engines.reference import ReferenceEngine
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
+from scalable_xd.kernel.ensemble_pass import EnsemblePass
+from scalable_xd.kernel.fused import PlainPass
 from scalable_xd.mixture import Mixture
 
 K, D = 3, 4
@@ -157,3 +161,45 @@ def test_with_no_complete_star_k_means_starts_among_the_data_of_features_far_fro
     means = initial_mixture(data, 3, KMeansSettings(), 0, "cpu", torch.float64).means.numpy()
     low, high = np.nanmin(X, 0), np.nanmax(X, 0)
     assert ((means >= low) & (means <= high)).all(), (means - np.nanmean(X, 0)).round(1)
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+@pytest.mark.parametrize("n_init", [1, 3])  # one fit's plain pass; three in lockstep, one ensemble pass
+def test_minibatch_steps_with_missing_entries_take_the_compiled_pass_with_the_general_pass_s_result(
+    problem, method, n_init, monkeypatch
+):
+    """On the CPU every minibatch step of stars with missing entries goes through the fused kernel's plain
+    (or ensemble) pass reading the rows in place, never the general pass, and the fit equals, to the bit,
+    the fit whose every step the general pass takes (the same compiled masked kernel, the same blocks)."""
+    pytest.importorskip("numba")
+    x_nan, S, _, _ = problem
+    settings = dict(method=method, epochs=2, batch_size=100, tol=None, random_state=4, n_init=n_init)
+    general_steps = []
+    step = ReferenceEngine.step
+    monkeypatch.setattr(ReferenceEngine, "step", lambda self, *args: general_steps.append(1) or step(self, *args))
+    fast = XDGMM(K, missing="marginalise", **settings).fit(x_nan, Xcov=S)
+    assert general_steps == []
+    monkeypatch.setattr(PlainPass, "_pass", lambda self, *args: None)  # every step to the general pass
+    monkeypatch.setattr(EnsemblePass, "sums", lambda self, *args: None)
+    general = XDGMM(K, missing="marginalise", **settings).fit(x_nan, Xcov=S)
+    assert len(general_steps) == n_init * 2 * len(x_nan) // 100
+    for name in ("weights_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(general, name))
+
+
+def test_the_plain_pass_reads_missing_entries_in_place_or_gathered_as_the_general_pass(problem):
+    """A batch with missing entries through ``PlainPass``: read in place (X keeping its NaN, never read) or
+    gathered (x zero there, ``observed`` beside it), its sums are the general pass's to the bit."""
+    pytest.importorskip("numba")
+    x_nan, S, observed, init = problem
+    mixture = Mixture(*(torch.as_tensor(init[k]) for k in ("weights_init", "means_init", "covariances_init")))
+    rows = np.random.default_rng(2).permutation(len(x_nan))[:300]
+    x, mask = torch.as_tensor(np.nan_to_num(x_nan[rows])), torch.as_tensor(observed[rows])
+    want = batch_statistics(x, torch.as_tensor(S[rows]), mixture, observed=mask)
+    plain = PlainPass(D, K, torch.float64, max_pairs=1 << 20)
+    gathered = Batch(300, x, torch.as_tensor(S[rows]), None, None, mask)
+    in_place = Batch(300, None, None, None, None, None, RowsInMemory(x_nan, S, rows, observed))
+    for batch in (gathered, in_place):
+        got = plain.statistics(batch, mixture)
+        for name in ("n_points", "q", "U", "UU", "P", "loglik"):
+            assert torch.equal(torch.as_tensor(getattr(got, name)), torch.as_tensor(getattr(want, name))), name

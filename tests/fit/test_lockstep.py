@@ -31,13 +31,17 @@ def _mixtures(k: int):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [5, 20, 80])  # one fit's pass serial (400 x 5, 400 x 20: 3 x 8,000 pairs
 # would be threaded) and threaded (400 x 80)
-def test_each_fits_sums_from_the_ensemble_pass_are_those_of_its_pass_alone(dtype, k):
+@pytest.mark.parametrize("missing", [False, True])  # with a fifth of the entries missing: the masked kernel
+def test_each_fits_sums_from_the_ensemble_pass_are_those_of_its_pass_alone(dtype, k, missing):
     X = RNG.normal(size=(N, D)) * 2  # float64 rows, cast as read by a float32 pass
     noise = RNG.uniform(0.05, 0.3, (N, D))  # diagonal variances
-    places = [RowsInMemory(X, noise, RNG.choice(N, B, replace=False).astype(np.int64)) for _ in range(FITS)]
+    observed = RNG.random((N, D)) > 0.2 if missing else None
+    if missing:
+        X[~observed] = np.nan  # never read
+    places = [RowsInMemory(X, noise, RNG.choice(N, B, replace=False).astype(np.int64), observed) for _ in range(FITS)]
     weights, means, cov = _mixtures(k)
     n, failed, q, U, UU, P = EnsemblePass(D, k, dtype).sums(places, weights, means, cov)
-    assert n == B and (failed == -1).all()
+    assert n == B and (failed == -1).all() and np.isfinite(P).all()
     alone = PlainPass(D, k, dtype, 10**9)
     for s in range(FITS):
         n_s, *sums = alone.sums(GatheredOnRead(B, places[s], None), weights[s], means[s], cov[s])
@@ -57,6 +61,13 @@ def test_batches_of_other_data_or_sizes_do_not_join():
     )
     assert (
         ensemble.sums([RowsInMemory(X, noise, rows)] * 2 + [RowsInMemory(X, noise, rows[:-1])], weights, means, cov)
+        is None
+    )
+    observed = np.ones((N, D), bool)
+    assert (
+        ensemble.sums(
+            [RowsInMemory(X, noise, rows)] * 2 + [RowsInMemory(X, noise, rows, observed)], weights, means, cov
+        )
         is None
     )
 

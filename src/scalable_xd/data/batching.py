@@ -57,11 +57,14 @@ class RowsInMemory:
     """Where a batch's points lie in memory: rows ``rows`` (int64 row numbers) of X (N, d) and of the
     noise: (N, d, d) covariances, (N, d) variances, or compact noise as (sigma (N, d), corr (N, P), the
     (d, d) columns of corr of each pair, ``noise.correlation_columns``); numpy arrays of any float dtype,
-    C-contiguous, or fields of a streamed window's records (``stream``)."""
+    C-contiguous, or fields of a streamed window's records (``stream``). ``observed`` (N, d) bool: each
+    point's measured entries where some are missing (``missing="marginalise"``; the pass reads no other
+    entry of X or the noise), None where all are."""
 
     X: np.ndarray
     noise: np.ndarray | tuple
     rows: np.ndarray
+    observed: np.ndarray | None = None
 
 
 @dataclass
@@ -81,15 +84,16 @@ class Batch:
 
 
 class GatheredOnRead(Batch):
-    """A ``Batch`` of plain rows held in memory (no R, weights or missing entries), whose x and S are
-    gathered by ``gather()`` -> (x, S) only when first read: the CPU's statistics pass reads the rows where
-    they lie (``in_memory``; ``kernel.fused.PlainPass``), hiding the wait for scattered rows behind its
-    arithmetic (``kernel.row_access``)."""
+    """A ``Batch`` of rows held in memory (no R or weights), whose x, S and observed entries are gathered
+    by ``gather()`` -> (x, S, observed or None) only when first read: the CPU's statistics pass reads the
+    rows where they lie (``in_memory``; ``kernel.fused.PlainPass``), hiding the wait for scattered rows
+    behind its arithmetic (``kernel.row_access``)."""
 
-    def __init__(self, size: int, in_memory: RowsInMemory, gather: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
-        self.size, self.R, self.weights, self.observed, self.in_memory = size, None, None, None, in_memory
+    def __init__(self, size: int, in_memory: RowsInMemory, gather: Callable[[], tuple]):
+        self.size, self.R, self.weights, self.in_memory = size, None, None, in_memory
+        self._all_observed = in_memory.observed is None
         self._gather = gather
-        self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def expire(self, why: str) -> None:
         """Forget where the rows lie, whose memory is about to hold other rows: x and S, unless gathered
@@ -98,7 +102,7 @@ class GatheredOnRead(Batch):
         if self._gathered is None:
             self._gather = functools.partial(_expired, why)
 
-    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if self._gathered is None:
             self._gathered = self._gather()
         return self._gathered
@@ -110,6 +114,10 @@ class GatheredOnRead(Batch):
     @property
     def S(self) -> torch.Tensor:  # type: ignore[override]
         return self._tensors()[1]
+
+    @property
+    def observed(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._all_observed else self._tensors()[2]
 
 
 def _expired(why: str):

@@ -209,9 +209,10 @@ class Dataset:
             size = index.stop - index.start if isinstance(index, slice) else len(index)
             shares.append((size, _as_rows(group.share(index, size), arrays is not None)))
         if arrays is not None:  # each batch's rows read where they lie, or gathered when asked for
+            X, noise, observed = arrays
             for size, rows in shares:
-                gather = functools.partial(self._x_and_S, rows, device, dtype)
-                yield GatheredOnRead(size, RowsInMemory(*arrays, rows), gather)
+                gather = functools.partial(self._rows_read, rows, device, dtype)
+                yield GatheredOnRead(size, RowsInMemory(X, noise, rows, observed), gather)
             return
         per_window = max(1, GATHER_ROWS // batch_size)
         for first in range(0, len(shares), per_window):
@@ -221,12 +222,11 @@ class Dataset:
             weights, observed = self.batch_weights(rows, device, dtype), self.batch_observed(rows, device)
             yield from batch_views([(size, len(part)) for size, part in window], (x, S, R, weights, observed))
 
-    def _in_place(self, device) -> tuple[np.ndarray, np.ndarray | tuple] | None:
-        """(X, the noise as ``RowsInMemory`` holds it) as numpy arrays, where a batch of rows can be read in
-        place (``batching.GatheredOnRead``): on the CPU, plain rows (no R, weights or missing entries) of
-        dense, diagonal or compact noise, C-contiguous; None otherwise."""
-        plain = self.R is None and self.weights is None and self.observed is None
-        if torch.device(device).type != "cpu" or not plain:
+    def _in_place(self, device) -> tuple | None:
+        """(X, the noise, the observed entries or None) as ``RowsInMemory`` holds them, numpy arrays, where a
+        batch of rows can be read in place (``batching.GatheredOnRead``): on the CPU, rows with no R or
+        weights, of dense, diagonal or compact noise, C-contiguous; None otherwise."""
+        if torch.device(device).type != "cpu" or self.R is not None or self.weights is not None:
             return None
         noise = self.noise
         if isinstance(noise, (DenseNoise, DiagonalNoise)):
@@ -238,13 +238,15 @@ class Dataset:
         if not all(array.is_contiguous() for array in arrays):
             return None
         X, *values = (array.numpy() for array in arrays)
+        observed = None if self.observed is None else self.observed.numpy()
         if isinstance(noise, CompactCovariance):
-            return X, (*values, noise.correlation_columns())
-        return X, values[0]
+            return X, (*values, noise.correlation_columns()), observed
+        return X, values[0], observed
 
-    def _x_and_S(self, rows: np.ndarray, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        x, S, _ = self.batch(torch.from_numpy(rows), device, dtype)
-        return x, S
+    def _rows_read(self, rows: np.ndarray, device, dtype) -> tuple:
+        """(x, S, observed or None) of a batch read in place, gathered."""
+        index = torch.from_numpy(rows)
+        return (*self.batch(index, device, dtype)[:2], self.batch_observed(index, device))
 
     def scan(self, rows: slice, batch_size: int, device, dtype):
         """Yield (first row, x, S, R, weights, observed) over ``rows`` in order, ``batch_size`` rows at a time."""

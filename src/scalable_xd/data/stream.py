@@ -373,7 +373,7 @@ class ParquetSource:
             if number < skip:
                 pass
             elif in_place and not refilled:
-                gather = functools.partial(self._x_and_S, window, rows, device, dtype)
+                gather = functools.partial(self._rows_read, window, rows, device, dtype)
                 noise = (window["sigma"], window["corr"], columns)
                 read_in_place.append(GatheredOnRead(size, RowsInMemory(window["x"], noise, rows), gather))
                 yield read_in_place[-1]
@@ -398,9 +398,10 @@ class ParquetSource:
         columns and every entry measured (``missing="variance"``)."""
         return torch.device(device).type == "cpu" and self.sigma_columns is not None and self.missing == "variance"
 
-    def _x_and_S(self, window: np.ndarray, rows: np.ndarray, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows_read(self, window: np.ndarray, rows: np.ndarray, device, dtype) -> tuple:
+        """(x, S, None) of a batch read in place, gathered (every entry is measured: ``_in_place``)."""
         x, S, _, _ = self._tensors(_take(window, rows), device, dtype)
-        return x, S
+        return x, S, None
 
     def _batches(self, shares: list, device, dtype):
         """A ``Batch`` for each (size, block) of ``shares``, from the tensors of all their rows."""

@@ -19,9 +19,9 @@ from . import fused
 
 
 class EnsemblePass:
-    """The statistics pass over S fits' plain in-memory batches of one data set (R = I; no weights, draws
-    or missing entries), each fit's mixture its own, as ``PlainPass`` computes one fit's; its buffers are
-    reused from call to call (one loop calls it, from one thread)."""
+    """The statistics pass over S fits' plain in-memory batches of one data set (R = I; no weights or
+    draws; missing entries through the masked kernel), each fit's mixture its own, as ``PlainPass``
+    computes one fit's; its buffers are reused from call to call (one loop calls it, from one thread)."""
 
     def __init__(self, dim: int, n_components: int, dtype: torch.dtype):
         import numba
@@ -30,7 +30,7 @@ class EnsemblePass:
         self.dim, self.k, self.dtype = dim, n_components, dtype
         # one fit's packed parameters, and one block's sums
         self.tile, self.fit_params, self.block_sums = fused.tiled_sizes(n_components, dim)
-        self._buffers: dict[tuple[int, int, int], tuple] = {}  # by (torch's threads, fits, points a fit)
+        self._buffers: dict[tuple, tuple] = {}  # by (torch's threads, fits, points a fit, masked)
 
     def sums(self, places: list[RowsInMemory], weights: np.ndarray, means: np.ndarray, covariances: np.ndarray):
         """(n points a fit, the first failed point of each fit (S,), -1 for none, and the sums q (S, K),
@@ -39,30 +39,34 @@ class EnsemblePass:
         memory of equal sizes and of this pass's D (each fit then takes its batch alone)."""
         first = places[0]
         n = len(first.rows)
-        same = all(_same(p.X, first.X) and _same(p.noise, first.noise) and len(p.rows) == n for p in places)
+        same = all(
+            all(_same(getattr(p, a), getattr(first, a)) for a in ("X", "noise", "observed")) and len(p.rows) == n
+            for p in places
+        )
         if not same or n == 0 or first.X.shape[1] != self.dim:  # rows of any float dtype, cast as read
             return None
         n_fits = len(places)
-        module, par, loglik, failed, acc, n_blocks = self._settled(n_fits, n)
+        module, par, loglik, failed, acc, n_blocks = self._settled(n_fits, n, first.observed is not None)
         module.pack_fits(weights, means, covariances, par)
         rows = np.concatenate([p.rows for p in places])
         no_weights, no_densities = np.empty(0, par.dtype), np.empty((0, self.k), par.dtype)
-        module.kernel(
-            first.X, first.noise, rows, par, no_weights, no_weights, loglik, no_densities, failed, acc, n_blocks, n_fits
-        )
+        masks = () if first.observed is None else (first.observed,)
+        outputs = (loglik, no_densities, failed, acc)
+        module.kernel(first.X, first.noise, rows, *masks, par, no_weights, no_weights, *outputs, n_blocks, n_fits)
         return (n, *module.unpack_fits(failed, acc, n_blocks, n_fits, self.k))
 
-    def _settled(self, n_fits: int, n: int) -> tuple:
+    def _settled(self, n_fits: int, n: int, masked: bool) -> tuple:
         """The module one fit's pass of n points takes (threaded or serial: ``fused._threads_for``; the two
         compiled kernels differ in their last bits, so a fit passed alone and with others must take the
-        same) and the buffers for S fits of n points each, made once for each (S, n) and torch's threads."""
-        key = (torch.get_num_threads(), n_fits, n)
+        same; ``masked``: with missing entries) and the buffers for S fits of n points each, made once for
+        each (S, n, masked) and torch's threads."""
+        key = (torch.get_num_threads(), n_fits, n, masked)
         settled = self._buffers.get(key)
         if settled is None:
             parallel = fused._threads_for(n * self.k, self.pool)  # as one fit's pass: the same compiled code
-            module = fused.compiled_module(self.dim, True, fused.DTYPE_NAMES[self.dtype], parallel, tile=self.tile)
-            n_blocks = n_fits * fused.blocks_for(n, self.pool)  # each fit's as in its pass alone
             real = fused.DTYPE_NAMES[self.dtype]
+            module = fused.compiled_module(self.dim, True, real, parallel, masked, self.tile)
+            n_blocks = n_fits * fused.blocks_for(n, self.pool)  # each fit's as in its pass alone
             par = np.empty(n_fits * self.fit_params, real)
             loglik, failed = np.empty(n_fits * n, real), np.empty(n_fits * n, np.int64)
             settled = self._buffers[key] = (module, par, loglik, failed, np.empty(n_blocks * self.block_sums), n_blocks)
@@ -70,7 +74,10 @@ class EnsemblePass:
 
 
 def _same(a, b) -> bool:
-    """Whether two arrays (or tuples of arrays: compact noise) are views of the same memory, alike."""
+    """Whether two arrays (or tuples of arrays: compact noise; or both None) are views of the same memory,
+    alike."""
+    if a is None or b is None:
+        return a is b
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
     same_memory = a.__array_interface__["data"] == b.__array_interface__["data"]

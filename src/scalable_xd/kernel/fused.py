@@ -753,7 +753,7 @@ def fused_chunk(
     module.pack(*mixture.arrays(), par)
     point_weights_np = empty if point_weights is None else _array(point_weights.to(x.dtype))
     uniforms_np = empty if uniforms is None else _array(uniforms.to(x.dtype))
-    masks = () if observed is None else (_array(observed.to(torch.uint8)),)
+    masks = () if observed is None else (_array(observed),)
     outputs = (loglik_np, log_dens_np, failed, acc)
     module.kernel(x_np, S_np, NO_ROWS, *masks, par, point_weights_np, uniforms_np, *outputs, n_blocks, 1)
     if n and failed.max() >= 0:  # the component of the pair that failed, -1 for none
@@ -771,12 +771,12 @@ def fused_chunk(
 
 
 class PlainPass:
-    """The statistics pass over plain batches (R = I; no weights, draws, criteria or missing entries; one
-    chunk) of one fit on the CPU, as ``fused_chunk`` computes it, with its module, thread count and buffers
-    settled once, where ``dispatch`` and ``fused_chunk`` settle them at every call (a seventh of a minibatch
-    step's pass at K = 64: docs/performance.md). A batch whose rows lie in
-    memory (``Batch.in_memory``) is read in place (``row_access``), never gathered. Its buffers are reused
-    from call to call: one fit loop calls it, from one thread."""
+    """The statistics pass over plain batches (R = I; no weights, draws or criteria; one chunk) of one fit
+    on the CPU, as ``fused_chunk`` computes it, with its module, thread count and buffers settled once,
+    where ``dispatch`` and ``fused_chunk`` settle them at every call (a seventh of a minibatch step's pass at
+    K = 64: docs/performance.md). A batch with missing entries takes the masked kernel (``_masked_point``).
+    A batch whose rows lie in memory (``Batch.in_memory``) is read in place (``row_access``), never
+    gathered. Its buffers are reused from call to call: one fit loop calls it, from one thread."""
 
     def __init__(self, dim: int, n_components: int, dtype: torch.dtype, max_pairs: int):
         import numba
@@ -787,19 +787,19 @@ class PlainPass:
         real = DTYPE_NAMES[dtype]
         self.par = np.empty(n_params, real)
         self.acc = np.empty(4 * self.pool * self.block_sums)  # room for the most blocks (``blocks_for``)
-        self._modules: dict[tuple[int, int], tuple] = {}  # by (torch's threads, points): see _module
+        self._modules: dict[tuple[int, int, bool], tuple] = {}  # by (torch's threads, points, masked): _module
         self._empty = np.empty(0, real), np.empty((0, n_components), real)  # no weights, draws or densities
 
-    def _module(self, n: int):
-        """The compiled module for a batch of n points, threaded or not (``_threads_for``), and the batch's
-        buffers (each point's log-likelihood and failed pair, and its blocks' sums: ``blocks_for``), settled
-        once for each thread count and batch size (a batch size recurs at every step): numba's
-        thread count is set only to torch's, so it holds while torch's does."""
-        key = (torch.get_num_threads(), n)
+    def _module(self, n: int, masked: bool):
+        """The compiled module for a batch of n points, threaded or not (``_threads_for``), masked or not,
+        and the batch's buffers (each point's log-likelihood and failed pair, and its blocks' sums:
+        ``blocks_for``), settled once for each thread count and batch size (a batch size recurs at every
+        step): numba's thread count is set only to torch's, so it holds while torch's does."""
+        key = (torch.get_num_threads(), n, masked)
         settled = self._modules.get(key)
         if settled is None:
             parallel = _threads_for(n * self.k, self.pool)
-            module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel, tile=self.tile)
+            module = compiled_module(self.dim, True, DTYPE_NAMES[self.dtype], parallel, masked, self.tile)
             n_blocks = blocks_for(n, self.pool)
             acc = self.acc[: n_blocks * self.block_sums]
             settled = self._modules[key] = (module, (np.empty(n, self.par.dtype), np.empty(n, np.int64), acc, n_blocks))
@@ -828,21 +828,23 @@ class PlainPass:
         The log-likelihoods are a buffer the next call overwrites."""
         place = batch.in_memory
         if place is not None:
-            x, S, rows = place.X, place.noise, place.rows
+            x, S, rows, observed = place.X, place.noise, place.rows, place.observed
         else:
-            plain = batch.R is None and batch.weights is None and batch.observed is None
+            plain = batch.R is None and batch.weights is None
             if not plain or not isinstance(batch.S, torch.Tensor) or batch.x.dtype != self.dtype:
                 return None
             x, S, rows = _array(batch.x), _array(batch.S), NO_ROWS
+            observed = None if batch.observed is None else _array(batch.observed)
         n = len(rows) if place is not None else len(x)
         if n == 0 or n * self.k > self.max_pairs:
             return None
         if means.shape[0] != self.k or x.shape[1] != self.dim:
             return None
-        module, (loglik, failed, acc, n_blocks) = self._module(n)
+        module, (loglik, failed, acc, n_blocks) = self._module(n, observed is not None)
         module.pack(weights, means, covariances, self.par)
         no_weights, no_densities = self._empty
-        module.kernel(x, S, rows, self.par, no_weights, no_weights, loglik, no_densities, failed, acc, n_blocks, 1)
+        masks, outputs = () if observed is None else (observed,), (loglik, no_densities, failed, acc)
+        module.kernel(x, S, rows, *masks, self.par, no_weights, no_weights, *outputs, n_blocks, 1)
         first, *sums = module.unpack_checked(failed, acc, n_blocks, self.k)
         return None if first >= 0 else (n, loglik, sums)
 

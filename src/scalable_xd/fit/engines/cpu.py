@@ -108,8 +108,9 @@ def compiled_rule(fitter: Fitter, device: torch.device):
 class CpuEngine:
     """Plain batches through ``PlainPass``, into the fitter's compiled rule on the pass's arrays (or its
     ``observe``); it takes a batch only when the step needs nothing else (no draws, criteria or trial model
-    at that batch, as split-and-merge asks for at some epochs). The batches it does not take (projected,
-    weighted, with missing entries, or with a pair that fails to factorise) go to the reference engine.
+    at that batch, as split-and-merge asks for at some epochs); missing entries take the masked kernel. The
+    batches it does not take (projected, weighted, or with a pair that fails to factorise) go to the
+    reference engine.
     A fit in lockstep with others (``fit.lockstep``) posts its plain in-memory batches to be stepped with
     theirs (``steps_together``)."""
 
