@@ -3,6 +3,7 @@ shapes no single mock covers; writes JSON to results/.
 
     python benchmarks/bench_defaults.py          # every shape at N = 500, 5,000, 50,000; two at 1,000,000 too
     python benchmarks/bench_defaults.py --sizes 500 5000 --shapes mixed_scales --large
+    python benchmarks/bench_defaults.py --warm-up ... --optima results/bench_defaults_cpu.json  # retime only
 
 The shapes (``SHAPES``), each three Gaussian components observed with heteroscedastic Gaussian noise:
 
@@ -240,12 +241,22 @@ def at_defaults(method: str, X, variances, k: int, warm_up: bool = False, n_init
 
 
 def study(
-    shape: str, n: int, methods=METHODS, starts: int = 3, warm_up: bool = False, n_init: int | None = None
+    shape: str,
+    n: int,
+    methods=METHODS,
+    starts: int = 3,
+    warm_up: bool = False,
+    n_init: int | None = None,
+    known: dict | None = None,
 ) -> dict:
     """Every method's share of the optimum (the best of ``starts`` converged fits) on one shape and size
-    (``warm_up``, ``n_init``: see ``at_defaults``)."""
+    (``warm_up``, ``n_init``: see ``at_defaults``); ``known``: an earlier row of the same shape and size,
+    whose optimum and single Gaussian are taken rather than fitted again (the data are the same draw)."""
     X, variances = data(shape, n)
-    best, single = optimum(X, variances, K, starts), optimum(X, variances, 1, starts=1)
+    if known is not None:
+        best, single = known["optimum"], known["single_gaussian"]
+    else:
+        best, single = optimum(X, variances, K, starts), optimum(X, variances, 1, starts=1)
     row = {"shape": shape, "N": n, "D": X.shape[1], "K": K, "optimum": best, "single_gaussian": single}
     for method in methods:
         fit = at_defaults(method, X, variances, K, warm_up, n_init)
@@ -305,6 +316,14 @@ def main(argv=None) -> None:
         "(a JSON's warm_up key says which; those without the key ran without it: their seconds include compiles)",
     )
     parser.add_argument(
+        "--optima",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="earlier JSONs of this benchmark: each (shape, N) found in one takes its optimum from there instead "
+        "of fitting it again (most of an hour at D = 20, N = 10,000), so that a rerun retimes the methods alone",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the rows (shape, N) already in the output JSON and run the others (the JSON is rewritten "
@@ -314,11 +333,12 @@ def main(argv=None) -> None:
     name = "bench_defaults_cpu" + (f"_{args.label}" if args.label else "")
     rows = _done_rows(name, args.warm_up, args.methods) if args.resume else []
     done = {(row["shape"], row["N"]) for row in rows}
+    known = {(row["shape"], row["N"]): row for path in args.optima for row in json.loads(path.read_text())["results"]}
     for shape in args.shapes:
         for n in args.sizes + (args.large if shape in args.large_shapes else []):
             if (shape, n) in done:
                 continue
-            rows.append(study(shape, n, args.methods, warm_up=args.warm_up))
+            rows.append(study(shape, n, args.methods, warm_up=args.warm_up, known=known.get((shape, n))))
             print(table(rows[-1:]).splitlines()[-1], table(rows[-1:], _seconds).splitlines()[-1], flush=True)
             result = {"benchmark": "bench_defaults", **machine(), "warm_up": args.warm_up, "methods": args.methods}
             result.update(results=rows, table=table(rows), seconds=table(rows, _seconds))

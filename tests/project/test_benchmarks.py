@@ -2,6 +2,7 @@
 folder, so that a change that breaks one fails here instead of when someone next measures. The numbers
 themselves live in benchmarks/results/, measured on a quiet machine; none is asserted here."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,18 @@ def test_bench_fit_times_the_pass_by_chunk_size_with_its_checks_deferred(tmp_pat
     assert [row["max_pairs"] for row in rows] == [2000, 100000]
     assert all(row["checks"] == "deferred" and row["fused_pairs_per_s"] > 0 for row in rows)
     assert not any("linalg_pairs_per_s" in row or "reference_pairs_per_s" in row for row in rows)
+
+
+def test_bench_defaults_takes_an_earlier_run_s_optima_when_given(tmp_path):
+    """``--optima``: each (shape, N) found in an earlier JSON takes its optimum and single Gaussian from
+    there (here moved by a nat, so that a value fitted again could not match), and the shares follow."""
+    (first,) = run_quick("bench_defaults", tmp_path / "first")
+    for row in first["results"]:
+        row["optimum"] += 1.0
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(first))
+    (second,) = run_quick("bench_defaults", tmp_path / "second", "--optima", str(earlier))
+    for mine, theirs in zip(second["results"], first["results"], strict=True):
+        assert (mine["optimum"], mine["single_gaussian"]) == (theirs["optimum"], theirs["single_gaussian"])
+        share = (mine["em"]["loglik"] - mine["single_gaussian"]) / (mine["optimum"] - mine["single_gaussian"])
+        assert mine["em"]["share"] == pytest.approx(share, rel=1e-12)
