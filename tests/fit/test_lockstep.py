@@ -73,8 +73,9 @@ def test_batches_of_other_data_or_sizes_do_not_join():
 
 
 @pytest.mark.parametrize("data_size", [None, 1e5])
-def test_online_em_steps_give_each_fit_its_update_alone(data_size):
-    k = 70  # two lanes' worth: lanes and threads split the components differently than alone
+# 70: two lanes' worth, lanes and threads split the components differently than alone; 9: 27 in all, on one thread
+@pytest.mark.parametrize("k", [70, 9])
+def test_online_em_steps_give_each_fit_its_update_alone(data_size, k):
     weights, means, cov = _mixtures(k)
     q = RNG.uniform(1, 20, (FITS, k))
     U = RNG.normal(size=(FITS, k, D))

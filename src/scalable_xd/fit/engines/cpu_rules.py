@@ -81,18 +81,57 @@ def _online_em_fits(
 ):
     """``_online_em_loop`` for S fits, every argument but ``n``, ``tiny`` and ``dims`` stacked on a leading
     fit axis (so each output too), each fit's components shared among numba's threads in ``parts`` parts."""
-    S, K, D = means.shape
-    out = (np.empty((S, K)), np.empty((S, K, D)), np.empty((S, K, D, D)), np.empty((S, K, D, D)))
-    suspect, any_suspect = np.zeros((S, K), np.bool_), np.zeros(S, np.bool_)
+    S = means.shape[0]
+    args = (weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny)
+    out = _online_em_fits_outputs(means)
     for job in numba.prange(S * parts):
-        s, part = job // parts, job % parts
-        args = (weights[s], means[s], cov[s], q[s], U[s], UU[s], P[s], n, steps[s], w[s], data_size[s])
-        fit_out = (out[0][s], out[1][s], out[2][s], out[3][s], suspect[s])
-        first, last = part * K // parts, (part + 1) * K // parts
-        _online_em_components(first, last, (*args, fixed_means[s], fixed_cov[s], tiny), fit_out, dims)
-    for s in range(S):
-        any_suspect[s] = suspect[s].any()
-    return (*out, suspect, any_suspect)
+        _online_em_job(job, parts, args, out, dims)
+    return _with_any_suspect_fits(out)
+
+
+@_jit
+def _online_em_fits_serial(
+    weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny, dims
+):
+    """``_online_em_fits`` on this thread: for few components in all, where a parallel region would cost
+    more than the update (as ``online_em_step`` keeps one fit's below ``PARALLEL_COMPONENTS``)."""
+    args = (weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny)
+    out = _online_em_fits_outputs(means)
+    for job in range(means.shape[0]):
+        _online_em_job(job, 1, args, out, dims)
+    return _with_any_suspect_fits(out)
+
+
+@_jit_inline
+def _online_em_job(job, parts, args, out, dims):
+    """Part ``job % parts`` of fit ``job // parts``'s components, updated as ``_online_em_loop`` updates them."""
+    weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny = args
+    s, part, K = job // parts, job % parts, means.shape[1]
+    fit_args = (weights[s], means[s], cov[s], q[s], U[s], UU[s], P[s], n, steps[s], w[s], data_size[s])
+    fit_out = (out[0][s], out[1][s], out[2][s], out[3][s], out[4][s])
+    first, last = part * K // parts, (part + 1) * K // parts
+    _online_em_components(first, last, (*fit_args, fixed_means[s], fixed_cov[s], tiny), fit_out, dims)
+
+
+@_jit
+def _online_em_fits_outputs(means):
+    S, K, D = means.shape
+    return (
+        np.empty((S, K)),
+        np.empty((S, K, D)),
+        np.empty((S, K, D, D)),
+        np.empty((S, K, D, D)),
+        np.zeros((S, K), np.bool_),
+    )
+
+
+@_jit
+def _with_any_suspect_fits(out):
+    """``_with_any_suspect`` for each of S fits."""
+    any_suspect = np.zeros(out[4].shape[0], np.bool_)
+    for s in range(out[4].shape[0]):
+        any_suspect[s] = out[4][s].any()
+    return (*out, any_suspect)
 
 
 @_jit
@@ -440,12 +479,17 @@ def online_em_steps(states: list[tuple], n: float, sums: tuple, fits: list[tuple
     views) in ``fits``; each fit's (new state, E-step mixture) out. Every component's arithmetic is the
     same as alone, so each fit's result too."""
     n_fits, k, dim = len(states), states[0][1].shape[0], states[0][1].shape[1]
-    parts = max(1, min(k // LANES, -(-torch.get_num_threads() * 4 // n_fits)))  # each fit's components' shares
+    threads = torch.get_num_threads()
+    parts = max(1, min(k // LANES, -(-threads * 4 // n_fits)))  # each fit's components' shares
+    if n_fits * k < PARALLEL_COMPONENTS or threads == 1:  # too little work for a parallel region
+        update = _online_em_fits_serial
+    else:
+        update = partial(_online_em_fits, parts=parts)
     held = [
         views((w, fixed.means, fixed.covariances, dim, torch.float64), _em_arrays) for _, w, fixed, _, views in fits
     ]
     prior = [0.0 if fit[3] is None else h[1] * float(fit[3]) for fit, h in zip(fits, held)]
-    weights, means, cov, e_step_cov, suspect, any_suspect = _online_em_fits(
+    weights, means, cov, e_step_cov, suspect, any_suspect = update(
         *(np.stack([state[i] for state in states]) for i in range(3)),
         *sums,
         n,
@@ -456,7 +500,6 @@ def online_em_steps(states: list[tuple], n: float, sums: tuple, fits: list[tuple
         np.stack([h[3] for h in held]),
         TINY,
         held[0][4],
-        parts,
     )
     outputs = zip(weights, means, cov, e_step_cov, suspect, any_suspect)
     return [_finished(state, out, fit[1], fit[2], fit[3]) for state, out, fit in zip(states, outputs, fits)]
