@@ -150,3 +150,27 @@ def test_a_fit_in_lockstep_leaves_torchs_thread_count_as_it_was():
     before = torch.get_num_threads()
     XDGMM(3, "minibatch_em", n_init=3, epochs=2, tol=None, random_state=0).fit(X, Xcov=np.full((2000, 2), 0.1))
     assert torch.get_num_threads() == before
+
+
+def test_fits_passed_by_the_serial_kernel_are_shared_among_threads_with_the_same_sums():
+    """Three fits whose pass alone is serial (400 x 5 pairs) but together enough to share: on two threads
+    each thread runs the serial kernel on its own fits' batches, and each fit's sums are its pass alone's."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one thread in numba's pool")
+    X, noise = RNG.normal(size=(N, D)), RNG.uniform(0.05, 0.3, (N, D))
+    places = [RowsInMemory(X, noise, RNG.choice(N, B, replace=False).astype(np.int64)) for _ in range(FITS)]
+    weights, means, cov = _mixtures(5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ensemble = EnsemblePass(D, 5, torch.float32)
+        n, failed, *sums = ensemble.sums(places, weights, means, cov)
+        assert ensemble._settled(FITS, B, False)[-1] == 2  # two groups of fits, on two threads
+        alone = PlainPass(D, 5, torch.float32, 10**9)
+        for s in range(FITS):
+            _, *theirs = alone.sums(GatheredOnRead(B, places[s], None), weights[s], means[s], cov[s])
+            assert all(np.array_equal(mine[s], their) for mine, their in zip(sums, theirs)), s
+    finally:
+        torch.set_num_threads(threads)

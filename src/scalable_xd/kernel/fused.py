@@ -633,7 +633,8 @@ def _module_source(
         "",
         "",
         *(_unpack_source(dim, dtype) + ["", ""] if with_stats else []),
-        f"@njit(parallel={parallel}, fastmath={{"
+        # the serial kernel releases the GIL: ``EnsemblePass`` runs it on several fits' batches at once
+        f"@njit(parallel={parallel}, nogil={not parallel}, fastmath={{"
         + ", ".join(map(repr, sorted(FASTMATH)))
         + "}, error_model='numpy', cache=True)",
     ]
