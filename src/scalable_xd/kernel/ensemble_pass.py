@@ -88,6 +88,8 @@ class EnsemblePass:
     def _workers(self, groups: int) -> ThreadPoolExecutor:
         """The threads that pass all groups of fits but the first (which the calling thread passes)."""
         if self._pool is None or self._pool[0] < groups - 1:
+            if self._pool is not None:  # torch's threads were raised: a larger pool replaces it
+                self._pool[1].shutdown(wait=False)
             self._pool = (groups - 1, ThreadPoolExecutor(groups - 1, thread_name_prefix="scalable-xd-ensemble"))
         return self._pool[1]
 

@@ -83,7 +83,7 @@ def _online_em_fits(
     fit axis (so each output too), each fit's components shared among numba's threads in ``parts`` parts."""
     S = means.shape[0]
     args = (weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny)
-    out = _online_em_fits_outputs(means)
+    out = _online_em_outputs(means)
     for job in numba.prange(S * parts):
         _online_em_job(job, parts, args, out, dims)
     return _with_any_suspect_fits(out)
@@ -96,7 +96,7 @@ def _online_em_fits_serial(
     """``_online_em_fits`` on this thread: for few components in all, where a parallel region would cost
     more than the update (as ``online_em_step`` keeps one fit's below ``PARALLEL_COMPONENTS``)."""
     args = (weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny)
-    out = _online_em_fits_outputs(means)
+    out = _online_em_outputs(means)
     for job in range(means.shape[0]):
         _online_em_job(job, 1, args, out, dims)
     return _with_any_suspect_fits(out)
@@ -114,18 +114,6 @@ def _online_em_job(job, parts, args, out, dims):
 
 
 @_jit
-def _online_em_fits_outputs(means):
-    S, K, D = means.shape
-    return (
-        np.empty((S, K)),
-        np.empty((S, K, D)),
-        np.empty((S, K, D, D)),
-        np.empty((S, K, D, D)),
-        np.zeros((S, K), np.bool_),
-    )
-
-
-@_jit
 def _with_any_suspect_fits(out):
     """``_with_any_suspect`` for each of S fits."""
     any_suspect = np.zeros(out[4].shape[0], np.bool_)
@@ -136,8 +124,11 @@ def _with_any_suspect_fits(out):
 
 @_jit
 def _online_em_outputs(means):
-    K, D = means.shape
-    return np.empty(K), np.empty((K, D)), np.empty((K, D, D)), np.empty((K, D, D)), np.zeros(K, np.bool_)
+    """Empty outputs for the components of ``means``, (K, D) or (S, K, D) for S fits: weights, means,
+    covariances, the E-step's covariances and which components are suspect."""
+    lead, D = means.shape[:-1], means.shape[-1]
+    square = means.shape + (D,)
+    return np.empty(lead), np.empty(means.shape), np.empty(square), np.empty(square), np.zeros(lead, np.bool_)
 
 
 @_jit
