@@ -20,9 +20,9 @@ in a fit):
 ``overhead_s`` and ``loop_overhead_s`` (``graphed_loop_overhead_s``): the median over rounds of the step's
 (the fit's) time less the pass's in the same round, the time a faster kernel cannot remove. ``updates`` says
 which updates ran: "fused" (the compiled CPU rules, ``fit/engines/cpu_rules.py``, the CPU's default), "triton"
-(on CUDA, online EM's update as one Triton kernel in the graphed step, ``fit/engines/cuda_rules.py``: it changes
-only ``graphed_loop_step_s`` of minibatch EM) or "torch" (``fit/updates.py``); each device measures its own
-and "torch", in the same run.
+(on CUDA, online EM's update as one Triton kernel and SGD's as two in the graphed step,
+``fit/engines/cuda_rules.py``: they change only ``graphed_loop_step_s``) or "torch" (``fit/updates.py``);
+each device measures its own and "torch", in the same run.
 """
 
 from __future__ import annotations
@@ -196,8 +196,6 @@ def main(argv=None) -> None:
             engines.compiled_rule, cuda.triton_rules = (lambda fitter, device: None), (lambda device: None)
         for k in args.n_components:
             for method in METHODS:
-                if updates == "triton" and method != "minibatch_em":
-                    continue  # SGD's graphed step has no kernel of its own yet
                 row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds, updates)
                 print(json.dumps(row), flush=True)
                 rows.append(row)

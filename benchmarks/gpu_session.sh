@@ -29,9 +29,10 @@
 # 67, pass 53, profile 13 + 14 + 15 (evaluation), paper 89-92 (48 making the mock). In a 15-minute device
 # budget that is one call of "step pass profile paper tests" with those narrowings and STEP_BACKENDS=triton
 # PROFILE_KS=512 PAPER_METHODS=minibatch_em (about 7 minutes with the start), and a second for the checks of
-# what the first found, or for "concurrent". Since fits in lockstep share one replayed step on CUDA (not yet
-# run on a GPU), the next call is "tests lockstep" first (the ensemble's CUDA test and 10 starts against
-# one), then "paper" with PAPER_METHODS=minibatch_em if time is left.
+# what the first found, or for "concurrent". Since fits in lockstep share one replayed step on CUDA and SGD's
+# update became two Triton kernels (neither yet run on a GPU), the next call is "tests update_tests lockstep"
+# first (the CUDA tests, the update kernels' tests compiled, 10 starts against one), then "step" with
+# STEP_BACKENDS=triton and "paper" with PAPER_METHODS=minibatch_em if time is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${GPU_SESSION_OUT:-/tmp/gpu_session}"
@@ -55,7 +56,7 @@ for name in "$@"; do
   case "$name" in
     tests) step tests 300 python3 -m pytest -v -m cuda --timeout 120 --durations 10 tests/fit/test_cuda.py \
              tests/fit/test_cuda_engine.py ;;
-    update_tests) step tests_cuda_rules 60 python3 -m pytest -q tests/fit/test_cuda_rules.py ;;
+    update_tests) step tests_cuda_rules 150 python3 -m pytest -q tests/fit/test_cuda_rules.py ;;
     pass) step pass 120 python3 benchmarks/bench_fit.py --device cuda --n-components ${PASS_KS:-64 128 256 512} \
             --batch-sizes 500 50000 --repeats 10 --skip-epochs --kernels ${PASS_KERNELS:-triton unrolled} --label gpu ;;
     chunks) # the pass at K = 512, batch 50,000 cut into chunks of 4, 16 and 32 M pairs (4 M: the default on

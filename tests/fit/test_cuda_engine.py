@@ -95,6 +95,9 @@ def test_the_graphed_step_gives_the_ordinary_steps_fit(method, settings, gpu_pat
         ("minibatch_em", {"online_regularisation": "paper", "fix_means": [True, False, False]}),
         ("minibatch_em", {"fix_weights": [False, True, False], "fix_covariances": [True, False, False]}),
         ("stochastic_minibatch_em", {}),
+        ("sgd", {}),
+        ("sgd", {"sgd_scaling": "none", "fix_means": [True, False, False], "fix_covariances": [False, True, False]}),
+        ("sgd", {"sgd_scaling": "component", "w": 1e-3}),
     ],
 )
 def test_the_graphed_step_with_the_triton_update_gives_the_ordinary_steps_fit(
@@ -163,6 +166,20 @@ def ensemble_steps(monkeypatch):
     return taken
 
 
+@pytest.fixture
+def ensemble_updates(monkeypatch):
+    """Whether each ensemble made updates its fits in one launch of the rule's kernels."""
+    made = []
+    original = cuda.GraphedEnsemble.__init__
+
+    def recorded(self, *args):
+        original(self, *args)
+        made.append(self.update is not None)
+
+    monkeypatch.setattr(cuda.GraphedEnsemble, "__init__", recorded)
+    return made
+
+
 @pytest.mark.parametrize(
     "method, backend, update",
     [
@@ -170,28 +187,32 @@ def ensemble_steps(monkeypatch):
         ("sgd", "unrolled", "torch"),
         ("minibatch_em", "triton", "triton"),
         ("sgd", "triton", "torch"),
+        ("sgd", "unrolled", "triton"),
+        ("sgd", "triton", "triton"),
     ],
 )
 def test_starts_in_lockstep_take_one_replayed_step_and_each_ends_as_alone(
-    method, backend, update, gpu_path, graphed_steps, ensemble_steps, monkeypatch, request
+    method, backend, update, gpu_path, graphed_steps, ensemble_steps, ensemble_updates, monkeypatch, request
 ):
     """``n_init`` starts on the GPU's path advance in lockstep, each step one ``GraphedEnsemble`` step for
     the three (here run eagerly on the CPU). Each start ends as its seed's fit alone: to the bit where each
-    fit's pass runs in turn and updates one at a time; with the triton kernels, to float rounding (the
-    ensemble pass takes the log-sum-exp over a (F, K, B) array; the update kernel is the same for one fit
-    or three), well inside 1e-10 after 10 steps."""
-    if backend == "triton" or update == "triton":
+    fit's pass runs in turn and torch updates one at a time; with the triton kernels, to float rounding
+    (the ensemble pass takes the log-sum-exp over a (F, K, B) array; the update kernels are the same for
+    one fit or three, but a fit alone takes an epoch's last, smaller batch with torch's update), well
+    inside 1e-10 after 10 steps."""
+    if update == "triton":
         request.getfixturevalue("triton_update")
     x, S = _data()
     epochs = 3 if backend == "unrolled" else 1  # Triton's interpreter is slow
     settings = dict(n_components=3, method=method, batch_size=200, epochs=epochs, tol=None, backend=backend)
     together = XDGMM(random_state=4, n_init=3, **settings).fit(x, Xcov=S)
     assert ensemble_steps == [3] * 10 * epochs and graphed_steps == []  # an epoch's last batch (250) too
+    assert ensemble_updates == [update == "triton"] * 2  # batches of 200 and the last, of 250
     alone = [XDGMM(random_state=seed, n_init=1, **settings).fit(x, Xcov=S) for seed in (4, 5, 6)]
     assert len(graphed_steps) == 3 * 9 * epochs
     scores = [fit.history_[-1]["train_loglik"] for fit in alone]
     best = alone[together.best_start_]
-    if backend == "unrolled":
+    if backend == "unrolled" and update == "torch":
         assert together.start_scores_ == scores
         for attr in ("weights_", "means_", "covariances_"):
             assert np.array_equal(getattr(together, attr), getattr(best, attr)), attr

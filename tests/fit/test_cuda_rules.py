@@ -1,6 +1,6 @@
-"""Online EM's update as one Triton kernel (fit/engines/cuda_rules.py) against the torch update that defines it:
-compiled on a GPU where there is one, else through Triton's interpreter (tests/conftest.py sets
-TRITON_INTERPRET=1 there)."""
+"""The minibatch rules' updates as Triton kernels (fit/engines/cuda_rules.py), online EM's and SGD's, against
+the torch updates that define them: compiled on a GPU where there is one, else through Triton's interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1 there)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 import torch
 from helpers import random_spd
 
+from scalable_xd.fit import engines
 from scalable_xd.fit.engines import cuda_rules
+from scalable_xd.fit.sgd import SGD
 from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
@@ -151,6 +153,135 @@ def test_several_fits_in_one_launch_each_get_their_own_update():
                 assert torch.equal(ours[f].cpu(), theirs)
 
 
+def _sgd(state: Mixture, w, scaling: str, fixed: FixedParameters, lr: float = 0.05) -> SGD:
+    """An SGD fitter in its first epoch, its Adam step count advanced to that of the step about to be taken
+    on the device (``engines.cuda.GraphedAdam.prepare_step``'s part)."""
+    fitter = SGD(state, w=w, lr=lr, lr_decay=0.1, decay_epoch=10, scaling=scaling, fixed=fixed)
+    fitter.start_epoch(0)
+    return fitter
+
+
+def _adam_row(fitter: SGD) -> list[float]:
+    """Adam's constants of the fitter's next step, its step count advanced (as ``prepare_step`` does)."""
+    optimizer = fitter.optimizer
+    optimizer.steps += 1
+    return [*optimizer.corrections(), *optimizer.betas, optimizer.eps]
+
+
+def _kernel_sgd_step(fitter: SGD, stats) -> None:
+    """The kernels' step of ``fitter`` (its tensors on ``DEVICE``), its parameters, moments and mixture
+    written in place."""
+    params, optimizer, device = fitter.params, fitter.optimizer, fitter.mixture.means.device
+    dim = params.means.shape[1]
+    mixture = Mixture(*(t.clone() for t in fitter.mixture.tensors()))
+    cuda_rules.sgd_step_in_place(
+        tuple(params.tensors()),
+        params.scale,
+        (tuple(optimizer.exp_avg), tuple(optimizer.exp_avg_sq)),
+        type(stats)(stats.n_points, *(t.to(device) for t in (stats.q, stats.U, stats.UU, stats.P))),
+        torch.tensor([_adam_row(fitter)], dtype=torch.float64, device=device),
+        torch.ones(dim, dtype=torch.float64, device=device) if fitter.w is None else fitter.w,
+        torch.tensor(fitter.w is not None, dtype=torch.int8, device=device),
+        params.fixed,
+        (params.initial.means, params.initial.covariances),
+        mixture,
+    )
+    fitter.mixture = mixture
+
+
+def _random_fixed(rng, k: int, device=None) -> FixedParameters:
+    none = FixedParameters.none(k, device)
+    means, covariances = (torch.from_numpy(rng.random(k) < 0.3).to(device) for _ in range(2))
+    return FixedParameters(none.weights, means, covariances, none.weight_values)
+
+
+@pytest.mark.parametrize("d", [1, 3, 7])
+@pytest.mark.parametrize("scale", [1e-3, 1e4])
+@pytest.mark.parametrize("w", [None, 0.05])
+@pytest.mark.parametrize("scaling", ["none", "spread", "component"])
+def test_the_sgd_kernels_give_the_torch_gradient_and_adams_step(d, scale, w, scaling, monkeypatch):
+    """Three steps of SGD on the kernels against the torch gradient (``CholeskyParameters.loss_gradients``)
+    and ``Adam.step``: parameters, Adam's moments and the mixture, at feature scales 1e-3 and 1e4, with the
+    penalty and without, some means and covariances fixed, in each of SGD's units."""
+    monkeypatch.setattr(engines, "compiled_rule", lambda fitter, device: None)  # the torch update on the CPU
+    k = 37  # not a multiple of the kernel's block: the last program is partly masked
+    state, x, S = _case(d * 10 + 2, k, d, scale)
+    w = None if w is None else w * scale**2
+    fixed = _random_fixed(np.random.default_rng(d), k)
+    on_torch = _sgd(state, w, scaling, fixed)
+    on_kernels = _sgd(state.to(DEVICE), w, scaling, _random_fixed(np.random.default_rng(d), k, DEVICE))
+    for rows in (slice(0, 100), slice(100, 200), slice(200, 300)):
+        stats = batch_statistics(x[rows], S[rows], on_torch.mixture.to(dtype=torch.float32), backend="fused")
+        on_torch.observe(stats)
+        _kernel_sgd_step(on_kernels, stats)
+    # The same operations in the same order but for the products' and the softmax's sums (torch may block
+    # them) and, compiled, fused multiply-adds: agreement to a few float64 roundings of each entry's scale.
+    ours = [*on_kernels.mixture.tensors(), *on_kernels.params.tensors()]
+    ours += [*on_kernels.optimizer.exp_avg, *on_kernels.optimizer.exp_avg_sq]
+    theirs = [*on_torch.mixture.tensors(), *on_torch.params.tensors()]
+    theirs += [*on_torch.optimizer.exp_avg, *on_torch.optimizer.exp_avg_sq]
+    for mine, expected in zip(ours, theirs):
+        np.testing.assert_allclose(
+            mine.cpu().numpy(), expected.numpy(), rtol=1e-10, atol=1e-12 * float(expected.abs().max())
+        )
+    assert on_kernels.optimizer.steps == on_torch.optimizer.steps == 3
+    assert torch.equal(on_kernels.mixture.means.cpu()[fixed.means], state.means[fixed.means])
+    assert torch.equal(on_kernels.mixture.covariances.cpu()[fixed.covariances], state.covariances[fixed.covariances])
+    assert not torch.equal(on_kernels.mixture.covariances.cpu(), state.covariances)  # the step moved something
+
+
+def test_several_fits_sgd_steps_in_one_launch_each_get_their_own_step():
+    """F fits' SGD steps in one launch of each kernel (the CUDA engine's ensemble step), each with its own
+    parameters, units, sums, Adam step count and learning rate, W and fixed components, equal to each
+    fit's step alone: the same arithmetic on the same numbers, so to the bit."""
+    k, d = 6, 3  # K not a multiple of the block: a program takes components of two fits
+    rng = np.random.default_rng(8)
+    cases = [_case(40 + f, k, d, scale) for f, scale in enumerate((1.0, 1e-2, 30.0))]
+    settings = [(None, "spread", 0.05), (1e-6, "none", 0.01), (2.0, "component", 0.2)]
+    fixes = [FixedParameters.none(k, DEVICE)] + [_random_fixed(rng, k, DEVICE) for _ in range(2)]
+    alone, together, stats_of = [], [], []
+    for (state, x, S), (w, scaling, lr), fixed in zip(cases, settings, fixes):
+        fitters = [_sgd(state.to(DEVICE), w, scaling, fixed, lr) for _ in range(2)]
+        for fitter in fitters[1:]:  # the second a step ahead: another step count
+            fitter.optimizer.steps = 4
+        stats = batch_statistics(x, S, state.to(dtype=torch.float32), backend="fused")
+        _kernel_sgd_step(fitters[0], stats)
+        alone.append(fitters[0])
+        together.append(fitters[1])
+        stats_of.append(stats)
+    for fitter in together:
+        fitter.optimizer.steps = 0
+    stacked = lambda parts: torch.stack([t.to(DEVICE) for t in parts])  # noqa: E731
+    params = [stacked([f.params.tensors()[i] for f in together]) for i in range(3)]
+    moments = [
+        tuple(stacked([getattr(f.optimizer, m)[i] for f in together]) for i in range(3))
+        for m in ("exp_avg", "exp_avg_sq")
+    ]
+    mixture = Mixture(*(stacked([f.mixture.tensors()[i] for f in together]) for i in range(3)))
+    cuda_rules.sgd_step_in_place(
+        tuple(params),
+        stacked([f.params.scale for f in together]),
+        (moments[0], moments[1]),
+        type(stats_of[0])(300, *(stacked([getattr(st, n) for st in stats_of]) for n in ("q", "U", "UU", "P"))),
+        torch.tensor([_adam_row(f) for f in together], dtype=torch.float64, device=DEVICE),
+        stacked([torch.ones(d, dtype=torch.float64) if f.w is None else f.w for f in together]),
+        stacked([torch.tensor(f.w is not None, dtype=torch.int8) for f in together]),
+        FixedParameters(
+            *(stacked([getattr(f, n) for f in fixes]) for n in ("weights", "means", "covariances", "weight_values"))
+        ),
+        (
+            stacked([f.params.initial.means for f in together]),
+            stacked([f.params.initial.covariances for f in together]),
+        ),
+        mixture,
+    )
+    for f, fitter in enumerate(alone):
+        for ours, theirs in zip([*mixture.tensors(), *params], [*fitter.mixture.tensors(), *fitter.params.tensors()]):
+            assert torch.equal(ours[f], theirs)
+        for ours, theirs in zip([*moments[0], *moments[1]], [*fitter.optimizer.exp_avg, *fitter.optimizer.exp_avg_sq]):
+            assert torch.equal(ours[f], theirs)
+
+
 _COMPILE_FOR_HOPPER = """
 import sys
 import triton
@@ -168,10 +299,33 @@ assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 """
 
 
+_COMPILE_SGD_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from scalable_xd.fit.engines.cuda_rules import BLOCK, _sgd_components, _sgd_weights
+
+dim = int(sys.argv[1])
+target = GPUTarget("cuda", 90, 32)
+signature = {name: "*fp64" for name in _sgd_weights.arg_names}
+signature.update(q_ptr="*fp32", n_comp="i32", KP="constexpr")
+source = triton.compiler.ASTSource(fn=_sgd_weights, signature=signature, constexprs={"KP": 512})
+assert triton.compile(source, target=target).asm["cubin"]
+signature = {name: "*fp64" for name in _sgd_components.arg_names}
+signature.update(U_ptr="*fp32", UU_ptr="*fp32", P_ptr="*fp32", penalised_ptr="*i8", fixed_means_ptr="*i1",
+                 fixed_cov_ptr="*i1", n_comp="i32", n_all="i32", D="constexpr", DP="constexpr", BLOCK="constexpr")
+constexprs = {"D": dim, "DP": triton.next_power_of_2(dim), "BLOCK": BLOCK}
+source = triton.compiler.ASTSource(fn=_sgd_components, signature=signature, constexprs=constexprs)
+assert triton.compile(source, target=target).asm["cubin"]
+"""
+
+
+@pytest.mark.parametrize("program", ["online_em", "sgd"])
 @pytest.mark.parametrize("d", [1, 7])
-def test_the_kernel_compiles_for_a_hopper_gpu(d, tmp_path):
+def test_the_kernels_compile_for_a_hopper_gpu(program, d, tmp_path):
     """The interpreter accepts code Triton's compiler refuses: compile for sm_90 too (no GPU needed)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER, str(d)], env=env, capture_output=True, text=True)
+    code = {"online_em": _COMPILE_FOR_HOPPER, "sgd": _COMPILE_SGD_FOR_HOPPER}[program]
+    done = subprocess.run([sys.executable, "-c", code, str(d)], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,7 +1,7 @@
 """The CUDA engine: minibatch steps replayed as CUDA graphs, one launch a batch instead of about a hundred.
 
 A minibatch step on a GPU is the statistics pass's kernels and the float64 update's small torch ops (online
-EM's is one Triton kernel there, ``cuda_rules``), each launched from Python in a few microseconds; at
+EM's is one Triton kernel there, SGD's two: ``cuda_rules``), each launched from Python in a few microseconds; at
 the paper's batch of 500 the launches, not the arithmetic, set the pace. A CUDA graph
 (``torch.cuda.CUDAGraph``) records the step's kernels once and replays them all
 with one call, which asks three things of the step:
@@ -26,8 +26,8 @@ steps. The rules' forms that a step replays (``GRAPHED``) take the fitter's host
 Fits in lockstep (``fit.lockstep``: restarts, a grid cell's seeds) share one replayed step,
 ``GraphedEnsemble``: one fit at batch 500 leaves a GPU mostly idle, and F fits' steps one after another
 cost F launches' worth of latency for little more arithmetic than one. Their batches go through one Triton
-pass (``triton_pass.ensemble_statistics``), online EM's updates through one launch of its kernel over the
-F fits, each fit's parameters in a slice of stacked static tensors.
+pass (``triton_pass.ensemble_statistics``), their updates through one launch of each of the rule's kernels
+over the F fits, each fit's parameters in a slice of stacked static tensors.
 """
 
 from __future__ import annotations
@@ -257,10 +257,38 @@ class GraphedOnlineEM:
             raise RuntimeError("prepare_step sets the step size on the device first")
         return self._step, self._constants
 
+    @staticmethod
+    def update_together(kernel: ModuleType, rules: list[GraphedOnlineEM], live: list[torch.Tensor]):
+        """Online EM's update of F fits in one launch of its kernel (``cuda_rules``), their tensors ``live``
+        (each of ``live_tensors`` stacked): a function of their stacked sums and their engines, which notes
+        each fit's suspect covariances in its own flag."""
+        fitters = [rule.fitter for rule in rules]
+        fixed = stacked_fixed([fitter.fixed_parameters for fitter in fitters])
+        dim = live[1].shape[-1]
+        w = torch.stack([f.w if f.w is not None else live[1].new_zeros(dim) for f in fitters])
+
+        def update(stacked: Statistics, engines: list[CudaEngine]) -> None:
+            scalars = [rule.device_scalars() for rule in rules]
+            suspect = kernel.online_em_step_in_place(
+                Mixture(*live[:3]),
+                Mixture(*live[3:]),
+                stacked,
+                torch.stack([step for step, _ in scalars]),
+                w,
+                fixed,
+                torch.stack([constants for _, constants in scalars]),
+            )
+            for f, (engine, rule) in enumerate(zip(engines, rules)):
+                engine.checks.note(suspect[f])  # a covariance rounding left indefinite: its epoch runs again
+                rule.share_fixed_weights()
+
+        return update
+
 
 class GraphedAdam:
-    """SGD's gradient and Adam's step as a replayed step takes them, on an ``SGD``: Adam's bias corrections
-    set on the device by the host before each step (``Adam.step_on_device``)."""
+    """SGD's gradient and Adam's step as a replayed step takes them, on an ``SGD``: two Triton kernels where
+    triton is installed (``cuda_rules``), torch's in place elsewhere; Adam's bias corrections set on the
+    device by the host before each step (``Adam.step_on_device``)."""
 
     @staticmethod
     def accepts(fitter: SGD) -> bool:
@@ -271,36 +299,112 @@ class GraphedAdam:
 
     def __init__(self, fitter: SGD):
         self.fitter = fitter
-        self._corrections: torch.Tensor | None = None  # Adam's, on the device (``prepare_step``)
+        self.kernel = triton_rules(fitter.mixture.means.device)
+        self._adam: torch.Tensor | None = None  # (step size, sqrt(1 - beta2^t), beta1, beta2, eps) on the device
+        means = fitter.mixture.means
+        self.w = means.new_ones(means.shape[-1]) if fitter.w is None else fitter.w  # W's diagonal, 1 for none
+        self.penalised = torch.tensor(fitter.w is not None, dtype=torch.int8, device=means.device)
 
     @property
     def mixture(self) -> Mixture:
         return self.fitter.mixture
 
     def live_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step rebinds (the parameters and Adam's moments are updated in place anyway)."""
-        return list(self.fitter.mixture.tensors())
+        """The tensors a step reads and writes: the mixture's, the parameters' (logits, means, raw factors)
+        and their scale, Adam's moments (first, second) and the fixed components' initial means and
+        covariances."""
+        params, adam = self.fitter.params, self.fitter.optimizer
+        initial = params.initial
+        return [
+            *self.fitter.mixture.tensors(),
+            *params.tensors(),
+            params.scale,
+            *adam.exp_avg,
+            *adam.exp_avg_sq,
+            initial.means,
+            initial.covariances,
+        ]
 
     def bind(self, tensors: list[torch.Tensor]) -> None:
-        self.fitter.mixture = Mixture(*tensors)
+        fitter = self.fitter
+        params, adam = fitter.params, fitter.optimizer
+        fitter.mixture = Mixture(*tensors[:3])
+        params.logits, params.means, params.raw, params.scale = tensors[3:7]
+        adam.params = params.tensors()
+        adam.exp_avg, adam.exp_avg_sq = list(tensors[7:10]), list(tensors[10:13])
+        params.initial = Mixture(params.initial.weights, *tensors[13:15])
 
     def prepare_step(self) -> None:
         """The host's part of the next step: Adam's step count and corrections, into the device."""
         optimizer = self.fitter.optimizer
-        if self._corrections is None:
-            self._corrections = torch.zeros(2, dtype=torch.float64, device=self.fitter.mixture.means.device)
+        if self._adam is None:
+            self._adam = torch.tensor(
+                [0.0, 1.0, *optimizer.betas, optimizer.eps],
+                dtype=torch.float64,
+                device=self.fitter.mixture.means.device,
+            )
         optimizer.steps += 1
-        for slot, value in zip(self._corrections, optimizer.corrections()):
+        for slot, value in zip(self._adam, optimizer.corrections()):
             slot.fill_(value)
+
+    def device_scalars(self) -> torch.Tensor:
+        """Adam's constants that ``prepare_step`` sets on the device, for a step taken with others."""
+        if self._adam is None:
+            raise RuntimeError("prepare_step sets Adam's corrections on the device first")
+        return self._adam
 
     def step_in_place(self, stats: Statistics) -> None:
         """The Adam step, its mixture written into ``live_tensors``, asking the host nothing."""
-        if self._corrections is None:
-            raise RuntimeError("prepare_step sets Adam's corrections on the device before step_in_place")
-        params = self.fitter.params
-        self.fitter.optimizer.step_on_device(params.loss_gradients(stats.double(), self.fitter.w), self._corrections)
-        for live, new in zip(self.live_tensors(), params.mixture().tensors()):
+        adam = self.device_scalars()
+        fitter, params, optimizer = self.fitter, self.fitter.params, self.fitter.optimizer
+        if self.kernel is not None:
+            self.kernel.sgd_step_in_place(
+                tuple(params.tensors()),
+                params.scale,
+                (tuple(optimizer.exp_avg), tuple(optimizer.exp_avg_sq)),
+                stats,
+                adam[None],
+                self.w,
+                self.penalised,
+                params.fixed,
+                (params.initial.means, params.initial.covariances),
+                fitter.mixture,
+            )
+            return
+        optimizer.step_on_device(params.loss_gradients(stats.double(), fitter.w), adam)
+        for live, new in zip(fitter.mixture.tensors(), params.mixture().tensors()):
             live.copy_(new)
+
+    @staticmethod
+    def update_together(kernel: ModuleType, rules: list[GraphedAdam], live: list[torch.Tensor]):
+        """SGD's step of F fits in one launch of each kernel (``cuda_rules``), their tensors ``live`` (each
+        of ``live_tensors`` stacked): a function of their stacked sums and their engines."""
+        fixed = stacked_fixed([rule.fitter.params.fixed for rule in rules])
+        w = torch.stack([rule.w for rule in rules])
+        penalised = torch.stack([rule.penalised for rule in rules])
+
+        def update(stacked: Statistics, engines: list[CudaEngine]) -> None:
+            kernel.sgd_step_in_place(
+                tuple(live[3:6]),
+                live[6],
+                (tuple(live[7:10]), tuple(live[10:13])),
+                stacked,
+                torch.stack([rule.device_scalars() for rule in rules]),
+                w,
+                penalised,
+                fixed,
+                (live[13], live[14]),
+                Mixture(*live[:3]),
+            )
+
+        return update
+
+
+def stacked_fixed(fixes: list[FixedParameters]) -> FixedParameters:
+    """F fits' fixed parameters with a leading fit axis."""
+    return FixedParameters(
+        *(torch.stack([getattr(f, field.name) for f in fixes]) for field in dataclasses.fields(FixedParameters))
+    )
 
 
 # The forms of the rules a replayed step takes, by the rule's name (``Fitter.rule``).
@@ -379,10 +483,11 @@ def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
 class GraphedEnsemble(Replayed):
     """F fits' steps as one replayed step: their batches in one statistics pass (``triton_pass``'s
     ``ensemble_statistics`` where the fits run the triton kernel; each fit's pass in turn otherwise), then
-    their updates, online EM's in one launch of its kernel over the F fits (``cuda_rules``), SGD's one fit
-    after another; all captured as one CUDA graph on CUDA. Each fit's parameters live in a slice of stacked
-    static tensors (``take_over``), its deferred tests go to its own flag, and its sums and update are
-    those it would have alone (the pass's to float rounding, the update's to the bit)."""
+    their updates in one launch of each of the rule's kernels over the F fits (``cuda_rules``; each fit's
+    update in turn where torch's update runs); all captured as one CUDA graph on CUDA. Each fit's
+    parameters live in a slice of stacked static tensors (``take_over``), its deferred tests go to its own
+    flag, and its sums and update are those it would have alone (the pass's to float rounding, the
+    update's to the bit)."""
 
     what = "the ensemble's minibatch step"
 
@@ -398,15 +503,11 @@ class GraphedEnsemble(Replayed):
         self.S = batch.S.new_empty((n_fits * batch.size, *batch.S.shape[1:]))
         self.live = [torch.stack(tensors) for tensors in zip(*(rule.live_tensors() for rule in self.rules))]
         self.views = [[t[f] for t in self.live] for f in range(n_fits)]  # fit f's slice, made once: bound by identity
-        self.batched = all(isinstance(rule, GraphedOnlineEM) and rule.kernel is not None for rule in self.rules)
-        if self.batched:
-            fitters = [rule.fitter for rule in self.rules]
-            masks = [field.name for field in dataclasses.fields(FixedParameters)]
-            self.fixed = FixedParameters(
-                *(torch.stack([getattr(f.fixed_parameters, m) for f in fitters]) for m in masks)
-            )
-            dim = self.live[1].shape[-1]
-            self.w = torch.stack([f.w if f.w is not None else self.live[1].new_zeros(dim) for f in fitters])
+        # every fit's update in one launch of each of its rule's kernels, where the rule runs kernels (the
+        # fits' rules are of one form: ``steps_together``); else each fit's update in turn
+        kernel = self.rules[0].kernel
+        together = kernel is not None and all(rule.kernel is not None for rule in self.rules)
+        self.update = type(self.rules[0]).update_together(kernel, self.rules, self.live) if together else None
 
     def step(self, batches: list[Batch]) -> None:
         """Copy each fit's batch into its rows of the static inputs and its tensors into its slices, set each
@@ -422,8 +523,8 @@ class GraphedEnsemble(Replayed):
     def _body(self) -> None:
         """The fits' pass, then their updates in place, each fit's tests noted in its own flag."""
         stacked = self._statistics()
-        if self.batched:
-            self._online_em_steps(stacked)
+        if self.update is not None:
+            self.update(stacked, self.engines)
             return
         for f, (engine, rule) in enumerate(zip(self.engines, self.rules)):
             with deferred_checks.noting(engine.checks):
@@ -444,23 +545,6 @@ class GraphedEnsemble(Replayed):
                 fits.append(batch_statistics(self.x[rows], self.S[rows], rule.mixture, backend=self.backend))
         q, U, UU, P, loglik = (torch.stack([getattr(stats, name) for stats in fits]) for name in STACKED)
         return Statistics(n, q, U, UU, P, loglik)
-
-    def _online_em_steps(self, stacked: Statistics) -> None:
-        """Online EM's update of every fit in one launch of its kernel (``cuda_rules``), each fit's step
-        size and constants those its ``prepare_step`` set."""
-        scalars = [rule.device_scalars() for rule in self.rules]
-        suspect = self.rules[0].kernel.online_em_step_in_place(
-            Mixture(*self.live[:3]),
-            Mixture(*self.live[3:]),
-            stacked,
-            torch.stack([step for step, _ in scalars]),
-            self.w,
-            self.fixed,
-            torch.stack([constants for _, constants in scalars]),
-        )
-        for f, (engine, rule) in enumerate(zip(self.engines, self.rules)):
-            engine.checks.note(suspect[f])  # a covariance rounding left indefinite: its epoch runs again
-            rule.share_fixed_weights()
 
 
 STACKED = ("q", "U", "UU", "P", "loglik")  # the sums an ensemble's pass gives, with a leading fit axis
