@@ -61,17 +61,18 @@ def main(argv=None) -> None:
     par = triton_pass._parameters(*mixture.tensors(), dtype)
     dens = torch.empty((k, n), dtype=dtype, device=device)
     failed = torch.empty((k, n), dtype=torch.int8, device=device)
-    resp = torch.rand((k, n), dtype=dtype, device=device)
+    log_resp = torch.log(torch.rand((k, n), dtype=dtype, device=device))  # the sums kernel's log densities
+    loglik = torch.zeros(n, dtype=dtype, device=device)  # about a log-likelihood of 0: responsibilities in (0, 1)
     rows = []
     for block, warps in SHAPES[:1] if args.quick else SHAPES:
         grid = (k, triton.cdiv(n, block))
-        partial = torch.empty((grid[1], k, dim + dim * (dim + 1)), dtype=dtype, device=device)
+        partial = torch.empty((grid[1], k, triton_pass.n_sums(dim)), dtype=dtype, device=device)
         launches = {
             "densities": lambda g=grid, b=block, w=warps: densities[g](
                 xt, st, par, dens, failed, n, n, k, BLOCK=b, num_warps=w
             ),
             "sums": lambda g=grid, b=block, w=warps, p=partial: sums[g](
-                xt, st, par, resp, p, n, n, k, k, BLOCK=b, num_warps=w
+                xt, st, par, log_resp, loglik, loglik, p, n, n, k, k, WEIGHTED=False, BLOCK=b, num_warps=w
             ),
         }
         row = {"block": block, "warps": warps}

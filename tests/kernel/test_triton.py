@@ -112,12 +112,14 @@ p = "*" + element
 signatures = (
     (densities, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, fail_ptr="*i8", n="i32", n_all="i32", n_comp="i32",
                      BLOCK="constexpr")),
-    (sums, dict(x_ptr=p, s_ptr=p, par_ptr=p, resp_ptr=p, part_ptr=p, n="i32", n_all="i32", n_comp="i32",
-                n_fits_comp="i32", BLOCK="constexpr")),
+    (sums, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, ll_ptr=p, w_ptr=p, part_ptr=p, n="i32", n_all="i32",
+                n_comp="i32", n_fits_comp="i32", WEIGHTED="constexpr", BLOCK="constexpr")),
 )
 for kernel, signature in signatures:
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": 128})
-    assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    for weighted in (False, True) if "WEIGHTED" in signature else (None,):
+        constexprs = {"BLOCK": 128, **({} if weighted is None else {"WEIGHTED": weighted})}
+        source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 """
 
 

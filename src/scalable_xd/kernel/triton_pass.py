@@ -6,11 +6,13 @@ A program takes one component j and a block of BLOCK stars (with several fits' b
 ``ensemble_statistics``, one component of one fit and that fit's stars). The first kernel factorises
 T_ij = V_j + S_i (Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves
 z = L^-1 d and writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of
-size (K, B, D, D) ever exists. The log-likelihoods and responsibilities (with per-point weights and stochastic
-EM's draws, ``statistics.assign``) are then one torch call each on the (K, B) array. The second kernel
-factorises again (cheaper than storing the factors), forms u = T^-1 d and T^-1, and reduces r u, r u u^T
-and r T^-1 over its block of stars, writing one row of partial sums per (block, component); the blocks'
-rows are summed in float64 by torch. Every reduction has a fixed order, so the same input gives the same
+size (K, B, D, D) ever exists. The log-likelihoods are then one torch call on the (K, B) array. The second
+kernel factorises again (cheaper than storing the factors), forms each pair's responsibility from its log
+density and its star's log-likelihood (times the star's weight), so that no (K, B) array of
+responsibilities is written or read, forms u = T^-1 d and T^-1, and reduces r, r u, r u u^T and r T^-1
+over its block of stars, writing one row of partial sums per (block, component); the blocks' rows are
+summed in float64 by torch. Stochastic EM's draws (``statistics.assign``) reach it as one-hot
+responsibilities written as log densities of 0 and -inf about a log-likelihood of 0. Every reduction has a fixed order, so the same input gives the same
 bits. The split-and-merge criteria come from the (K, B) log-densities through ``statistics.criteria_sums``.
 
 The source is generated per D, as ``fused``'s is, and written into the kernel cache folder, since Triton
@@ -43,6 +45,12 @@ BLOCK = 128  # stars per program
 # and 256 stars were slower (benchmarks/bench_triton_launch.py, bench_triton_launch_cuda.json).
 NUM_WARPS = 1
 MAX_DIM = 8
+
+
+def n_sums(dim: int) -> int:
+    """Sums per (block of stars, component) the sums kernel writes: r u, the lower triangles of r u u^T and
+    r T^-1, and r."""
+    return dim + dim * (dim + 1) + 1
 
 
 def n_par(dim: int) -> int:
@@ -86,10 +94,15 @@ def _source(dim: int) -> str:
         "tl.store(dens_ptr + k * n + offs, dens, mask=live)",
         f"tl.store(fail_ptr + k * n + offs, (~({ok})).to(tl.int8), mask=live)",
     ]
-    sums = _factorise(dim) + ["r = tl.load(resp_ptr + k * n + offs, mask=live, other=0.0)"]
+    sums = _factorise(dim) + [
+        "log_alpha_n = tl.load(dens_ptr + k * n + offs, mask=live, other=0.0)",
+        "r = tl.exp(log_alpha_n - tl.load(ll_ptr + first + offs, mask=live, other=0.0))",
+        "if WEIGHTED:",
+        "    r = r * tl.load(w_ptr + first + offs, mask=live, other=0.0)",
+    ]
     sums += invert_factor(dim)
     sums += [f"u{i} = {u_entry(dim, i)}" for i in range(dim)]
-    row = f"part_ptr + (tl.program_id(1) * n_fits_comp + k) * {dim + 2 * n_tri}"
+    row = f"part_ptr + (tl.program_id(1) * n_fits_comp + k) * {n_sums(dim)}"
     out = 0
     for i in range(dim):
         sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * u{i}, 0.0), axis=0))")
@@ -103,6 +116,7 @@ def _source(dim: int) -> str:
             t_inv = t_inv_entry(dim, i, j)
             sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r * ({t_inv}), 0.0), axis=0))")
             out += 1
+    sums.append(f"tl.store({row} + {out}, tl.sum(tl.where(live, r, 0.0), axis=0))")  # q
     indent = lambda lines: ["    " + line for line in lines]  # noqa: E731
     return (
         "\n".join(
@@ -119,7 +133,19 @@ def _source(dim: int) -> str:
                 "",
                 "@triton.jit",
                 "def sums(",
-                "    x_ptr, s_ptr, par_ptr, resp_ptr, part_ptr, n, n_all, n_comp, n_fits_comp, BLOCK: tl.constexpr",
+                "    x_ptr,",
+                "    s_ptr,",
+                "    par_ptr,",
+                "    dens_ptr,",
+                "    ll_ptr,",
+                "    w_ptr,",
+                "    part_ptr,",
+                "    n,",
+                "    n_all,",
+                "    n_comp,",
+                "    n_fits_comp,",
+                "    WEIGHTED: tl.constexpr,",
+                "    BLOCK: tl.constexpr,",
                 "):",
                 *indent(sums),
             ]
@@ -170,23 +196,46 @@ def triton_chunk(
     failed = torch.empty((k, n), dtype=torch.int8, device=x.device)
     grid = (k, triton.cdiv(n, BLOCK))
     densities[grid](xt, st, par, dens, failed, n, n, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    raise_for_failed_pairs(failed.T.bool(), row_offset)
+    raise_for_failed_pairs(failed.T, row_offset)
     loglik = torch.logsumexp(dens, dim=0)
     if not with_stats:
         return loglik, dens.T, None
-    resp = assign(torch.exp(dens - loglik), point_weights, uniforms, dim=0).to(x.dtype).contiguous()
-    n_tri = dim * (dim + 1) // 2
-    partial = torch.empty((grid[1], k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
-    sums[grid](xt, st, par, resp, partial, n, n, k, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    log_resp = (dens, loglik)
+    if uniforms is not None:  # stochastic EM's draws: one-hot responsibilities, as log densities 0 and -inf about 0
+        drawn = assign(torch.exp(dens - loglik), None, uniforms, dim=0)
+        log_resp = (torch.log(drawn).to(x.dtype), torch.zeros_like(loglik))
+    weights = loglik if point_weights is None else point_weights.to(x.dtype).contiguous()  # loglik: not read
+    partial = torch.empty((grid[1], k, n_sums(dim)), dtype=x.dtype, device=x.device)
+    sums[grid](
+        xt,
+        st,
+        par,
+        *log_resp,
+        weights,
+        partial,
+        n,
+        n,
+        k,
+        k,
+        WEIGHTED=point_weights is not None,
+        BLOCK=BLOCK,
+        num_warps=NUM_WARPS,
+    )
     total = partial.sum(0, dtype=torch.float64).to(x.dtype)
-    UU, P = (symmetric_from_triangle(lower, dim) for lower in (total[:, dim : dim + n_tri], total[:, dim + n_tri :]))
     criteria = None
     if with_criteria:
         criteria = Criteria(*criteria_sums(dens, loglik, mixture.log_weights, point_weights, dim=0))
-    stats = Statistics(
-        n_points(x, point_weights), resp.sum(1), total[:, :dim], UU, P, summed_loglik(loglik, point_weights), criteria
-    )
+    stats = Statistics(n_points(x, point_weights), *_sums(total, dim), summed_loglik(loglik, point_weights), criteria)
     return loglik, dens.T, stats
+
+
+def _sums(total: torch.Tensor, dim: int) -> tuple[torch.Tensor, ...]:
+    """(q, U, UU, P) from the sums kernel's summed rows (..., K, ``n_sums``)."""
+    n_tri = dim * (dim + 1) // 2
+    UU, P = (
+        symmetric_from_triangle(total[..., part], dim) for part in (slice(dim, dim + n_tri), slice(dim + n_tri, -1))
+    )
+    return total[..., -1], total[..., :dim], UU, P
 
 
 def ensemble_statistics(
@@ -212,16 +261,24 @@ def ensemble_statistics(
     failed = torch.empty((n_fits * k, n), dtype=torch.int8, device=x.device)
     grid = (n_fits * k, triton.cdiv(n, BLOCK))
     densities[grid](xt, st, par, dens, failed, n, n_all, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    by_fit = dens.view(n_fits, k, n)
-    loglik = torch.logsumexp(by_fit, dim=1)
-    resp = torch.exp(by_fit - loglik[:, None, :]).to(x.dtype).reshape(n_fits * k, n).contiguous()
-    n_tri = dim * (dim + 1) // 2
-    partial = torch.empty((grid[1], n_fits * k, dim + 2 * n_tri), dtype=x.dtype, device=x.device)
-    sums[grid](xt, st, par, resp, partial, n, n_all, k, n_fits * k, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    total = partial.sum(0, dtype=torch.float64).to(x.dtype).view(n_fits, k, -1)
-    UU, P = (
-        symmetric_from_triangle(total[..., part], dim) for part in (slice(dim, dim + n_tri), slice(dim + n_tri, None))
+    loglik = torch.logsumexp(dens.view(n_fits, k, n), dim=1)
+    partial = torch.empty((grid[1], n_fits * k, n_sums(dim)), dtype=x.dtype, device=x.device)
+    sums[grid](
+        xt,
+        st,
+        par,
+        dens,
+        loglik,
+        loglik,
+        partial,
+        n,
+        n_all,
+        k,
+        n_fits * k,
+        WEIGHTED=False,
+        BLOCK=BLOCK,
+        num_warps=NUM_WARPS,
     )
-    q = resp.view(n_fits, k, n).sum(2)
-    stats = Statistics(n, q, total[..., :dim], UU, P, loglik.sum(1, dtype=torch.float64))
+    total = partial.sum(0, dtype=torch.float64).to(x.dtype).view(n_fits, k, -1)
+    stats = Statistics(n, *_sums(total, dim), loglik.sum(1, dtype=torch.float64))
     return stats, failed.view(n_fits, k * n).amax(1) > 0
