@@ -12,8 +12,9 @@ density and its star's log-likelihood (times the star's weight), so that no (K, 
 responsibilities is written or read, forms u = T^-1 d and T^-1, and reduces r, r u, r u u^T and r T^-1
 over its block of stars, writing one row of partial sums per (block, component); the blocks' rows are
 summed in float64 by torch. Stochastic EM's draws (``statistics.assign``) reach it as one-hot
-responsibilities written as log densities of 0 and -inf about a log-likelihood of 0. Every reduction has a fixed order, so the same input gives the same
-bits. The split-and-merge criteria come from the (K, B) log-densities through ``statistics.criteria_sums``.
+responsibilities written as log densities of 0 and -inf about a log-likelihood of 0. Every reduction has
+a fixed order, so the same input gives the same bits. The split-and-merge criteria come from the (K, B)
+log-densities through ``statistics.criteria_sums``.
 
 The source is generated per D, as ``fused``'s is, and written into the kernel cache folder, since Triton
 compiles a kernel from its source file.
@@ -229,7 +230,7 @@ def triton_chunk(
     return loglik, dens.T, stats
 
 
-def _sums(total: torch.Tensor, dim: int) -> tuple[torch.Tensor, ...]:
+def _sums(total: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, U, UU, P) from the sums kernel's summed rows (..., K, ``n_sums``)."""
     n_tri = dim * (dim + 1) // 2
     UU, P = (
