@@ -9,8 +9,9 @@ For each minibatch method, whole fits of ``--epochs`` epochs with ``n_init`` = 1
 another would be S), and ``per_start_s``, the ensemble's time over S. Every start begins from the same given
 means (no k-means: its cost is per start, and not what lockstep shares), each with its own batch order; a
 fit's time includes its data checks, start and scoring of ``train_score_rows`` training rows each epoch
-(scoring is each start's own, not shared). On CUDA the starts share one replayed step
-(``fit.engines.cuda.GraphedEnsemble``); the JSON is bench_lockstep_<device>.json.
+(each start's own sample, by its seed) and of all of them at the end. On CUDA the starts share one
+replayed step (``fit.engines.cuda.GraphedEnsemble``) and the final scoring of the training data
+(``fit.scoring.scores_together``); the JSON is bench_lockstep_<device>.json.
 """
 
 from __future__ import annotations

@@ -174,3 +174,140 @@ def test_fits_passed_by_the_serial_kernel_are_shared_among_threads_with_the_same
             assert all(np.array_equal(mine[s], their) for mine, their in zip(sums, theirs)), s
     finally:
         torch.set_num_threads(threads)
+
+
+def test_kinds_of_request_posted_together_are_each_taken_by_their_own_function():
+    """Fits posting steps and fits posting scorings in the same round: each kind goes to its own
+    ``together`` (one fit re-running an epoch alone scores while the others step on)."""
+
+    class _Other(_Request):
+        log: list[list[int]] = []
+
+        @staticmethod
+        def together(requests):
+            _Other.log.append([r.index for r in requests])
+            return [None] * len(requests)
+
+    def job(member):
+        member.step((_Other if member.index == 1 else _Request)(member.index))
+        member.step(_Request(member.index))
+
+    _Request.log, _Other.log = [], []
+    Lockstep().run([job, job, job])
+    assert _Request.log == [[0, 2], [0, 1, 2]] and _Other.log == [[1]]
+
+
+def _scoring_problem(seed: int, n: int = 1500, d: int = 3, missing: bool = False):
+    from helpers import random_spd
+
+    from scalable_xd.data.dataset import Dataset
+    from scalable_xd.mixture import Mixture
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(scale=3.0, size=(n, d)) + 100.0  # far from 0, as magnitudes are
+    if missing:
+        X[rng.random((n, d)) < 0.2] = np.nan
+    data = Dataset(
+        X,
+        rng.uniform(0.05, 0.5, (n, d)),
+        None,
+        sample_weight=rng.uniform(0.5, 2.0, n),
+        missing="marginalise" if missing else "variance",
+    )
+    mixtures = []
+    for _ in range(3):
+        weights = rng.dirichlet(np.ones(4))
+        weights[2] = 0.0  # a frozen component: log alpha = -inf
+        means = 100.0 + rng.normal(scale=3.0, size=(4, d))
+        mixtures.append(Mixture(*(torch.from_numpy(a) for a in (weights, means, random_spd(rng, 4, d)))))
+    return data, mixtures
+
+
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_several_mixtures_scored_in_one_pass_give_each_its_score_alone(missing, dtype):
+    """``ensemble_total_loglik``: one pass of the three mixtures' components over weighted data (with a
+    fifth of the entries missing, a frozen component) gives each mixture its ``total_loglik``: the same
+    log-densities, each fit's log-sum-exp taken by torch instead of the kernel, so to float rounding of
+    the per-star log-likelihoods (1e-12 relative in float64; float32's pairs, 1e-6)."""
+    from scalable_xd.fit.scoring import ensemble_total_loglik, total_loglik
+
+    data, mixtures = _scoring_problem(3, missing=missing)
+    cpu = torch.device("cpu")
+    together = ensemble_total_loglik(data, mixtures, cpu, dtype, "auto")
+    alone = [total_loglik(data, m, cpu, dtype, "auto") for m in mixtures]
+    np.testing.assert_allclose(together, alone, rtol=1e-12 if dtype == torch.float64 else 1e-6)
+    assert len(set(alone)) == 3  # three different mixtures
+
+
+def test_scorings_posted_together_share_a_pass_by_data_set_and_each_fails_alone():
+    """``scores_together``: two fits scoring one data set share a pass, a third scoring another data set is
+    scored alone, and a fit whose mixture does not factorise gets its own error, naming the row, while the
+    fit beside it gets its score."""
+    from scalable_xd.errors import NotPositiveDefiniteError
+    from scalable_xd.fit import scoring
+    from scalable_xd.mixture import Mixture
+
+    data, mixtures = _scoring_problem(4)
+    other, _ = _scoring_problem(5)
+    cpu = torch.device("cpu")
+    shared = []
+    original = scoring.ensemble_total_loglik
+
+    def counted(data_set, group, *args):
+        shared.append(len(group))
+        return original(data_set, group, *args)
+
+    request = lambda d, m: scoring.ScoreRequest(d, m, cpu, torch.float64, "auto")  # noqa: E731
+    requests = [request(data, mixtures[0]), request(other, mixtures[1]), request(data, mixtures[2])]
+    import unittest.mock
+
+    with unittest.mock.patch.object(scoring, "ensemble_total_loglik", counted):
+        assert scoring.scores_together(requests) == [None, None, None]
+    assert sorted(shared) == [1, 2]
+    for r in requests:
+        assert r.total == pytest.approx(scoring.total_loglik(r.data, r.mixture, cpu, torch.float64, "auto"), rel=1e-12)
+    broken = Mixture(mixtures[1].weights, mixtures[1].means, -mixtures[1].covariances)  # no Cholesky factor
+    requests = [request(data, mixtures[0]), request(data, broken)]
+    errors = scoring.scores_together(requests)
+    assert errors[0] is None and isinstance(errors[1], NotPositiveDefiniteError) and errors[1].row == 0
+    assert requests[0].total == pytest.approx(scoring.total_loglik(data, mixtures[0], cpu, torch.float64, "auto"))
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_starts_in_lockstep_that_score_together_score_as_alone(method, monkeypatch):
+    """With scoring shared (as on CUDA, here on the CPU), ``n_init`` starts post their epochs' scorings of
+    the validation data to the lockstep and share one pass; each start's history equals its seed's fit
+    alone to float rounding (the fit's float32 pairs: each star's log-likelihood to float32's rounding, its
+    log-sum-exp taken by torch instead of the kernel), and the steps are unchanged (the same parameters to
+    the bit)."""
+    from scalable_xd import XDGMM
+    from scalable_xd.fit import scoring
+
+    data, _ = _scoring_problem(6, n=3000)
+    X, variances = data.X.numpy(), torch.diagonal(data.noise.batch(slice(None), "cpu", torch.float64), 0, 1, 2)
+    X_val, var_val = X[:500], variances[:500].numpy()
+    settings = dict(n_components=3, method=method, batch_size=300, epochs=3, tol=None, train_score_rows=None)
+    shared = []
+    original = scoring.ensemble_total_loglik
+
+    def counted(data_set, group, *args):
+        shared.append(len(group))
+        return original(data_set, group, *args)
+
+    monkeypatch.setattr(scoring, "shares_scoring", lambda device: True)
+    monkeypatch.setattr(scoring, "ensemble_total_loglik", counted)
+    monkeypatch.setattr("scalable_xd.fit.loop.shares_scoring", lambda device: True)
+    together = XDGMM(random_state=4, n_init=3, **settings).fit(X, Xcov=variances.numpy(), X_val=X_val, Xcov_val=var_val)
+    assert shared and all(size == 3 for size in shared)
+    monkeypatch.setattr("scalable_xd.fit.loop.shares_scoring", lambda device: False)
+    alone = [
+        XDGMM(random_state=seed, n_init=1, **settings).fit(X, Xcov=variances.numpy(), X_val=X_val, Xcov_val=var_val)
+        for seed in (4, 5, 6)
+    ]
+    best = alone[together.best_start_]
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(together, name), getattr(best, name)), name
+    for key in ("train_loglik", "val_loglik"):
+        np.testing.assert_allclose([h[key] for h in together.history_], [h[key] for h in best.history_], rtol=1e-6)
+    np.testing.assert_allclose(together.start_scores_, [a.history_[-1]["val_loglik"] for a in alone], rtol=1e-6)

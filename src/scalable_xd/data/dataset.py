@@ -79,6 +79,7 @@ class Dataset:
                 raise ValueError(f"R must have shape (N, d, D) = ({n}, {d}, D), got {tuple(self.R.shape)}")
         self.weights = None if sample_weight is None else _checked_weights(sample_weight, n, name)
         self.observed = None
+        self._residents: dict[tuple[str, torch.dtype], Dataset] = {}  # ``resident``'s copies, made once
         if missing == "marginalise":
             if isinstance(self.noise, NoiseMixture):
                 raise ValueError("missing='marginalise' takes Gaussian noise: not a NoiseMixture")
@@ -182,15 +183,19 @@ class Dataset:
     def resident(self, device, dtype) -> Dataset:
         """These data with x and the noise (dense) on ``device`` in ``dtype``, converted once, the weights
         where they were; the same batches, value for value. Itself where it has projections, missing
-        entries or noise mixtures, or would take more than ``RESIDENT_BYTES``."""
+        entries or noise mixtures, or would take more than ``RESIDENT_BYTES``. One copy per device and dtype,
+        whoever asks (the fits in lockstep score one validation set: ``fit.scoring.scores_together``)."""
         if self.R is not None or self.observed is not None or isinstance(self.noise, NoiseMixture):
             return self
         n, d = self.X.shape
         if n * (d + d * d) * dtype.itemsize > RESIDENT_BYTES:
             return self
-        x, S, _ = self.batch(slice(None), device, dtype)
-        noise = None if isinstance(self.noise, ZeroNoise) else S
-        return Dataset(x, noise, sample_weight=self.weights, validate=False)
+        key = (str(torch.device(device)), dtype)
+        if key not in self._residents:
+            x, S, _ = self.batch(slice(None), device, dtype)
+            noise = None if isinstance(self.noise, ZeroNoise) else S
+            self._residents[key] = Dataset(x, noise, sample_weight=self.weights, validate=False)
+        return self._residents[key]
 
     def batch_observed(self, index, device):
         """The rows' ``observed`` mask on ``device``, or None when every entry is observed."""

@@ -1,20 +1,21 @@
 """Several fits of one data set in lockstep: each step, every fit's minibatch in one statistics pass and
 one update call (restarts, ``n_init``; a grid cell's seeds, ``pipeline.steps.fit``).
 
-Each fit runs its own loop (``loop.run``: its start, batch order, scoring, checkpoints and history, as
-alone) as a greenlet (a coroutine with its own stack) on the caller's thread, so one fit runs at a time,
-nothing they share (torch's and numba's thread pools, the data) is used twice at once, and no fit's
-arithmetic depends on the others'. On threads of their own each fit's parallel regions would start an
-OpenMP team of their own, whose spinning workers took a 2-core machine's time (an ensemble's epoch at
-twice the cost). Where a fit's loop asks its engine for a step, it posts the batch and hands the turn
-back; once every fit has posted, every posted step runs at once (the engine's ``together``: on the CPU,
-``engines.cpu.steps_together``, one ensemble pass over the S batches, ``kernel.ensemble_pass``, and the S
-updates in one compiled call, ``cpu_rules.online_em_steps`` or ``cpu_rules.sgd_steps``; on CUDA,
-``engines.cuda.steps_together``, one replayed graph of one Triton pass over the S batches and online EM's
-update kernel over the S fits). A fit that scores, checkpoints or has finished posts nothing, and the
-others wait for it, so the fits stay in step. Each fit's statistics and update are computed as alone, so a
-fit in lockstep ends with the parameters it ends with alone: to the bit on the CPU
-(``tests/fit/test_lockstep.py``), to float rounding through the Triton pass (``test_cuda_engine.py``).
+Each fit runs its own loop (``loop.run``: its start, batch order, scoring, checkpoints and history, as alone)
+as a greenlet (a coroutine with its own stack) on the caller's thread, so one fit runs at a time, nothing they
+share (torch's and numba's thread pools, the data) is used twice at once, and no fit's arithmetic depends on
+the others'. On threads of their own each fit's parallel regions would start an OpenMP team of their own,
+whose spinning workers took a 2-core machine's time (an ensemble's epoch at twice the cost). Where a fit's
+loop asks its engine for a step, it posts the batch and hands the turn back; once every fit has posted, every
+posted step runs at once (the engine's ``together``: on the CPU, ``engines.cpu.steps_together``, one ensemble
+pass over the S batches, ``kernel.ensemble_pass``, and the S updates in one compiled call,
+``cpu_rules.online_em_steps`` or ``cpu_rules.sgd_steps``; on CUDA, ``engines.cuda.steps_together``, one
+replayed graph of one Triton pass over the S batches and the rule's update kernels over the S fits). On CUDA a
+fit's scorings are posted too, and the fits that score one data set at once share one pass over it
+(``scoring.scores_together``). A fit that checkpoints or has finished posts nothing, and the others wait for
+it, so the fits stay in step. Each fit's statistics and update are computed as alone, so a fit in lockstep
+ends with the parameters it ends with alone: to the bit on the CPU (``tests/fit/test_lockstep.py``), to float
+rounding through the Triton pass (``test_cuda_engine.py``).
 """
 
 from __future__ import annotations
@@ -69,12 +70,13 @@ class Lockstep:
                     del fits[index]
             posted, self._posted = sorted(self._posted.items()), {}
             if posted and self._stopped is None:
-                requests = [request for _, request in posted]
-                try:
-                    errors = requests[0].together(requests)  # each fit's own error, or None
-                except Exception as err:  # every fit of the step learns of it
-                    errors = [err] * len(posted)
-                replies = {index: error for (index, _), error in zip(posted, errors)}
+                replies = {}
+                for together, group in _by_kind(posted):
+                    try:
+                        errors = together([request for _, request in group])  # each fit's own error, or None
+                    except Exception as err:  # every fit of the group learns of it
+                        errors = [err] * len(group)
+                    replies.update({index: error for (index, _), error in zip(group, errors)})
             else:
                 self._posted = dict(posted)  # stopped: each is told so when resumed
         return results
@@ -85,6 +87,15 @@ class Lockstep:
         error = self._hub.switch()  # (): resumed with no error
         if isinstance(error, BaseException):
             raise error
+
+
+def _by_kind(posted: list[tuple[int, Any]]) -> list[tuple[Callable, list[tuple[int, Any]]]]:
+    """The posted (fit, request) pairs grouped by the function that takes them together (steps of one
+    engine, scorings: ``scoring.scores_together``), in the order each kind was first posted."""
+    kinds: dict[Callable, list[tuple[int, Any]]] = {}
+    for index, request in posted:
+        kinds.setdefault(request.together, []).append((index, request))
+    return list(kinds.items())
 
 
 @dataclass

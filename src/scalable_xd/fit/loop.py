@@ -37,7 +37,7 @@ from .engines import Engine, engine_for
 from .fitters import Fitter
 from .loop_config import LoopConfig
 from .parallel import reduce_sum
-from .scoring import total_loglik
+from .scoring import ScoreRequest, shares_scoring, total_loglik
 
 log = logging.getLogger("scalable_xd.fit")
 EPOCH_LINES = 50  # a fit's epoch lines at most (and its last): a small data set's minibatch fit runs hundreds
@@ -261,8 +261,14 @@ def last_gain(history: list) -> float | None:
 
 
 def _mean_loglik(data: DataSource, fitter: Fitter, cfg: LoopConfig) -> float:
-    """The mean log-likelihood of ``data`` under the fitter's result (and its background, where it has one)."""
-    total = total_loglik(data, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group, background_of(fitter))
+    """The mean log-likelihood of ``data`` under the fitter's result (and its background, where it has one);
+    in lockstep on CUDA, in one pass with the other fits' scorings of the same data (``scoring``)."""
+    background = background_of(fitter)
+    if cfg.lockstep is not None and background is None and not cfg.group.parallel and shares_scoring(cfg.device):
+        request = ScoreRequest(data, fitter.result, cfg.device, cfg.dtype, cfg.backend)
+        cfg.lockstep.step(request)
+        return request.total / data.total_weight
+    total = total_loglik(data, fitter.result, cfg.device, cfg.dtype, cfg.backend, cfg.group, background)
     return total / data.total_weight
 
 

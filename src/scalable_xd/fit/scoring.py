@@ -1,9 +1,11 @@
 """Scoring a data set under a mixture: log p(x) of every point, in bounded-memory batches, and their
-(weighted) sum, shared among the processes of a data-parallel fit."""
+(weighted) sum, shared among the processes of a data-parallel fit; and several fits' scorings of one data
+set in one pass over it (fits in lockstep on CUDA)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +17,7 @@ from ..kernel.dispatch import log_densities
 from ..kernel.fused import PARALLEL_PAIRS
 from ..kernel.statistics import summed_loglik
 from ..mixture import Mixture
+from .lockstep import caught
 from .parallel import ONE_PROCESS, Group, reduce_sum
 
 # Points per evaluation batch; the kernel chunks it further to bound memory.
@@ -89,3 +92,74 @@ def total_loglik(
             return reduce_sum(float(on_device), group, device)
     total = sum(float(batch_total) for batch_total in batch_totals())
     return reduce_sum(total, group, device)
+
+
+def shares_scoring(device: torch.device) -> bool:
+    """Whether fits in lockstep score a data set together (``scores_together``): on CUDA, where one pass of
+    S fits' components keeps the GPU busy and reads the data once, where S passes of one fit's would
+    each leave it mostly idle. Not on the CPU, whose pass costs the same per pair either way and whose
+    fits in lockstep score to the bit as alone. Read at each scoring: tests replace it."""
+    return device.type == "cuda"
+
+
+@dataclass
+class ScoreRequest:
+    """A fit's scoring posted to its lockstep (``fit.lockstep``): the data, the mixture and how to score;
+    ``total`` is filled in by ``scores_together``."""
+
+    data: DataSource
+    mixture: Mixture
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+    total: float = math.nan  # not yet scored
+
+    @staticmethod
+    def together(requests: list[ScoreRequest]) -> list[BaseException | None]:
+        return scores_together(requests)
+
+    def score_alone(self) -> None:
+        self.total = total_loglik(self.data, self.mixture, self.device, self.dtype, self.backend)
+
+
+def scores_together(requests: list[ScoreRequest]) -> list[BaseException | None]:
+    """Every posted scoring: those of one data set (the same object) with mixtures of one shape in one pass
+    (``ensemble_total_loglik``), any other alone; each request's ``total`` filled in, each fit's error (or
+    None) returned."""
+    groups: dict[tuple, list[ScoreRequest]] = {}
+    for r in requests:
+        groups.setdefault((id(r.data), r.device, r.dtype, r.backend, tuple(r.mixture.means.shape)), []).append(r)
+    errors: dict[int, BaseException | None] = {}
+    for group in groups.values():
+        first = group[0]
+        try:
+            totals = ensemble_total_loglik(
+                first.data, [r.mixture for r in group], first.device, first.dtype, first.backend
+            )
+        except Exception:  # each fit's error is its own: each scored alone, with every test made
+            for request in group:
+                errors[id(request)] = caught(request.score_alone)
+            continue
+        for request, total in zip(group, totals):
+            request.total = total
+    return [errors.get(id(request)) for request in requests]
+
+
+def ensemble_total_loglik(data: DataSource, mixtures: list[Mixture], device, dtype, backend: str) -> list[float]:
+    """``total_loglik`` of each of S mixtures of K components on one data set, in one pass over it: each
+    batch's log alpha_j N_ij under the S K components at once (one mixture of the fits' components, each
+    with its own fit's weight), then each fit's log-sum-exp over its own K. Its tests deferred where the
+    device defers them; where one tripped, each mixture is scored alone with every test made
+    (``total_loglik``), so the results are those, or the error that names the row."""
+    if len(mixtures) == 1:
+        return [total_loglik(data, mixtures[0], device, dtype, backend)]
+    k = mixtures[0].n_components
+    stacked = Mixture(*(torch.cat(parts) for parts in zip(*(m.tensors() for m in mixtures))))
+    with deferred_checks.deferring(device) as checks:
+        totals = torch.zeros(len(mixtures), dtype=torch.float64, device=device)
+        for _, _, log_dens, weights in scored_batches(data, stacked, device, dtype, backend):
+            loglik = torch.logsumexp(log_dens.view(log_dens.shape[0], len(mixtures), k), dim=2)  # (B, S)
+            totals += (loglik.double() * (1.0 if weights is None else weights[:, None])).sum(0)
+    if checks.tripped():
+        return [total_loglik(data, mixture, device, dtype, backend) for mixture in mixtures]
+    return totals.tolist()
