@@ -5,7 +5,9 @@
 For each (stars per program, warps per program), the densities kernel and the sums kernel of
 ``kernel/triton_pass.py`` alone, on the same inputs: the best of ``--repeats`` timed pairs of launches,
 in ms and pairs per second, with the registers a thread uses and the spills where Triton reports them.
-``triton_pass.BLOCK`` and ``triton_pass.NUM_WARPS`` are chosen from this table. On the CPU it runs
+``triton_pass.BLOCK`` and ``triton_pass.NUM_WARPS`` are chosen from this table. Beside them
+(``combine``), the log-sum-exp kernel at its tile (``COMBINE_ROWS`` x ``COMBINE_STARS``), against
+``torch.logsumexp`` over the same (K, N) array, which it replaced. On the CPU it runs
 through Triton's interpreter (``TRITON_INTERPRET=1``): a check that it runs, not a timing.
 """
 
@@ -56,7 +58,7 @@ def main(argv=None) -> None:
     x, S, mixture = synthetic(n, k, dtype)
     dim = x.shape[1]
     x, S, mixture = x.to(device), S.to(device), mixture.to(device, torch.float64)
-    densities, sums = triton_pass.kernels(dim)
+    densities, sums, combine = triton_pass.kernels(dim)
     xt, st = x.T.contiguous(), S.reshape(n, dim * dim).T.contiguous()
     par = triton_pass._parameters(*mixture.tensors(), dtype)
     dens = torch.empty((k, n), dtype=dtype, device=device)
@@ -85,6 +87,15 @@ def main(argv=None) -> None:
             row[f"{name}_pairs_per_s"] = n * k / (row[f"{name}_ms"] / 1e3)
         print(json.dumps(row), flush=True)
         rows.append(row)
+    timed = {
+        "combine_ms": lambda: triton_pass.log_likelihoods(combine, log_resp, 1),
+        "torch_logsumexp_ms": lambda: torch.logsumexp(log_resp, dim=0),
+    }
+    combined = {"rows": triton_pass.COMBINE_ROWS, "stars": triton_pass.COMBINE_STARS}
+    for name, launch in timed.items():
+        launch()  # the compile
+        combined[name] = best_ms(launch, device, args.repeats)
+    print(json.dumps(combined), flush=True)
     info = {
         "benchmark": "bench_triton_launch",
         **machine(),
@@ -92,7 +103,7 @@ def main(argv=None) -> None:
         "triton": triton.__version__,
     }
     sizes = {"N": n, "K": k, "D": dim, "dtype": args.dtype}
-    write_result(f"bench_triton_launch_{device.type}", {**info, **sizes, "results": rows})
+    write_result(f"bench_triton_launch_{device.type}", {**info, **sizes, "results": rows, "combine": combined})
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh paper                       # the 1.6-million-star K = 512 fit
 #   bash benchmarks/gpu_session.sh concurrent                  # one such fit alone, then four at once
 #   bash benchmarks/gpu_session.sh chunks                      # the pass at batch 50,000 by chunk size
+#   bash benchmarks/gpu_session.sh launch                      # the pass's kernels alone by launch shape,
+#                                                              # the log-sum-exp kernel against torch's
 #   bash benchmarks/gpu_session.sh lockstep                    # 10 starts in one replayed step against one
 #                                                              # fit (K = 64 and 512, batch 500)
 #
@@ -66,6 +68,7 @@ for name in "$@"; do
                 --batch-sizes 50000 --dtypes float32 --kernels triton --max-pairs 4194304 16777216 33554432 \
                 --repeats 10 --skip-epochs --skip-baselines $checks --label "gpu_chunks${checks:+_deferred}"
             done ;;
+    launch) step launch 120 python3 benchmarks/bench_triton_launch.py --device cuda ;;
     step) for backend in ${STEP_BACKENDS:-triton unrolled}; do
             step "step_$backend" 90 python3 benchmarks/bench_step.py --device cuda --n-components 64 512 \
               --backend "$backend" --label "gpu_$backend"
@@ -98,7 +101,7 @@ for name in "$@"; do
               # on many fits at once (10 starts of minibatch EM at K = 512 in at most 2x one fit's time)
               step lockstep 240 python3 benchmarks/bench_lockstep.py --device cuda --n 200000 --k 64 512 --epochs 2 \
                 --starts 10 --rounds 2 --train-score-rows 10000 ;;
-    *) echo "unknown step $name: say tests, update_tests, pass, chunks, step, profile, paper, concurrent or lockstep" >&2
+    *) echo "unknown step $name: say tests, update_tests, pass, chunks, launch, step, profile, paper, concurrent or lockstep" >&2
        exit 2 ;;
   esac
 done

@@ -197,9 +197,9 @@ def test_starts_in_lockstep_take_one_replayed_step_and_each_ends_as_alone(
     """``n_init`` starts on the GPU's path advance in lockstep, each step one ``GraphedEnsemble`` step for
     the three (here run eagerly on the CPU). Each start ends as its seed's fit alone: to the bit where each
     fit's pass runs in turn and torch updates one at a time; with the triton kernels, to float rounding
-    (the ensemble pass takes the log-sum-exp over a (F, K, B) array; the update kernels are the same for
-    one fit or three, but a fit alone takes an epoch's last, smaller batch with torch's update), well
-    inside 1e-10 after 10 steps."""
+    (the ensemble pass gives each fit its pass alone's sums and the update kernels are the same for one fit
+    or three, but a fit alone takes an epoch's last, smaller batch with torch's update), well inside 1e-10
+    after 10 steps."""
     if update == "triton":
         request.getfixturevalue("triton_update")
     x, S = _data()

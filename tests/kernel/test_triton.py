@@ -107,17 +107,20 @@ from triton.backends.compiler import GPUTarget
 from scalable_xd.kernel.triton_pass import kernels
 
 dim, element = int(sys.argv[1]), sys.argv[2]
-densities, sums = kernels(dim)
+densities, sums, combine = kernels(dim)
 p = "*" + element
 signatures = (
     (densities, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, fail_ptr="*i8", n="i32", n_all="i32", n_comp="i32",
                      BLOCK="constexpr")),
     (sums, dict(x_ptr=p, s_ptr=p, par_ptr=p, dens_ptr=p, ll_ptr=p, w_ptr=p, part_ptr=p, n="i32", n_all="i32",
                 n_comp="i32", n_fits_comp="i32", WEIGHTED="constexpr", BLOCK="constexpr")),
+    (combine, dict(dens_ptr=p, ll_ptr=p, n="i32", n_comp="i32", BLOCK_K="constexpr", BLOCK="constexpr")),
 )
 for kernel, signature in signatures:
     for weighted in (False, True) if "WEIGHTED" in signature else (None,):
         constexprs = {"BLOCK": 128, **({} if weighted is None else {"WEIGHTED": weighted})}
+        if "BLOCK_K" in signature:
+            constexprs.update(BLOCK_K=32, BLOCK=32)
         source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
         assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 """
@@ -136,9 +139,9 @@ def test_the_kernels_compile_for_a_hopper_gpu(dim, element, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_several_fits_in_one_launch_give_each_fit_its_pass_alone(dtype):
     """``ensemble_statistics``: F fits' batches, each under its own mixture, in one launch of each kernel,
-    equal to each fit's ``triton_chunk`` (the same pairs' arithmetic in the same order; the log-sum-exp over
-    a fit's components taken on a (F, K, B) array instead of (K, B), hence a tolerance of a few units in the
-    last place, not bit equality). A fit with a pair that does not factorise is flagged, the others not."""
+    equal to each fit's ``triton_chunk`` to the bit (the same pairs' arithmetic in the same order, each
+    fit's log-sum-exp a program of the same kernel over its own rows). A fit with a pair that does not
+    factorise is flagged, the others not."""
     from scalable_xd.kernel.triton_pass import ensemble_statistics, triton_chunk
 
     rng = np.random.default_rng(12)
@@ -149,13 +152,35 @@ def test_several_fits_in_one_launch_give_each_fit_its_pass_alone(dtype):
     stacked = [torch.stack(parts) for parts in zip(*(m.tensors() for m in mixtures))]
     together, failed = ensemble_statistics(x, S, *stacked)
     assert not failed.any()
-    rtol = 1e-12 if dtype == torch.float64 else 1e-5
     for s, (xs, Ss, *_) in enumerate(fits):
         _, _, alone = triton_chunk(
             torch.as_tensor(xs).to(dtype), torch.as_tensor(Ss).to(dtype), mixtures[s], None, True, 0
         )
         for name in ("q", "U", "UU", "P", "loglik"):
-            torch.testing.assert_close(getattr(together, name)[s], getattr(alone, name), rtol=rtol, atol=0)
+            assert torch.equal(getattr(together, name)[s], getattr(alone, name)), (s, name)
         assert together.n_points == alone.n_points
     stacked[2][1, 2] = -torch.eye(3, dtype=dtype)  # fit 1's component 2: V + S_i is not positive definite
     assert ensemble_statistics(x, S, *stacked)[1].tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n_fits, k", [(1, 5), (1, 70), (3, 37)])
+def test_the_combine_kernel_takes_each_fits_log_sum_exp_as_torch_does(dtype, n_fits, k):
+    """``combine`` against ``torch.logsumexp`` over each fit's rows of log alpha_j N_ij, K and the stars
+    not multiples of its tile, values spread over 1e4 nats (the largest shift matters), a star whose
+    components are all frozen (-inf: log p = -inf), one with a +inf entry (+inf), one fit's column far
+    below the others; to a few float roundings (the sums' order differs)."""
+    from scalable_xd.kernel.triton_pass import kernels, log_likelihoods
+
+    n = 45
+    dens = torch.from_numpy(np.random.default_rng(k).normal(scale=1e3, size=(n_fits * k, n))).to(dtype)
+    dens[:k, 3] = -torch.inf
+    dens[-1, 7] = torch.inf
+    dens[:, 11] -= 5e3
+    loglik = log_likelihoods(kernels(3)[2], dens, n_fits)
+    expected = torch.logsumexp(dens.view(n_fits, k, n), dim=1)
+    assert loglik[0, 3] == -torch.inf and loglik[-1, 7] == torch.inf
+    finite = torch.isfinite(expected)
+    assert torch.equal(finite, torch.isfinite(loglik))
+    rtol = 1e-13 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(loglik[finite], expected[finite], rtol=rtol, atol=0)

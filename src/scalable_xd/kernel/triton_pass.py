@@ -1,4 +1,4 @@
-"""The statistics pass as two Triton kernels over tiles of (component, star) pairs, R_i = I: the GPU's
+"""The statistics pass as Triton kernels over tiles of (component, star) pairs, R_i = I: the GPU's
 hand-written path, and one that runs on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``), so
 that CI checks it on every commit.
 
@@ -6,7 +6,8 @@ A program takes one component j and a block of BLOCK stars (with several fits' b
 ``ensemble_statistics``, one component of one fit and that fit's stars). The first kernel factorises
 T_ij = V_j + S_i (Cholesky, unrolled entry by entry for the dimension D, a compile-time constant), solves
 z = L^-1 d and writes log alpha_j N_ij and a failed-factorisation flag, one (K, B) array each; nothing of
-size (K, B, D, D) ever exists. The log-likelihoods are then one torch call on the (K, B) array. The second
+size (K, B, D, D) ever exists. A third kernel (``combine``) takes each star's log-sum-exp over its fit's
+components, reading the (K, B) array in tiles along the stars. The second
 kernel factorises again (cheaper than storing the factors), forms each pair's responsibility from its log
 density and its star's log-likelihood (times the star's weight), so that no (K, B) array of
 responsibilities is written or read, forms u = T^-1 d and T^-1, and reduces r, r u, r u u^T and r T^-1
@@ -149,20 +150,65 @@ def _source(dim: int) -> str:
                 "    BLOCK: tl.constexpr,",
                 "):",
                 *indent(sums),
+                "",
+                "",
+                *_COMBINE,
             ]
         )
         + "\n"
     )
 
 
+# The log-sum-exp of each star's log alpha_j N_ij over its fit's components, one fit's block of stars a
+# program, reading the (fits x K, n) array in (BLOCK_K, BLOCK) tiles along the stars (coalesced): twice, for
+# the largest and then the sum, as torch.logsumexp does (an infinite largest shifts by 0), where torch's
+# reduction across the rows of that array took several passes and temporaries of its size.
+_COMBINE = [
+    "@triton.jit",
+    "def combine(dens_ptr, ll_ptr, n, n_comp, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr):",
+    "    fit = tl.program_id(0)",
+    "    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)",
+    "    live = offs < n",
+    "    rows = tl.arange(0, BLOCK_K)",
+    "    first = dens_ptr + fit * n_comp * n",
+    "    top = tl.full([BLOCK], float('-inf'), dens_ptr.dtype.element_ty)",
+    "    for start in range(0, n_comp, BLOCK_K):",
+    "        k = start + rows",
+    "        on = (k[:, None] < n_comp) & live[None, :]",
+    "        tile = tl.load(first + k[:, None] * n + offs[None, :], mask=on, other=float('-inf'))",
+    "        top = tl.maximum(top, tl.max(tile, axis=0))",
+    "    shift = tl.where((top == float('inf')) | (top == float('-inf')), 0.0, top)",
+    "    total = tl.zeros([BLOCK], dens_ptr.dtype.element_ty)",
+    "    for start in range(0, n_comp, BLOCK_K):",
+    "        k = start + rows",
+    "        on = (k[:, None] < n_comp) & live[None, :]",
+    "        tile = tl.load(first + k[:, None] * n + offs[None, :], mask=on, other=float('-inf'))",
+    "        total += tl.sum(tl.exp(tile - shift[None, :]), axis=0)",
+    "    tl.store(ll_ptr + fit * n + offs, tl.log(total) + shift, mask=live)",
+]
+COMBINE_ROWS, COMBINE_STARS = 32, 32  # a combine program's tile: components by stars (one warp)
+
+
 @cache
 def kernels(dim: int):
-    """The (densities, sums) kernels for dimension ``dim``, from their generated module
+    """The (densities, sums, combine) kernels for dimension ``dim``, from their generated module
     (``unrolled_source.import_generated``: Triton reads a kernel's source from its file)."""
     if not 1 <= dim <= MAX_DIM:
         raise ValueError(f"the triton kernel handles 1 to {MAX_DIM} dimensions, not {dim}")
     module = import_generated(f"triton_d{dim}", _source(dim))
-    return module.densities, module.sums
+    return module.densities, module.sums, module.combine
+
+
+def log_likelihoods(combine, dens: torch.Tensor, n_fits: int) -> torch.Tensor:
+    """Each star's log-likelihood under each of ``n_fits`` fits, (n_fits, n), from ``dens`` (n_fits x K, n),
+    the fits' log alpha_j N_ij one after another, by the ``combine`` kernel."""
+    import triton
+
+    n = dens.shape[1]
+    loglik = torch.empty((n_fits, n), dtype=dens.dtype, device=dens.device)
+    grid = (n_fits, triton.cdiv(n, COMBINE_STARS))
+    combine[grid](dens, loglik, n, dens.shape[0] // n_fits, BLOCK_K=COMBINE_ROWS, BLOCK=COMBINE_STARS, num_warps=1)
+    return loglik
 
 
 def _parameters(weights: torch.Tensor, means: torch.Tensor, covariances: torch.Tensor, dtype) -> torch.Tensor:
@@ -190,7 +236,7 @@ def triton_chunk(
 
     n, dim = x.shape
     k = mixture.n_components
-    densities, sums = kernels(dim)
+    densities, sums, combine = kernels(dim)
     xt, st = x.T.contiguous(), S.reshape(n, dim * dim).T.contiguous()  # entry-major: coalesced loads
     par = _parameters(*mixture.tensors(), x.dtype)
     dens = torch.empty((k, n), dtype=x.dtype, device=x.device)
@@ -198,7 +244,7 @@ def triton_chunk(
     grid = (k, triton.cdiv(n, BLOCK))
     densities[grid](xt, st, par, dens, failed, n, n, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
     raise_for_failed_pairs(failed.T, row_offset)
-    loglik = torch.logsumexp(dens, dim=0)
+    loglik = log_likelihoods(combine, dens, 1)[0]
     if not with_stats:
         return loglik, dens.T, None
     log_resp = (dens, loglik)
@@ -255,14 +301,14 @@ def ensemble_statistics(
     n_fits, k, dim = means.shape
     n_all = x.shape[0]
     n = n_all // n_fits
-    densities, sums = kernels(dim)
+    densities, sums, combine = kernels(dim)
     xt, st = x.T.contiguous(), S.reshape(n_all, dim * dim).T.contiguous()
     par = _parameters(weights, means, covariances, x.dtype)
     dens = torch.empty((n_fits * k, n), dtype=x.dtype, device=x.device)
     failed = torch.empty((n_fits * k, n), dtype=torch.int8, device=x.device)
     grid = (n_fits * k, triton.cdiv(n, BLOCK))
     densities[grid](xt, st, par, dens, failed, n, n_all, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    loglik = torch.logsumexp(dens.view(n_fits, k, n), dim=1)
+    loglik = log_likelihoods(combine, dens, n_fits)
     partial = torch.empty((grid[1], n_fits * k, n_sums(dim)), dtype=x.dtype, device=x.device)
     sums[grid](
         xt,
