@@ -148,8 +148,8 @@ def scores_together(requests: list[ScoreRequest]) -> list[BaseException | None]:
 def ensemble_total_loglik(data: DataSource, mixtures: list[Mixture], device, dtype, backend: str) -> list[float]:
     """``total_loglik`` of each of S mixtures of K components on one data set, in one pass over it: each
     batch's log alpha_j N_ij under the S K components at once (one mixture of the fits' components, each
-    with its own fit's weight), then each fit's log-sum-exp over its own K. Its tests deferred where the
-    device defers them; where one tripped, each mixture is scored alone with every test made
+    with its own fit's weight), then each fit's log-sum-exp over its own K. Its tests are deferred to the
+    end (one question of the device); where one tripped, each mixture is scored alone with every test made
     (``total_loglik``), so the results are those, or the error that names the row."""
     if len(mixtures) == 1:
         return [total_loglik(data, mixtures[0], device, dtype, backend)]

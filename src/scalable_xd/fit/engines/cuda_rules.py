@@ -201,6 +201,34 @@ def _adam(param, grad, m1, m2, step_size, bias_correction2_sqrt, beta1, beta2, e
 
 
 @triton.jit
+def _adam_at(param_ptr, grad, m1_ptr, m2_ptr, at, mask, step_size, bias_correction2_sqrt, beta1, beta2, eps):
+    """``_adam`` on the entries ``at`` (``mask``) of a parameter and its moments, in place; the new values."""
+    param, m1, m2 = _adam(
+        tl.load(param_ptr + at, mask=mask, other=0.0),
+        grad,
+        tl.load(m1_ptr + at, mask=mask, other=0.0),
+        tl.load(m2_ptr + at, mask=mask, other=0.0),
+        step_size,
+        bias_correction2_sqrt,
+        beta1,
+        beta2,
+        eps,
+    )
+    tl.store(param_ptr + at, param, mask=mask)
+    tl.store(m1_ptr + at, m1, mask=mask)
+    tl.store(m2_ptr + at, m2, mask=mask)
+    return param
+
+
+@triton.jit
+def _factor(raw, s, lower, row, col):
+    """(Lt, L = diag(s) Lt): SGD's raw factors (BLOCK, DP, DP) with their diagonal exponentiated, the strict
+    upper triangle and the padding zero (``CholeskyParameters.cholesky``)."""
+    unit = tl.where(lower, tl.where(row == col, tl.exp(tl.where(row == col, raw, 0.0)), raw), 0.0)
+    return unit, s[:, :, None] * unit
+
+
+@triton.jit
 def _adam_constants(adam_ptr, fit, on):
     """The fits' (step size, sqrt(1 - beta2^t), beta1, beta2, eps) from their rows of the (F, 5) array."""
     row = adam_ptr + fit * 5
@@ -275,9 +303,7 @@ def _sgd_components(
     vec = k[:, None] * D + idx[None, :]
     at = k[:, None, None] * (D * D) + row * D + col
     s = tl.load(scale_ptr + vec, mask=vec_on, other=0.0)
-    raw = tl.load(raw_ptr + at, mask=lower, other=0.0)
-    unit = tl.where(lower, tl.where(row == col, tl.exp(tl.where(row == col, raw, 0.0)), raw), 0.0)
-    chol = s[:, :, None] * unit
+    unit, chol = _factor(tl.load(raw_ptr + at, mask=lower, other=0.0), s, lower, row, col)
     w = tl.load(w_ptr + fit[:, None] * D + idx[None, :], mask=vec_on, other=1.0)
     trace = tl.sum(tl.where(vec_on, tl.sum(chol * chol, axis=2) / w, 0.0), axis=1)  # tr(W^-1 V)
     trace = tl.where(on, trace, 1.0)  # the padding's, 0, not divided by
@@ -291,39 +317,15 @@ def _sgd_components(
     grad_unit = s[:, :, None] * product
     free = lower & ~fixed_cov[:, None, None]
     grad_raw = tl.where(free, tl.where(row == col, grad_unit * unit, grad_unit), 0.0)
-    raw, m1, m2 = _adam(
-        raw,
-        grad_raw,
-        tl.load(m1_raw_ptr + at, mask=lower, other=0.0),
-        tl.load(m2_raw_ptr + at, mask=lower, other=0.0),
-        step_size[:, None, None],
-        bias_correction2_sqrt[:, None, None],
-        beta1[:, None, None],
-        beta2[:, None, None],
-        eps[:, None, None],
-    )
-    tl.store(raw_ptr + at, raw, mask=lower)
-    tl.store(m1_raw_ptr + at, m1, mask=lower)
-    tl.store(m2_raw_ptr + at, m2, mask=lower)
+    c3 = (step_size[:, None, None], bias_correction2_sqrt[:, None, None], beta1[:, None, None], beta2[:, None, None])
+    raw = _adam_at(raw_ptr, grad_raw, m1_raw_ptr, m2_raw_ptr, at, lower, c3[0], c3[1], c3[2], c3[3], eps[:, None, None])
     U = tl.load(U_ptr + vec, mask=vec_on, other=0.0).to(tl.float64)
     grad_mu = tl.where(fixed_mean[:, None], 0.0, -U * s)
-    mu, m1, m2 = _adam(
-        tl.load(mu_ptr + vec, mask=vec_on, other=0.0),
-        grad_mu,
-        tl.load(m1_mu_ptr + vec, mask=vec_on, other=0.0),
-        tl.load(m2_mu_ptr + vec, mask=vec_on, other=0.0),
-        step_size[:, None],
-        bias_correction2_sqrt[:, None],
-        beta1[:, None],
-        beta2[:, None],
-        eps[:, None],
-    )
-    tl.store(mu_ptr + vec, mu, mask=vec_on)
-    tl.store(m1_mu_ptr + vec, m1, mask=vec_on)
-    tl.store(m2_mu_ptr + vec, m2, mask=vec_on)
+    c2 = (step_size[:, None], bias_correction2_sqrt[:, None], beta1[:, None], beta2[:, None], eps[:, None])
+    mu = _adam_at(mu_ptr, grad_mu, m1_mu_ptr, m2_mu_ptr, vec, vec_on, c2[0], c2[1], c2[2], c2[3], c2[4])
     initial_mean = tl.load(initial_means_ptr + vec, mask=vec_on, other=0.0)
     tl.store(means_ptr + vec, tl.where(fixed_mean[:, None], initial_mean, mu * s), mask=vec_on)
-    chol = s[:, :, None] * tl.where(lower, tl.where(row == col, tl.exp(tl.where(row == col, raw, 0.0)), raw), 0.0)
+    _, chol = _factor(raw, s, lower, row, col)
     cov = tl.sum(chol[:, :, None, :] * chol[:, None, :, :], axis=3)  # L L^T
     initial_cov = tl.load(initial_cov_ptr + at, mask=mat_on, other=0.0)
     tl.store(cov_ptr + at, tl.where(fixed_cov[:, None, None], initial_cov, cov), mask=mat_on)
