@@ -186,7 +186,6 @@ def ensemble_updates(monkeypatch):
         ("minibatch_em", "unrolled", "torch"),
         ("sgd", "unrolled", "torch"),
         ("minibatch_em", "triton", "triton"),
-        ("sgd", "triton", "torch"),
         ("sgd", "unrolled", "triton"),
         ("sgd", "triton", "triton"),
     ],
