@@ -232,48 +232,70 @@ def triton_chunk(
     with_criteria: bool = False,
 ):
     """(log p(x_i) (B,), log alpha_j N_ij (B, K), Statistics or None) for one chunk, R = I (``R`` is None)."""
-    import triton
-
-    n, dim = x.shape
     k = mixture.n_components
-    densities, sums, combine = kernels(dim)
-    xt, st = x.T.contiguous(), S.reshape(n, dim * dim).T.contiguous()  # entry-major: coalesced loads
     par = _parameters(*mixture.tensors(), x.dtype)
-    dens = torch.empty((k, n), dtype=x.dtype, device=x.device)
-    failed = torch.empty((k, n), dtype=torch.int8, device=x.device)
-    grid = (k, triton.cdiv(n, BLOCK))
-    densities[grid](xt, st, par, dens, failed, n, n, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    inputs, dens, failed, loglik = _densities(x, S, par, 1, k)
     raise_for_failed_pairs(failed.T, row_offset)
-    loglik = log_likelihoods(combine, dens, 1)[0]
+    loglik = loglik[0]
     if not with_stats:
         return loglik, dens.T, None
     log_resp = (dens, loglik)
     if uniforms is not None:  # stochastic EM's draws: one-hot responsibilities, as log densities 0 and -inf about 0
         drawn = assign(torch.exp(dens - loglik), None, uniforms, dim=0)
         log_resp = (torch.log(drawn).to(x.dtype), torch.zeros_like(loglik))
-    weights = loglik if point_weights is None else point_weights.to(x.dtype).contiguous()  # loglik: not read
-    partial = torch.empty((grid[1], k, n_sums(dim)), dtype=x.dtype, device=x.device)
-    sums[grid](
-        xt,
-        st,
-        par,
-        *log_resp,
-        weights,
-        partial,
-        n,
-        n,
-        k,
-        k,
-        WEIGHTED=point_weights is not None,
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
-    )
-    total = partial.sum(0, dtype=torch.float64).to(x.dtype)
+    weights = None if point_weights is None else point_weights.to(x.dtype).contiguous()
+    total = _summed(inputs, par, log_resp, weights, 1, k)[0]
     criteria = None
     if with_criteria:
         criteria = Criteria(*criteria_sums(dens, loglik, mixture.log_weights, point_weights, dim=0))
-    stats = Statistics(n_points(x, point_weights), *_sums(total, dim), summed_loglik(loglik, point_weights), criteria)
+    sums = _sums(total, x.shape[1])
+    stats = Statistics(n_points(x, point_weights), *sums, summed_loglik(loglik, point_weights), criteria)
     return loglik, dens.T, stats
+
+
+def _densities(x: torch.Tensor, S: torch.Tensor, par: torch.Tensor, n_fits: int, k: int):
+    """The densities and combine kernels over F fits' batches (fit f's rows f n to (f + 1) n of ``x`` and
+    ``S``, its K components' packed parameters in ``par``): the inputs entry-major (coalesced loads), the
+    (F K, n) log alpha_j N_ij and failed-factorisation flags, and each star's log-likelihood (F, n)."""
+    import triton
+
+    n_all, dim = x.shape
+    n = n_all // n_fits
+    densities, _, combine = kernels(dim)
+    inputs = (x.T.contiguous(), S.reshape(n_all, dim * dim).T.contiguous())
+    dens = torch.empty((n_fits * k, n), dtype=x.dtype, device=x.device)
+    failed = torch.empty((n_fits * k, n), dtype=torch.int8, device=x.device)
+    grid = (n_fits * k, triton.cdiv(n, BLOCK))
+    densities[grid](*inputs, par, dens, failed, n, n_all, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    return inputs, dens, failed, log_likelihoods(combine, dens, n_fits)
+
+
+def _summed(inputs: tuple, par: torch.Tensor, log_resp: tuple, weights, n_fits: int, k: int) -> torch.Tensor:
+    """The sums kernel's rows (F, K, ``n_sums``) over F fits' batches, in the pass's dtype: each pair's
+    responsibility exp(log density - star's log-likelihood) (``log_resp``: (F K, n) and (F, n)), times the
+    star's weight where ``weights`` (n,) are given; each block's rows summed in float64."""
+    import triton
+
+    xt = inputs[0]
+    dim, n_all = xt.shape
+    n = n_all // n_fits
+    grid = (n_fits * k, triton.cdiv(n, BLOCK))
+    partial = torch.empty((grid[1], n_fits * k, n_sums(dim)), dtype=xt.dtype, device=xt.device)
+    kernels(dim)[1][grid](
+        *inputs,
+        par,
+        *log_resp,
+        log_resp[1] if weights is None else weights,  # not read without weights
+        partial,
+        n,
+        n_all,
+        k,
+        n_fits * k,
+        WEIGHTED=weights is not None,
+        BLOCK=BLOCK,
+        num_warps=NUM_WARPS,
+    )
+    return partial.sum(0, dtype=torch.float64).to(xt.dtype).view(n_fits, k, -1)
 
 
 def _sums(total: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -296,36 +318,10 @@ def ensemble_statistics(
     n_points, n, a fit's), and which fits had a pair that did not factorise (F,), left on the device: it
     asks the host nothing, so that a CUDA graph can replay it (``fit.engines.cuda``). Each fit's sums are
     its own pairs' alone, in the order ``triton_chunk`` takes them."""
-    import triton
-
     n_fits, k, dim = means.shape
-    n_all = x.shape[0]
-    n = n_all // n_fits
-    densities, sums, combine = kernels(dim)
-    xt, st = x.T.contiguous(), S.reshape(n_all, dim * dim).T.contiguous()
+    n = x.shape[0] // n_fits
     par = _parameters(weights, means, covariances, x.dtype)
-    dens = torch.empty((n_fits * k, n), dtype=x.dtype, device=x.device)
-    failed = torch.empty((n_fits * k, n), dtype=torch.int8, device=x.device)
-    grid = (n_fits * k, triton.cdiv(n, BLOCK))
-    densities[grid](xt, st, par, dens, failed, n, n_all, k, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    loglik = log_likelihoods(combine, dens, n_fits)
-    partial = torch.empty((grid[1], n_fits * k, n_sums(dim)), dtype=x.dtype, device=x.device)
-    sums[grid](
-        xt,
-        st,
-        par,
-        dens,
-        loglik,
-        loglik,
-        partial,
-        n,
-        n_all,
-        k,
-        n_fits * k,
-        WEIGHTED=False,
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
-    )
-    total = partial.sum(0, dtype=torch.float64).to(x.dtype).view(n_fits, k, -1)
+    inputs, dens, failed, loglik = _densities(x, S, par, n_fits, k)
+    total = _summed(inputs, par, (dens, loglik), None, n_fits, k)
     stats = Statistics(n, *_sums(total, dim), loglik.sum(1, dtype=torch.float64))
     return stats, failed.view(n_fits, k * n).amax(1) > 0

@@ -504,10 +504,10 @@ class GraphedEnsemble(Replayed):
         self.live = [torch.stack(tensors) for tensors in zip(*(rule.live_tensors() for rule in self.rules))]
         self.views = [[t[f] for t in self.live] for f in range(n_fits)]  # fit f's slice, made once: bound by identity
         # every fit's update in one launch of each of its rule's kernels, where the rule runs kernels (the
-        # fits' rules are of one form: ``steps_together``); else each fit's update in turn
+        # fits' rules are of one form, ``steps_together``, on one device, which decides ``triton_rules``);
+        # else each fit's update in turn
         kernel = self.rules[0].kernel
-        together = kernel is not None and all(rule.kernel is not None for rule in self.rules)
-        self.update = type(self.rules[0]).update_together(kernel, self.rules, self.live) if together else None
+        self.update = None if kernel is None else type(self.rules[0]).update_together(kernel, self.rules, self.live)
 
     def step(self, batches: list[Batch]) -> None:
         """Copy each fit's batch into its rows of the static inputs and its tensors into its slices, set each

@@ -144,6 +144,15 @@ def _factorises(cov, on, mat_on, idx, D: tl.constexpr):
     return finite, factors
 
 
+def _points_per_fit(stats: Statistics, n_fits: int, device) -> torch.Tensor:
+    """The batch's (weighted) number of points for each of ``n_fits`` fits, (F,), on the device: a fill, not a
+    copy from the host, so that a CUDA graph captures it (every fit's batch is of one size)."""
+    n = stats.n_points
+    return (
+        n.expand(n_fits) if torch.is_tensor(n) else torch.full((n_fits,), float(n), dtype=torch.float64, device=device)
+    )
+
+
 def online_em_step_in_place(
     state: Mixture,
     e_step: Mixture,
@@ -166,8 +175,7 @@ def online_em_step_in_place(
     k, dim = state.means.shape[-2:]
     n_all = state.weights.numel()
     n_fits, device = n_all // k, state.means.device
-    n = stats.n_points  # a fill, not a copy from the host: a CUDA graph captures it
-    n = n.expand(n_fits) if torch.is_tensor(n) else torch.full((n_fits,), float(n), dtype=torch.float64, device=device)
+    n = _points_per_fit(stats, n_fits, device)
     w = torch.zeros((n_fits, dim), dtype=torch.float64, device=device) if w is None else w
     suspect = torch.empty(state.weights.shape, dtype=torch.int8, device=device)
     grid = (triton.cdiv(n_all, BLOCK),)
@@ -317,8 +325,14 @@ def _sgd_components(
     grad_unit = s[:, :, None] * product
     free = lower & ~fixed_cov[:, None, None]
     grad_raw = tl.where(free, tl.where(row == col, grad_unit * unit, grad_unit), 0.0)
-    c3 = (step_size[:, None, None], bias_correction2_sqrt[:, None, None], beta1[:, None, None], beta2[:, None, None])
-    raw = _adam_at(raw_ptr, grad_raw, m1_raw_ptr, m2_raw_ptr, at, lower, c3[0], c3[1], c3[2], c3[3], eps[:, None, None])
+    c3 = (
+        step_size[:, None, None],
+        bias_correction2_sqrt[:, None, None],
+        beta1[:, None, None],
+        beta2[:, None, None],
+        eps[:, None, None],
+    )
+    raw = _adam_at(raw_ptr, grad_raw, m1_raw_ptr, m2_raw_ptr, at, lower, c3[0], c3[1], c3[2], c3[3], c3[4])
     U = tl.load(U_ptr + vec, mask=vec_on, other=0.0).to(tl.float64)
     grad_mu = tl.where(fixed_mean[:, None], 0.0, -U * s)
     c2 = (step_size[:, None], bias_correction2_sqrt[:, None], beta1[:, None], beta2[:, None], eps[:, None])
@@ -356,8 +370,7 @@ def sgd_step_in_place(
     k, dim = mixture.means.shape[-2:]
     n_all = mixture.weights.numel()
     n_fits, device = n_all // k, mixture.means.device
-    n = stats.n_points  # a fill, not a copy from the host: a CUDA graph captures it
-    n = n.expand(n_fits) if torch.is_tensor(n) else torch.full((n_fits,), float(n), dtype=torch.float64, device=device)
+    n = _points_per_fit(stats, n_fits, device)
     (m1_logits, m1_means, m1_raw), (m2_logits, m2_means, m2_raw) = moments
     logits, means, raw = params
     _sgd_weights[(n_fits,)](
