@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
+
+
+def warn_at_user(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` at the first caller outside this library and scikit-learn (whose wrappers call
+    ``fit``): the user's line, however deep in the library the warning was found (the outermost frame where
+    every caller is the library's, as under its command line)."""
+    import sklearn
+
+    inside = tuple(str(Path(str(module.__file__)).parent) + "/" for module in (sys.modules[__package__], sklearn))
+    frame, level = sys._getframe(1), 2  # stacklevel 2: the frame that called this
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
 
 def brief(value) -> str:
     """``value``'s repr for an error message, or for a long list (a K-long mask) its length and first entries."""

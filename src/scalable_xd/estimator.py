@@ -299,10 +299,13 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
 
 
 def _continued(before: list[dict], after: list[dict]) -> list[dict]:
-    """A warm-started fit's history after the one it continued: its epochs and training seconds counted on
-    from where ``before`` ended (its entry 0, the parameters ``before`` ended with, is dropped)."""
+    """A warm-started fit's history after the one it continued: its epochs and training (wall and CPU) seconds
+    counted on from where ``before`` ended (its entry 0, the parameters ``before`` ended with, is dropped)."""
     if not before:
         return after
     last = before[-1]
     shifted = [{**e, "epoch": e["epoch"] + last["epoch"], "seconds": e["seconds"] + last["seconds"]} for e in after[1:]]
+    if "cpu_seconds" in last:  # a history written before CPU seconds were recorded has none to count on from
+        for entry in shifted:
+            entry["cpu_seconds"] = entry.get("cpu_seconds", 0.0) + last["cpu_seconds"]
     return before + shifted

@@ -11,8 +11,10 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 import scalable_xd.data.dataset
 import scalable_xd.estimator
+import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 import scalable_xd.fit.engines.reference
+import scalable_xd.fit.loop
 import scalable_xd.kernel.fused
 from scalable_xd import XDGMM, FitDivergedError
 
@@ -164,7 +166,13 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(
     counted = lambda stats: (calls.append(1) if stats is not None else None, stats)[1]  # noqa: E731  # a pass
     monkeypatch.setattr(general, "batch_statistics", lambda *a, **k: counted(real(*a, **k)))
     monkeypatch.setattr(plain, "_pass", lambda *a, **k: counted(real_plain(*a, **k)))
+    saved = scalable_xd.fit.checkpoint.load(checkpoint)
+    monkeypatch.setattr(scalable_xd.fit.loop, "_now", lambda: (5.0, 7.0))  # the resumed run's own time: none
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
+    # the time of epoch 2's batches before the kill, wall and CPU, is counted into its entry, and only that
+    for clock, done in zip(("seconds", "cpu_seconds"), saved["epoch_seconds"]):
+        assert done > 0 and resumed.history_[2][clock] == saved["history"][1][clock] + done
+        assert resumed.history_[3][clock] == resumed.history_[2][clock]
     per_epoch = 2 if method in ("em", "stochastic_em") else len(x) // batch_size
     assert len(calls) == 2 * per_epoch - every  # the rest of epoch 2, then epoch 3
     for attr in ("weights_", "means_", "covariances_"):
@@ -220,7 +228,8 @@ def test_interrupted_fit_resumes_from_checkpoint(data, method, options, tmp_path
         np.testing.assert_allclose(getattr(resumed, attr), getattr(uninterrupted, attr), rtol=1e-12, atol=1e-14)
     assert [h["epoch"] for h in resumed.history_] == list(range(7))
     assert resumed.history_ == uninterrupted.history_ or all(  # the same curve (and truncation restarts)
-        {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+        {k: v for k, v in a.items() if k not in ("seconds", "cpu_seconds")}
+        == {k: v for k, v in b.items() if k not in ("seconds", "cpu_seconds")}
         for a, b in zip(resumed.history_, uninterrupted.history_)
     )
     with pytest.raises(ValueError, match="different fit"):
@@ -437,5 +446,7 @@ def test_scored_data_held_on_the_device_score_as_read_from_the_host(data, method
     held = fit()
     monkeypatch.setattr(dataset, "RESIDENT_BYTES", 0)
     read = fit()
-    strip = lambda history: [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+    strip = lambda history: [
+        {k: v for k, v in entry.items() if k not in ("seconds", "cpu_seconds")} for entry in history
+    ]
     assert strip(held.history_) == strip(read.history_)

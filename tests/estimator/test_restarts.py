@@ -40,8 +40,37 @@ def test_the_best_of_n_starts_is_the_best_of_the_separate_seeded_fits_to_the_bit
     best = separate[model.best_start_]
     for name in ("weights_", "means_", "covariances_"):
         assert np.array_equal(getattr(model, name), getattr(best, name)), name
-    untimed = lambda history: [{k: v for k, v in e.items() if k != "seconds"} for e in history]  # noqa: E731
+    untimed = lambda history: [{k: v for k, v in e.items() if k not in ("seconds", "cpu_seconds")} for e in history]  # noqa: E731
     assert untimed(model.history_) == untimed(best.history_)
+
+
+@pytest.mark.parametrize("method", ["minibatch_em", "em"])
+def test_a_fit_at_the_defaults_killed_and_rerun_resumes_with_the_seeds_it_drew(method, tmp_path, monkeypatch):
+    """No random_state and n_init at its default (three starts on small data): the rerun reads the drawn seeds
+    from the starts' checkpoints, resumes, and ends as the same run uninterrupted (which the seeds it drew,
+    given as random_state, reproduce); a second rerun reads every start back."""
+    settings = dict(method=method, **SETTINGS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save = scalable_xd.fit.checkpoint.save
+
+        def save_then_crash(path, **state):
+            save(path, **state)
+            if ".start1." in str(path) and state["epoch"] == 2:
+                raise KeyboardInterrupt
+
+        with monkeypatch.context() as patch:
+            patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+            with pytest.raises(KeyboardInterrupt):
+                XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+        drawn = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.start0.ckpt").seed
+        resumed = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+        again = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+        uninterrupted = XDGMM(**settings, random_state=drawn).fit(X, Xcov=S)
+    assert len(resumed.start_scores_) == 3
+    assert resumed.start_scores_ == uninterrupted.start_scores_ == again.start_scores_
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(resumed, name), getattr(uninterrupted, name)), name
 
 
 def test_with_validation_data_the_starts_are_judged_on_them():
@@ -101,8 +130,11 @@ def test_a_diverging_start_is_left_out_naming_it_and_the_scores_survive_save_and
         return fit_mixture(plan)
 
     monkeypatch.setattr(scalable_xd.fit.restarts, "fit_mixture", diverging_seed_11)
-    with pytest.warns(UserWarning, match=r"n_init: start 1 \(seed 11\) diverged and is left out"):
+    with pytest.warns(
+        UserWarning, match=r"n_init: 1 of 3 starts diverged and are left out: start 1 \(seed 11\)"
+    ) as said:
         model = XDGMM(method="em", n_init=3, random_state=10, **SETTINGS).fit(X, Xcov=S)
+    assert [w.filename for w in said if "diverged" in str(w.message)] == [__file__]  # the user's line
     assert model.start_scores_[1] is None and model.best_start_ in (0, 2)
     model.save(tmp_path / "model.npz")
     loaded = XDGMM.load(tmp_path / "model.npz")
@@ -112,8 +144,23 @@ def test_a_diverging_start_is_left_out_naming_it_and_the_scores_survive_save_and
         raise FitDivergedError(2, 0, "has non-finite parameters", "a larger w")
 
     monkeypatch.setattr(scalable_xd.fit.restarts, "fit_mixture", diverging)
-    with pytest.warns(UserWarning), pytest.raises(FitDivergedError, match="fit diverged at epoch 2"):
-        XDGMM(method="em", n_init=2, random_state=10, **SETTINGS).fit(X, Xcov=S)  # every start: the error
+    with pytest.warns(UserWarning, match=r"every start diverged; start 0 \(seed 10\)"):
+        with pytest.raises(FitDivergedError, match="fit diverged at epoch 2"):  # every start: the last's error
+            XDGMM(method="em", n_init=2, random_state=10, **SETTINGS).fit(X, Xcov=S)
+
+
+@pytest.mark.parametrize("method", ["em", "minibatch_em"])
+def test_only_the_kept_starts_warnings_reach_the_user_at_the_users_line(method, caplog):
+    """Three starts of a short budget: none converges. One ConvergenceWarning, the kept start's, at this
+    file's line; the two discarded starts' are logged, naming them."""
+    with warnings.catch_warnings(record=True) as said, caplog.at_level("INFO", logger="scalable_xd.fit"):
+        warnings.simplefilter("always")
+        model = XDGMM(method=method, n_init=3, random_state=10, **{**SETTINGS, "epochs": 2}).fit(X, Xcov=S)
+    assert not model.converged_
+    assert [(w.category.__name__, w.filename) for w in said] == [("ConvergenceWarning", __file__)]
+    left_out = sorted({0, 1, 2} - {model.best_start_})
+    for start in left_out:
+        assert f"n_init: start {start} (seed {10 + start}), left out for start {model.best_start_}: " in caplog.text
 
 
 def test_partial_fit_refuses_restarts_and_warm_start_takes_one_start():

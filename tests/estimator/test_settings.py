@@ -26,6 +26,7 @@ WORKFLOW_FIT_KEYS = {
     "nodes",
     "stream_window",
     "checkpoint_every",
+    "job_per_seed",
 }  # the grid, not settings
 WORKFLOW_INIT_KEYS = {"kmeans_max_rows"}  # which stars k-means sees, not how it runs
 

@@ -194,11 +194,12 @@ def test_starts_in_lockstep_take_one_replayed_step_and_each_ends_as_alone(
     method, backend, update, gpu_path, graphed_steps, ensemble_steps, ensemble_updates, monkeypatch, request
 ):
     """``n_init`` starts on the GPU's path advance in lockstep, each step one ``GraphedEnsemble`` step for
-    the three (here run eagerly on the CPU). Each start ends as its seed's fit alone: to the bit where each
-    fit's pass runs in turn and torch updates one at a time; with the triton kernels, to float rounding
-    (the ensemble pass gives each fit its pass alone's sums and the update kernels are the same for one fit
-    or three, but a fit alone takes an epoch's last, smaller batch with torch's update), well inside 1e-10
-    after 10 steps."""
+    the three (here run eagerly on the CPU). Each start ends as its seed's fit alone to float64 rounding: where
+    each fit's pass runs in turn and torch updates one at a time, within 1e-12 (the same arithmetic, but
+    torch's CPU kernels pick their vector lanes and blocking by the tensors' shapes and the CPU's vector
+    width, so three fits stacked and one alone round alike on one CPU and differ by ~1e-14 on another); with
+    the triton kernels within 1e-10 after 10 steps (a fit alone takes an epoch's last, smaller batch with
+    torch's update)."""
     if update == "triton":
         request.getfixturevalue("triton_update")
     x, S = _data()
@@ -211,13 +212,9 @@ def test_starts_in_lockstep_take_one_replayed_step_and_each_ends_as_alone(
     assert len(graphed_steps) == 3 * 9 * epochs
     scores = [fit.history_[-1]["train_loglik"] for fit in alone]
     best = alone[together.best_start_]
-    if backend == "unrolled" and update == "torch":
-        assert together.start_scores_ == scores
-        for attr in ("weights_", "means_", "covariances_"):
-            assert np.array_equal(getattr(together, attr), getattr(best, attr)), attr
-    else:
-        np.testing.assert_allclose(together.start_scores_, scores, rtol=1e-10)
-        _assert_same_fit(together, best, rtol=1e-10)
+    rtol = 1e-12 if backend == "unrolled" and update == "torch" else 1e-10
+    np.testing.assert_allclose(together.start_scores_, scores, rtol=rtol)
+    _assert_same_fit(together, best, rtol=rtol)
 
 
 def test_a_tripped_check_in_lockstep_runs_that_starts_epoch_again(gpu_path, graphed_steps, ensemble_steps, caplog):

@@ -256,13 +256,22 @@ def test_paper_config_plans_the_full_grid_without_the_network(tmp_path):
     assert not (tmp_path / "resources").exists()  # a dry run downloads nothing
 
 
-def test_the_cpu_sized_mock_config_plans_the_paper_grid_with_one_seed_and_no_references(tmp_path):
+def test_the_cpu_sized_mock_config_plans_the_paper_grid_one_job_per_fit_and_no_references(tmp_path):
     output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="mock_cpu.yaml")
     plan = planned_jobs(output)
-    assert plan["fit"] == 3 * 4 and plan["kmeans"] == 4 and plan["mock_catalogue"] == 1
+    assert plan["fit"] == 3 * 4 * 10 and plan["kmeans"] == 4 * 10 and plan["mock_catalogue"] == 1
     assert "reference" not in plan  # truth.references: false
     commands = [line for line in output.splitlines() if " fit --train " in line]
-    assert len(commands) == 12 and not any("--reference" in c for c in commands)
+    assert len(commands) == 120 and not any("--reference" in c for c in commands)
+    # fit.job_per_seed: each job one seed, its own init, outputs and log
+    fitted = [(re.search(r"--label (\w+) ", c)[1], re.search(r"--seed (\d+) ", c)[1], c) for c in commands]
+    assert {(method, seed) for method, seed, _ in fitted} == {
+        (m, str(s)) for m in ("em", "minibatch_em", "sgd") for s in range(10)
+    }
+    for method, seed, command in fitted:
+        assert command.count("--init ") == 1 and f"_seed{seed}.npz --n-components" in command
+        assert re.search(rf"--output-model \S+/{method}/K\d+_seed{seed}/model.npz --output-metrics", command)
+        assert re.search(rf"logs/fit/{method}/K\d+_seed{seed}.log", command)
     assert "resources/mock/mock_n2000000_seed0.parquet" in output  # the paper's 2,000,000 rows
 
 

@@ -28,6 +28,7 @@ ENV = "../envs/scalable_xd.yaml"
 wildcard_constraints:
     method="|".join(METHODS),
     K=r"\d+",
+    seed=r"\d+",
 
 # The methods the schema allows a variant (tests/estimator/test_settings.py holds them equal to scalable_xd.fit.methods).
 with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as _schema:
@@ -127,7 +128,7 @@ def reference_metrics(K):
 # Keys of the config's fit block that the workflow itself uses; every other key is a fit setting
 # (scalable_xd.settings.FitSettings) and goes to `scalable-xd fit` as an option of the same name.
 WORKFLOW_FIT_KEYS = ("methods", "variants", "n_components", "seeds", "threads", "processes", "nodes", "stream_window",
-                     "checkpoint_every")
+                     "checkpoint_every", "job_per_seed")
 
 
 def _option(key, value):

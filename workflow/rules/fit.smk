@@ -1,23 +1,25 @@
 # One job per (method, K) fits every seed, one after another on the data read once: each seed's parameters
-# and metrics JSON (log-likelihoods, timings, curve) are its own, as if fitted alone.
+# and metrics JSON (log-likelihoods, timings, curve) are its own, as if fitted alone. With fit.job_per_seed
+# each (method, K, seed) is a job of its own ("{seed}" its one seed), timed alone and final as it ends.
+JOB_SEEDS = ["{seed}"] if config["fit"]["job_per_seed"] else SEEDS
 
 
 rule fit:
-    """Fit an XD mixture with one method at one K for every seed, each from its own k-means init; each seed
-    checkpoints every epoch, and a job stopped part way resumes from the seed it was in (the seeds before
-    it read back from their checkpoints)."""
+    """Fit an XD mixture with one method at one K for every seed of the job (JOB_SEEDS), each from its own
+    k-means init; each seed checkpoints every epoch, and a job stopped part way resumes from the seed it was
+    in (the seeds before it read back from their checkpoints)."""
     input:
         train=f"{DATA}/train.parquet",
         val=f"{DATA}/val.parquet",
         test=f"{DATA}/test.parquet",
-        init=[init_file("{K}", seed) for seed in SEEDS],
+        init=[init_file("{K}", seed) for seed in JOB_SEEDS],
         references=lambda wildcards: reference_metrics(wildcards.K),
     output:
-        model=[f"{fit_dir('{method}', '{K}', seed)}/model.npz" for seed in SEEDS],
-        metrics=[f"{fit_dir('{method}', '{K}', seed)}/metrics.json" for seed in SEEDS],
+        model=[f"{fit_dir('{method}', '{K}', seed)}/model.npz" for seed in JOB_SEEDS],
+        metrics=[f"{fit_dir('{method}', '{K}', seed)}/metrics.json" for seed in JOB_SEEDS],
     params:
         cli=FIT_CLI,
-        seeds=" ".join(map(str, SEEDS)),
+        seeds=lambda wildcards: wildcards.get("seed") or " ".join(map(str, SEEDS)),
         per_process=lambda wildcards, threads: max(1, threads // FIT_PROCESSES),
         stream_window=lambda wildcards: stream_window(wildcards.method),
         checkpoint_every=config["fit"]["checkpoint_every"],
@@ -31,7 +33,7 @@ rule fit:
         gpu=FIT_GPUS * FIT_PROCESSES,  # one GPU per process of a data-parallel fit (per node)
         nodes=FIT_NODES,
     log:
-        f"{RESULTS}/logs/fit/{{method}}/K{{K}}.log",
+        f"{RESULTS}/logs/fit/{{method}}/K{{K}}" + ("_seed{seed}" if config["fit"]["job_per_seed"] else "") + ".log",
     conda:
         ENV
     shell:

@@ -19,6 +19,8 @@ IGNORED = {
     "kmeans_seconds",
     "wall_seconds",
     "cpu_seconds",
+    "train_cpu_seconds",
+    "machine_load",
     "threads",
     "config_hash",
     "versions",

@@ -31,8 +31,9 @@ from ..files import atomic_path
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
 # 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds);
 # 5: SGD keeps its own Adam state (step count on the host) rather than torch.optim.Adam's; 6: the state as
-# checksummed bytes (``ENVELOPE``), the regularisation per feature.
-FORMAT = 6
+# checksummed bytes (``ENVELOPE``), the regularisation per feature; 7: an epoch in progress's seconds as
+# (wall, CPU), the history's entries with their CPU seconds.
+FORMAT = 7
 ENVELOPE = ("sha256", "payload")
 KEYS = ("format", "fingerprint", "epoch", "history", "converged", "fitter", "batch", "epoch_seconds")
 # Rows of a data set hashed in full by ``data_digest``, evenly spaced over the set.
@@ -75,10 +76,10 @@ def save(
     converged: bool,
     fitter_state: dict,
     batch: int = 0,
-    epoch_seconds: float = 0.0,
+    epoch_seconds: list[float] | None = None,
 ) -> None:
     """``epoch``: the last epoch completed; ``batch``: the batches of the next one already done (0 at an
-    epoch's end), which took ``epoch_seconds``."""
+    epoch's end), which took ``epoch_seconds`` (wall, CPU)."""
     state = {
         "format": FORMAT,
         "fingerprint": fingerprint,
@@ -87,7 +88,7 @@ def save(
         "converged": converged,
         "fitter": fitter_state,
         "batch": batch,
-        "epoch_seconds": epoch_seconds,
+        "epoch_seconds": list(epoch_seconds or (0.0, 0.0)),
     }
     write_state(path, state)
 
@@ -231,7 +232,13 @@ class Checkpoint:
             check_matches(self.saved, self.fingerprint, self.path)
 
     def save(
-        self, epoch: int, history: list, converged: bool, fitter_state: dict, batch: int = 0, epoch_seconds: float = 0.0
+        self,
+        epoch: int,
+        history: list,
+        converged: bool,
+        fitter_state: dict,
+        batch: int = 0,
+        epoch_seconds: list[float] | None = None,
     ) -> None:
         if self.fingerprint is None:
             raise RuntimeError(f"checkpoint {self.path}: bind it to its fit before saving")

@@ -9,8 +9,7 @@ parameters, or ``fit.init`` from the given arrays and k-means), build the method
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,13 +47,16 @@ KMEANS_SAMPLE = 1_000_000
 @dataclass
 class Fitted:
     """The fit's result: what it reports (the averaged parameters under Polyak averaging), its history
-    (``fit.loop``) and whether its last epoch gained less than ``tol``."""
+    (``fit.loop``), whether its last epoch gained less than ``tol``, and the warnings about the fitted model
+    (``warnings``: (message, category)), which the caller gives where they concern the user's model (a
+    restart's discarded starts do not)."""
 
     mixture: Mixture
     history: list
     converged: bool
     settings: FitSettings  # as run: the epoch budget resolved for the data (``methods.for_data``)
     background: Background | None = None  # with its fitted weight, where the fit had one
+    warnings: list = field(default_factory=list)
 
 
 def fit_mixture(plan: FitPlan) -> Fitted:
@@ -115,22 +117,23 @@ def fit_mixture(plan: FitPlan) -> Fitted:
     monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
     converged = converged or _judged_converged(history, settings)
-    _warn_of_dead_components(fitter.result, train.total_weight, fixed)
-    return Fitted(fitter.result, history, converged, settings, background_of(fitter))
+    said = [None if converged else _not_converged(history, settings)]
+    said.append(_dead_components(fitter.result, train.total_weight, fixed))
+    return Fitted(fitter.result, history, converged, settings, background_of(fitter), [w for w in said if w])
 
 
-def _warn_of_dead_components(mixture: Mixture, data_size: float, fixed) -> None:
+def _dead_components(mixture: Mixture, data_size: float, fixed) -> tuple[str, type] | None:
     """A warning where components (not of fixed weight) end with less than one star's worth of weight:
     capacity asked for that the fit does not use, said rather than left silent."""
     dead = dead_components(mixture.weights, 1.0 / data_size, None if fixed is None else fixed.weights)
-    if len(dead):
-        warnings.warn(
-            f"{len(dead)} of {mixture.n_components} components ended with less than one star's worth of "
-            f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Fit fewer components; "
-            "minibatch EM re-seeds them at each epoch's end (reseed_dead)",
-            UserWarning,
-            stacklevel=4,
-        )
+    if not len(dead):
+        return None
+    return (
+        f"{len(dead)} of {mixture.n_components} components ended with less than one star's worth of "
+        f"weight (below 1/N = {1.0 / data_size:.3g}): capacity the fit does not use. Fit fewer components; "
+        "minibatch EM re-seeds them at each epoch's end (reseed_dead)",
+        UserWarning,
+    )
 
 
 def _fingerprint(plan: FitPlan, settings: FitSettings) -> dict:
@@ -192,21 +195,28 @@ def graphs_steps(device: torch.device) -> bool:
 
 def _judged_converged(history: list, settings: FitSettings) -> bool:
     """Whether the last epoch raised the mean training log-likelihood by less than ``tol`` (the methods the
-    loop does not stop by ``tol`` are judged so at the end); warns (scikit-learn's ``ConvergenceWarning``)
-    where the epoch budget ended first. ``tol=None`` asks for every epoch and judges nothing."""
+    loop does not stop by ``tol`` are judged so at the end). ``tol=None`` asks for every epoch and judges
+    nothing."""
     if settings.tol is None or len(history) < 2:
         return False
     gain = last_gain(history)
+    return gain is not None and gain < settings.tol
+
+
+def _not_converged(history: list, settings: FitSettings) -> tuple[str, type] | None:
+    """scikit-learn's ``ConvergenceWarning`` where the epoch budget ended while the last epoch still gained
+    more than ``tol``."""
+    if settings.tol is None or len(history) < 2:
+        return None
+    gain = last_gain(history)
     if gain is None or gain < settings.tol:
-        return gain is not None
-    warnings.warn(
+        return None
+    return (
         f"{settings.method} ended by its budget of {settings.epochs} epochs while its last epoch still raised the "
         f"mean training log-likelihood by {gain:.3g} nats/star (more than tol = {settings.tol:g}): the fit has "
         "not converged; give it more epochs",
         ConvergenceWarning,
-        stacklevel=4,
     )
-    return False
 
 
 def starting_mixture(train: Dataset, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:

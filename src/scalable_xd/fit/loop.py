@@ -1,9 +1,11 @@
 """The epoch loop shared by every fitter: batching, timing, evaluation, checkpoints and divergence checks.
 
 History entry 0 describes the initial parameters; entry e the parameters after epoch e. ``seconds`` is the
-cumulative training wall time (batch transfer, statistics and updates), excluding the evaluation passes
-that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point: over the whole validation set,
-and over the training set or, for the minibatch methods, a fixed sample of it, ``train_score_rows``).
+cumulative training wall time (batch transfer, statistics and updates) and ``cpu_seconds`` the process CPU
+time it took over all threads (which another program on a shared machine moves less), both excluding the
+evaluation passes that fill ``train_loglik`` and ``val_loglik`` (mean log-likelihood per point: over the
+whole validation set, and over the training set or, for the minibatch methods, a fixed sample of it,
+``train_score_rows``).
 
 Batch EM needs no evaluation pass over the training set: its E-step of epoch e + 1 sums the log-likelihood
 of the parameters after epoch e over every training point, which is entry e's ``train_loglik``. So each
@@ -112,7 +114,7 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
     engine = engine_for(fitter, cfg)
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
-        tick = time.perf_counter()
+        tick = _now()
         fitter.start_epoch(epoch - 1)
         if done:  # start_epoch cleared what the checkpoint holds of this epoch (batch EM's sums so far)
             fitter.load_state_dict(resumed)
@@ -125,15 +127,15 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
             else:
                 train_epoch(converged)
         synchronize(cfg.device)
-        seconds = history[-1]["seconds"] + done_seconds + time.perf_counter() - tick
-        done, done_seconds = 0, 0.0
+        seconds = _clock(history[-1], done_seconds, tick)
+        done, done_seconds = 0, (0.0, 0.0)
         if one_pass and _scored_by_its_pass(fitter, train, cfg, history):
             converged = True  # at the parameters just scored: no update from this pass
             break
         fitter.end_epoch()
         _check_mixture(fitter.mixture, epoch, cfg.cures)
         _check_mixture(fitter.result, epoch, cfg.cures)
-        history.append(evaluate(epoch, seconds, score_train=not one_pass))
+        history.append(evaluate(epoch, *seconds, score_train=not one_pass))
         if not one_pass:
             _log(cfg, history[-1])
             converged = improved_less_than(cfg.tol, history)
@@ -154,14 +156,35 @@ def _has_a_line(cfg: LoopConfig, epoch: int) -> bool:
     return epoch % max(1, -(-cfg.epochs // EPOCH_LINES)) == 0 or epoch == cfg.epochs
 
 
+def _now() -> tuple[float, float]:
+    """The (wall, process CPU) clocks the loop times training by."""
+    return time.perf_counter(), time.process_time()
+
+
+def _clock(last: dict, done_seconds: tuple[float, float], tick: tuple[float, float]) -> tuple[float, float]:
+    """Cumulative training (wall, CPU) seconds: ``last`` entry's, the ``done_seconds`` of an epoch's batches
+    done before a resume, and the time since ``tick`` (``perf_counter``, ``process_time``)."""
+    wall, cpu = (done + now - then for done, now, then in zip(done_seconds, _now(), tick))
+    return last["seconds"] + wall, last.get("cpu_seconds", 0.0) + cpu
+
+
 def _entry(
-    fitter: Fitter, cfg: LoopConfig, scored, val, monitored: dict, epoch: int, seconds: float, score_train: bool
+    fitter: Fitter,
+    cfg: LoopConfig,
+    scored,
+    val,
+    monitored: dict,
+    epoch: int,
+    seconds: float,
+    cpu_seconds: float,
+    score_train: bool,
 ):
     """A history entry for the fitter's current result; its training figure left to the next pass
     (``score_train`` False: batch EM, whose E-step computes it)."""
     return {
         "epoch": epoch,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "train_loglik": _mean_loglik(scored, fitter, cfg) if score_train else None,
         "val_loglik": None if val is None else _mean_loglik(val, fitter, cfg),
         **{f"{name}_loglik": _mean_loglik(data, fitter, cfg) for name, data in monitored.items()},
@@ -176,13 +199,13 @@ def _starting_point(fitter: Fitter, cfg: LoopConfig, checkpoint: Checkpoint | No
     if checkpoint is not None and checkpoint.saved is not None:
         saved, path = checkpoint.saved, checkpoint.path
         resume_state(fitter, saved["fitter"], f"checkpoint {path}", f"delete {path} to start the fit afresh")
-        done = (saved["batch"], saved["epoch_seconds"], saved["fitter"])
+        done = (saved["batch"], tuple(saved["epoch_seconds"]), saved["fitter"])
         return (saved["epoch"], saved["history"], saved["converged"], *done)
     one_pass = fitter.scores_its_pass
-    history = [evaluate(0, 0.0, score_train=not one_pass)]
+    history = [evaluate(0, 0.0, 0.0, score_train=not one_pass)]
     if not one_pass:
         _log(cfg, history[0])
-    return 0, history, False, 0, 0.0, {}
+    return 0, history, False, 0, (0.0, 0.0), {}
 
 
 def _scored_by_its_pass(fitter: Fitter, train: DataSource, cfg: LoopConfig, history: list) -> bool:
@@ -278,8 +301,8 @@ def _train_epoch(
     cfg: LoopConfig,
     epoch: int,
     done: int,
-    done_seconds: float,
-    tick: float,
+    done_seconds: tuple[float, float],
+    tick: tuple[float, float],
     checkpoint: Checkpoint | None,
     history: list,
     engine: Engine,
@@ -320,5 +343,5 @@ def _train_epoch(
                 converged,
                 fitter.state_dict(),
                 batch=number + 1,
-                epoch_seconds=done_seconds + time.perf_counter() - tick,
+                epoch_seconds=[done + now - then for done, now, then in zip(done_seconds, _now(), tick)],
             )

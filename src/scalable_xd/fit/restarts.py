@@ -5,9 +5,12 @@ and, for the minibatch methods, on its batch order. Start s is the fit of seed `
 start can be fitted alone, and ``n_init = 1`` is the plain fit); each is judged by its final mean
 log-likelihood on the validation data where the plan has them, else on the training data (the history's
 last ``val_loglik`` or ``train_loglik``), and every start's score is kept beside the best's fit. A start
-whose fit diverges is left out, with a warning naming it; where every start diverges, the last one's error
-is raised. With a checkpoint, each start has its own file beside it (``start_checkpoint``), so an
-interrupted run resumes the start it was in, and the starts already done are read back, not refitted.
+whose fit diverges is left out, with one warning naming each; where every start diverges, the last one's
+error is raised. The kept start's warnings (not converged, components left empty) are the user's, given at
+the user's line; a discarded start's are logged (INFO), naming it. With a checkpoint, each start has its
+own file beside it (``start_checkpoint``), so an interrupted run resumes the start it was in, and the
+starts already done are read back, not refitted; without ``random_state``, with the seeds it drew (read
+from the files).
 The data are read and checked once, for all of them (``fit.plan``); the minibatch methods' starts on the
 CPU, and replayed on CUDA, advance in lockstep, each step one pass and one update call for all of them
 (``fit.lockstep``), and each start ends as it would alone.
@@ -17,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
+import logging
 from pathlib import Path
 
 from .._torch import resolve_device
-from ..errors import FitDivergedError
+from ..errors import FitDivergedError, warn_at_user
 from ..settings import FitSettings, resolve_seed
+from .checkpoint import Checkpoint
 from .driver import Fitted, fit_mixture
 from .lockstep import Lockstep, Member, raise_failure
 from .methods import method
@@ -38,6 +42,9 @@ class Restarts:
     best: int
 
 
+log = logging.getLogger("scalable_xd.fit")
+
+
 def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
     """The best of ``plan.settings.n_init`` starts' fits, and every start's score."""
     n_init = plan.settings.n_init
@@ -45,9 +52,12 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
         raise ValueError("n_init=None is resolved when the fit is planned (plan.with_starts)")
     if n_init == 1:
         fitted = fit_mixture(plan)
+        _say(fitted.warnings)
         return fitted, Restarts([_score(fitted, plan)], 0)
     base = plan.random_state
-    if base is None:  # one seed drawn for every start, and every process: rank 0's
+    if base is None:  # the seeds an interrupted run drew, else one drawn for every start and process: rank 0's
+        base = _drawn_before(plan.checkpoint, n_init)
+    if base is None:
         base = shared_seed(Group.current(), resolve_seed(None))
     base = resolve_seed(base)
     seeds = [(base + start) % 2**63 for start in range(n_init)]
@@ -57,19 +67,33 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
     )
     best: tuple[int, float, Fitted] | None = None  # the best start so far, its score and its fit
     scores: list[float | None] = []
-    for start, (seed, result) in enumerate(zip(seeds, fits)):
+    for result in fits:
         if isinstance(result, FitDivergedError):
-            warnings.warn(f"n_init: start {start} (seed {seed}) diverged and is left out: {result}", stacklevel=3)
             scores.append(None)
             continue
-        fitted = result
-        score = _score(fitted, plan)
-        scores.append(score)
+        scores.append(score := _score(result, plan))
         if best is None or score > best[1]:  # a tie keeps the earlier start
-            best = (start, score, fitted)
-    if best is None:
-        raise fits[-1]  # type: ignore[misc]  # every start diverged: the last one's error
+            best = (len(scores) - 1, score, result)
+    diverged = [f"start {s} (seed {seeds[s]}): {fit}" for s, fit in enumerate(fits) if scores[s] is None]
+    if best is None:  # every start diverged: the others named, the last one's error raised
+        warn_at_user("n_init: every start diverged; " + "; ".join(diverged[:-1]), UserWarning)
+        raise fits[-1]  # type: ignore[misc]
+    if diverged:
+        warn_at_user(
+            f"n_init: {len(diverged)} of {n_init} starts diverged and are left out: " + "; ".join(diverged), UserWarning
+        )
+    for start, fit in enumerate(fits):
+        if start != best[0] and isinstance(fit, Fitted):
+            for message, _ in fit.warnings:  # about a model the user does not get
+                log.info("n_init: start %d (seed %d), left out for start %d: %s", start, seeds[start], best[0], message)
+    _say(best[2].warnings)
     return best[2], Restarts(scores, best[0])
+
+
+def _say(said: list) -> None:
+    """The kept fit's warnings, at the user's line."""
+    for message, category in said:
+        warn_at_user(message, category)
 
 
 def fit_together(plans: list[FitPlan]) -> list[Fitted | FitDivergedError]:
@@ -109,6 +133,16 @@ def in_lockstep(settings: FitSettings) -> bool:
 def _score(fitted: Fitted, plan: FitPlan) -> float:
     """A start's final mean log-likelihood: on the validation data where the plan has them, else training."""
     return float(fitted.history[-1]["val_loglik" if plan.val is not None else "train_loglik"])
+
+
+def _drawn_before(checkpoint, n_init: int) -> int | None:
+    """The base seed an interrupted run of these starts drew (start s's checkpoint holds seed base + s), so
+    that a fit without ``random_state`` resumes with its own seeds; None where no start has a checkpoint."""
+    for start in range(n_init if checkpoint is not None else 0):
+        seed = Checkpoint(start_checkpoint(checkpoint, start)).seed
+        if seed is not None:
+            return (seed - start) % 2**63
+    return None
 
 
 def start_checkpoint(path, start: int) -> Path:

@@ -232,6 +232,7 @@ def _fit_metrics(model, record: dict, timing: dict, facts: tuple):
         **record,
         settings=model.describe(),
         train_seconds=last["seconds"],
+        train_cpu_seconds=last.get("cpu_seconds"),
         **timing,
         threads=torch.get_num_threads(),
         n_iter=model.n_iter_,
@@ -410,7 +411,7 @@ def _fit_seed(
     model = XDGMM(
         n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
     )
-    tick, cpu_tick = time.perf_counter(), time.process_time()
+    tick, cpu_tick, busy_tick = time.perf_counter(), time.process_time(), _machine_busy_seconds()
     model.fit(
         X,
         Xcov=Xcov,
@@ -422,15 +423,18 @@ def _fit_seed(
         selection=_selection(settings, train_split),
     )
     wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
+    others = (_machine_busy_seconds() - busy_tick - cpu) / wall  # cores the rest of the machine kept busy
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:
         model.save(output_model)
     timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu, timed_by=None)
-    timing["warm_up_seconds"] = warm_up_seconds
+    timing.update(warm_up_seconds=warm_up_seconds, machine_load=max(0.0, others))
     pace = epoch_seconds(model.history_)
     if timed_by is not None:  # the metrics' clock: the seed fitted alone's (the model file keeps its own)
         timing.update(wall_seconds=None, cpu_seconds=None, timed_by=timed_by[0])
-        model.history_ = [{**entry, "seconds": entry["epoch"] * timed_by[1]} for entry in model.history_]
+        model.history_ = [
+            {**entry, "seconds": entry["epoch"] * timed_by[1], "cpu_seconds": None} for entry in model.history_
+        ]
     facts = (train_facts, val_facts, test_data, test_split, references)
     metrics = _fit_metrics(model, record, timing, facts)
     if group.writes:
@@ -444,6 +448,14 @@ def _fit_seed(
         metrics.train_seconds,
     )
     return pace
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process, every core) since boot (psutil)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 def selected(split, settings: FitSettings) -> np.ndarray:

@@ -41,6 +41,12 @@ class FitMetrics:
     backend: str | None = None  # the statistics pass the fit ran (``kernel.dispatch``)
     wall_seconds: float | None = None
     cpu_seconds: float | None = None  # process CPU time of the fit: beside wall time, shows a shared machine
+    # Process CPU time of the training (all threads; evaluation excluded, as train_seconds): what one fit
+    # costs, which another program on a shared machine moves less than wall time (None in lockstep)
+    train_cpu_seconds: float | None = None
+    # Cores the rest of the machine kept busy while the fit ran, on average (its busy CPU time less the
+    # fit's own, over the fit's wall time): how shared the machine was
+    machine_load: float | None = None
     threads: int | None = None
     n_iter: int | None = None
     converged: bool | None = None
@@ -131,6 +137,10 @@ def metrics_frame(paths) -> pd.DataFrame:
             "threads": m.threads,
             "cpu_seconds": m.cpu_seconds,
             "wall_seconds": m.wall_seconds,
+            "train_cpu_seconds": np.nan if m.train_cpu_seconds is None else m.train_cpu_seconds,
+            "machine_load": np.nan if m.machine_load is None else m.machine_load,
+            "n_train": (m.train or {}).get("n"),
+            "n_iter": m.n_iter,
             "dead_components": m.dead_components,
             "timed_alone": m.timed_by is None,  # False: fitted in lockstep, timed at another seed's pace
             "train_seconds": m.train_seconds,
