@@ -7,6 +7,9 @@ command after a stop, a kill or on a new machine.
     python workflow/scripts/long_run.py stop   --configfile config/mock_cpu.yaml   # before timing anything
     python workflow/scripts/long_run.py report --configfile config/mock_cpu.yaml   # table and figure from the CSVs
 
+To commit progress: stop, report, commit docs/results/ with the page and the figure, start (a running fit
+would add a row between the report and the commit).
+
 Each fit is the workflow's own job (``fit.job_per_seed: true``): ``snakemake <its metrics file>`` makes what it
 needs (the mock, its split, the k-means start: deterministic, so a new machine makes them again) and
 resumes a stopped fit from its per-epoch checkpoint. The grid runs seed by seed, so a stopped run leaves
