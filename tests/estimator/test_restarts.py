@@ -52,17 +52,7 @@ def test_a_fit_at_the_defaults_killed_and_rerun_resumes_with_the_seeds_it_drew(m
     settings = dict(method=method, **SETTINGS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        save = scalable_xd.fit.checkpoint.save
-
-        def save_then_crash(path, **state):
-            save(path, **state)
-            if ".start1." in str(path) and state["epoch"] == 2:
-                raise KeyboardInterrupt
-
-        with monkeypatch.context() as patch:
-            patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
-            with pytest.raises(KeyboardInterrupt):
-                XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+        _killed_in_start_1(monkeypatch, settings, tmp_path / "fit.ckpt")
         drawn = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.start0.ckpt").seed
         resumed = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
         again = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
@@ -83,6 +73,21 @@ def test_with_validation_data_the_starts_are_judged_on_them():
     assert model.start_scores_ == scores and model.best_start_ == int(np.argmax(scores))
 
 
+def _killed_in_start_1(monkeypatch, settings: dict, checkpoint) -> None:
+    """A fit of ``settings`` with ``checkpoint``, killed right after start 1's checkpoint of epoch 2."""
+    save = scalable_xd.fit.checkpoint.save
+
+    def save_then_crash(path, **state):
+        save(path, **state)
+        if ".start1." in str(path) and state["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        with pytest.raises(KeyboardInterrupt):
+            XDGMM(**settings).fit(X, Xcov=S, checkpoint=checkpoint)
+
+
 @pytest.mark.parametrize(
     ("method", "written"),
     [
@@ -98,18 +103,7 @@ def test_a_run_killed_inside_a_start_resumes_it_and_reads_back_the_starts_done(m
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         uninterrupted = XDGMM(**settings).fit(X, Xcov=S)
-        save, saves = scalable_xd.fit.checkpoint.save, []
-
-        def save_then_crash(path, **state):  # killed after start 1's checkpoint of epoch 2
-            save(path, **state)
-            saves.append(str(path))
-            if ".start1." in str(path) and state["epoch"] == 2:
-                raise KeyboardInterrupt
-
-        with monkeypatch.context() as patch:
-            patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
-            with pytest.raises(KeyboardInterrupt):
-                XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
+        _killed_in_start_1(monkeypatch, settings, tmp_path / "fit.ckpt")
         assert {p.name for p in tmp_path.iterdir()} == written
         fitted = []
         fit_mixture = scalable_xd.fit.restarts.fit_mixture

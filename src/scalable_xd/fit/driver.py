@@ -116,9 +116,9 @@ def fit_mixture(plan: FitPlan) -> Fitted:
         scored = _resident(scored, device, dtype)
     monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
-    converged = converged or _judged_converged(history, settings)
-    said = [None if converged else _not_converged(history, settings)]
-    said.append(_dead_components(fitter.result, train.total_weight, fixed))
+    below_tol, not_converged = _judged_converged(history, settings)
+    converged = converged or below_tol
+    said = [None if converged else not_converged, _dead_components(fitter.result, train.total_weight, fixed)]
     return Fitted(fitter.result, history, converged, settings, background_of(fitter), [w for w in said if w])
 
 
@@ -193,25 +193,17 @@ def graphs_steps(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _judged_converged(history: list, settings: FitSettings) -> bool:
+def _judged_converged(history: list, settings: FitSettings) -> tuple[bool, tuple[str, type] | None]:
     """Whether the last epoch raised the mean training log-likelihood by less than ``tol`` (the methods the
-    loop does not stop by ``tol`` are judged so at the end). ``tol=None`` asks for every epoch and judges
-    nothing."""
+    loop does not stop by ``tol`` are judged so at the end), and, where the epoch budget ended first,
+    scikit-learn's ``ConvergenceWarning`` as (message, category). ``tol=None`` asks for every epoch and
+    judges nothing."""
     if settings.tol is None or len(history) < 2:
-        return False
-    gain = last_gain(history)
-    return gain is not None and gain < settings.tol
-
-
-def _not_converged(history: list, settings: FitSettings) -> tuple[str, type] | None:
-    """scikit-learn's ``ConvergenceWarning`` where the epoch budget ended while the last epoch still gained
-    more than ``tol``."""
-    if settings.tol is None or len(history) < 2:
-        return None
+        return False, None
     gain = last_gain(history)
     if gain is None or gain < settings.tol:
-        return None
-    return (
+        return gain is not None, None
+    return False, (
         f"{settings.method} ended by its budget of {settings.epochs} epochs while its last epoch still raised the "
         f"mean training log-likelihood by {gain:.3g} nats/star (more than tol = {settings.tol:g}): the fit has "
         "not converged; give it more epochs",

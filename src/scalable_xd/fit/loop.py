@@ -161,10 +161,15 @@ def _now() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def _elapsed(done_seconds: tuple[float, float], tick: tuple[float, float]) -> list[float]:
+    """The epoch's (wall, CPU) seconds so far: the ``done_seconds`` of its batches done before a resume and
+    the time since ``tick`` (``_now``)."""
+    return [done + now - then for done, now, then in zip(done_seconds, _now(), tick)]
+
+
 def _clock(last: dict, done_seconds: tuple[float, float], tick: tuple[float, float]) -> tuple[float, float]:
-    """Cumulative training (wall, CPU) seconds: ``last`` entry's, the ``done_seconds`` of an epoch's batches
-    done before a resume, and the time since ``tick`` (``perf_counter``, ``process_time``)."""
-    wall, cpu = (done + now - then for done, now, then in zip(done_seconds, _now(), tick))
+    """Cumulative training (wall, CPU) seconds: ``last`` entry's and the epoch's (``_elapsed``)."""
+    wall, cpu = _elapsed(done_seconds, tick)
     return last["seconds"] + wall, last.get("cpu_seconds", 0.0) + cpu
 
 
@@ -343,5 +348,5 @@ def _train_epoch(
                 converged,
                 fitter.state_dict(),
                 batch=number + 1,
-                epoch_seconds=[done + now - then for done, now, then in zip(done_seconds, _now(), tick)],
+                epoch_seconds=_elapsed(done_seconds, tick),
             )

@@ -130,12 +130,13 @@ def cell_table(fits: pd.DataFrame, diverged: pd.DataFrame | None = None) -> pd.D
     )
 
 
-def _pm(mean: float, sd: float, digits: int) -> str:
+def _pm(mean: float, sd: float, digits: int, sign: str = "") -> str:
+    """``mean ± sd`` (``sign`` "+": the mean signed), the mean alone where one seed leaves no spread."""
     if np.isnan(mean):
         return "-"
-    if np.isnan(sd):  # one seed: no spread to give
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    if np.isnan(sd):
+        return f"{mean:{sign}.{digits}f}"
+    return f"{mean:{sign}.{digits}f} ± {sd:.{digits}f}"
 
 
 def markdown_table(fits: pd.DataFrame, diverged: pd.DataFrame | None = None) -> str:
@@ -172,11 +173,6 @@ def markdown_table(fits: pd.DataFrame, diverged: pd.DataFrame | None = None) -> 
         )
         shown = row.method
     return "\n".join(lines)
-
-
-def _spread(sd: float) -> str:
-    """`` ± sd``, or nothing where one seed leaves no spread."""
-    return "" if np.isnan(sd) else f" ± {sd:.3f}"
 
 
 def paired(fits: pd.DataFrame, better: str, worse: str, K: int, score: str = "val") -> dict:
@@ -217,7 +213,7 @@ def orderings(fits: pd.DataFrame) -> str:
         verdict = "yes" if result["beyond_spread"] else "no"
         lines.append(
             f"| {method_name(better)} − {method_name(worse)} | {K} | {paper:+.2f} | "
-            f"{result['mean']:+.3f}{_spread(result['sd'])} | "
+            f"{_pm(result['mean'], result['sd'], 3, sign='+')} | "
             f"{result['ahead']} of {result['seeds']} | {verdict} |"
         )
     return "\n".join(lines)
