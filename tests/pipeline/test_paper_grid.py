@@ -4,6 +4,11 @@ against numpy and scipy; the long-run driver's bookkeeping on CSVs in a temporar
 import importlib.util
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -197,6 +202,43 @@ def test_the_long_run_skips_done_and_diverged_fits_and_writes_the_page(tmp_path,
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     assert "| SGD | 64 |" in text and "| 4 | 1 |" in text
     assert (tmp_path / "docs" / "figure1_toy.png").exists()
+
+
+def _snakemake_in(directory: Path) -> subprocess.Popen:
+    """A real snakemake in ``directory`` holding its locks while its one job sleeps."""
+    (directory / "Snakefile").write_text('rule slow:\n    output: "out"\n    shell: "sleep 60; touch {output}"\n')
+    command = [sys.executable, "-m", "snakemake", "--cores", "1", "--quiet", "all"]
+    child = subprocess.Popen(command, cwd=directory, start_new_session=True, stderr=subprocess.DEVNULL)
+    locks = directory / ".snakemake" / "locks"
+    for _ in range(600):
+        if locks.is_dir() and any(locks.iterdir()):
+            return child
+        time.sleep(0.1)
+    raise AssertionError("snakemake took no lock in 60 s")
+
+
+def test_the_long_run_removes_a_killed_snakemakes_locks_and_no_running_ones(tmp_path, monkeypatch):
+    """A session's end kills snakemake without its cleanup: the next start must not fail on the lock it left,
+    and must not take the locks of a snakemake still running in the directory."""
+    long_run = _long_run()
+    monkeypatch.setattr(long_run, "ROOT", tmp_path)
+    (tmp_path / "config").mkdir()
+    config = {"name": "toy", "fit": {"job_per_seed": True, "methods": ["em"], "n_components": [64], "seeds": [0]}}
+    (tmp_path / "config" / "toy.yaml").write_text(json.dumps(config))
+    run = long_run.Grid("config/toy.yaml")
+    run.state.mkdir(parents=True)
+    locks = tmp_path / ".snakemake" / "locks"
+    running = _snakemake_in(tmp_path)
+    try:
+        long_run.unlock_stale(run)
+        assert any(locks.iterdir())
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)
+        running.wait()
+    assert any(locks.iterdir())  # SIGKILL: no cleanup, the lock stays behind
+    long_run.unlock_stale(run)
+    assert not locks.exists() or not any(locks.iterdir())
+    assert "removed the locks a killed snakemake left" in (run.state / "run.log").read_text()
 
 
 def test_the_reproducing_page_shows_the_committed_grid():

@@ -20,6 +20,7 @@ and a new checkout continues with the fits still missing. Its log is ``results/<
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +114,7 @@ def start(grid: Grid, cores: str) -> None:
         print(f"already running (process group {running}); `status` tells its progress")
         return
     grid.state.mkdir(parents=True, exist_ok=True)
+    unlock_stale(grid)
     command = [sys.executable, __file__, "run", "--configfile", grid.configfile, "--cores", cores]
     with open(grid.state / "run.log", "a") as out:
         child = subprocess.Popen(
@@ -121,15 +124,32 @@ def start(grid: Grid, cores: str) -> None:
     print(f"started: {len(grid.missing())} of {len(grid.fits())} fits to go; log {grid.state / 'run.log'}")
 
 
+def unlock_stale(grid: Grid) -> None:
+    """Remove the locks a killed snakemake left (a session's end kills it without its cleanup), so the next fit
+    does not fail on them; nothing while a snakemake still runs in this directory, whose locks they may be."""
+    locks = ROOT / ".snakemake" / "locks"
+    if not locks.is_dir() or not any(locks.iterdir()):
+        return
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        with contextlib.suppress(psutil.Error):
+            if process.info["cwd"] == str(ROOT) and any("snakemake" in part for part in process.info["cmdline"] or []):
+                return
+    command = [sys.executable, "-m", "snakemake", "--unlock", "--configfile", grid.configfile, "--quiet", "all"]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    log(grid, "removed the locks a killed snakemake left")
+
+
 def run(grid: Grid, cores: str) -> None:
     """Each missing fit by ``snakemake <its metrics file>``, its rows written to the CSVs as it ends."""
+    # the rules' `python` is this one, with its packages, even where its environment is not activated
+    environment = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
     for method, K, seed in grid.missing():
         target = grid.metrics(method, K, seed).relative_to(ROOT)
         log(grid, f"fit {method} K={K} seed={seed}")
         command = ["snakemake", str(target), "--cores", cores, "--configfile", grid.configfile]
         # a fit's inputs made again on a new machine are newer than nothing it has; code edits rerun nothing
         command += ["--rerun-triggers", "mtime", "--rerun-incomplete", "--quiet", "rules"]
-        finished = subprocess.run([sys.executable, "-m", *command], cwd=ROOT)
+        finished = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=environment)
         diverged = grid.divergence(method, K, seed) if finished.returncode else None
         if diverged is not None:
             paper_grid.merge_rows(grid.diverged_csv, diverged, paper_grid.DIVERGED_COLUMNS)
