@@ -44,6 +44,21 @@ def _version(package: str) -> str | None:
         return None
 
 
+def first_and_best(call, repeats: int) -> tuple[float, float]:
+    """(seconds of ``call``'s first run: a compile, a cache load, a warm-up; the best of ``repeats`` more)."""
+    import time
+
+    tick = time.perf_counter()
+    call()
+    first = time.perf_counter() - tick
+    best = float("inf")
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - tick)
+    return first, best
+
+
 def device_name(device) -> str:
     """The GPU's model name, or "cpu"."""
     import torch
