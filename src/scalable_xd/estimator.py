@@ -69,7 +69,9 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         A second ``fit`` starts from the fitted parameters instead of k-means, and its ``history_`` and
         ``n_iter_`` count on from the first fit's.
     weights_init, means_init, covariances_init : array-like, default=None
-        Explicit initial parameters, (K,), (K, D) and (K, D, D); any may be given alone.
+        Explicit initial parameters, (K,), (K, D) and (K, D, D); any may be given alone. Weights lie in
+        (0, 1] and sum to 1; covariances are symmetric positive definite (refused otherwise, as scikit-learn
+        refuses them).
     fix_weights, fix_means, fix_covariances : bool or array-like of bool, default=False
         Hold these parameters at their initial values, for every component (True) or for those marked in
         a boolean array of length K (Bovy et al.'s fixamp, fixmean and fixcovar; see

@@ -54,7 +54,17 @@ REFUSALS = {
     "an unknown device": refusal("unknown device", device="tpu"),
     "more components than points": refusal("n_components=601", n_components=601),
     "means_init of another shape": refusal("means_init must have shape", means_init=np.zeros((3, 2))),
-    "weights_init not positive": refusal("weights_init must be positive", weights_init=[1.5, -0.5]),
+    "weights_init not positive": refusal(
+        "weights_init must lie in (0, 1]: component 0's is 0", weights_init=[0.0, 1.0]
+    ),
+    "weights_init above 1": refusal("component 0's is 1.5", weights_init=[1.5, -0.5]),
+    "weights_init not normalised": refusal(
+        "weights_init must sum to 1 (within 1e-06), got 0.9", weights_init=[0.5, 0.4]
+    ),
+    "covariances_init not symmetric": refusal(
+        "covariances_init component 1 is not symmetric",
+        covariances_init=np.array([np.eye(2), [[1.0, 0.5], [0.0, 1.0]]]),
+    ),
     "weights_init of another shape": refusal("weights_init must have shape", weights_init=[1.0]),
     "covariances_init not positive definite": refusal(
         "covariances_init component 1", covariances_init=np.array([np.eye(2), -np.eye(2)])

@@ -42,6 +42,9 @@ from .updates import FixedParameters, feature_scale
 JUDGE_SAMPLE = 20_000
 # Training stars that k-means sees when the training data are not in memory (a ``ParquetSource``, an iterable).
 KMEANS_SAMPLE = 1_000_000
+# Epochs over which a minibatch method's convergence is judged (``_judged_converged``): the mean change a
+# epoch over three has a third of one epoch's jitter where the iterates wander independently about the optimum
+STOCHASTIC_WINDOW = 3
 
 
 @dataclass
@@ -116,9 +119,9 @@ def fit_mixture(plan: FitPlan) -> Fitted:
         scored = _resident(scored, device, dtype)
     monitored = None if monitored is None else {name: _resident(d, device, dtype) for name, d in monitored.items()}
     history, converged = run(fitter, train, val, loop, store, monitored, scored)
-    below_tol, not_converged = _judged_converged(history, settings)
-    converged = converged or below_tol
-    said = [None if converged else not_converged, _dead_components(fitter.result, train.total_weight, fixed)]
+    within_tol, not_converged = _judged_converged(history, settings, row.per_batch)
+    converged = (converged or within_tol) and not_converged is None
+    said = [not_converged, _dead_components(fitter.result, train.total_weight, fixed)]
     return Fitted(fitter.result, history, converged, settings, background_of(fitter), [w for w in said if w])
 
 
@@ -193,22 +196,56 @@ def graphs_steps(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _judged_converged(history: list, settings: FitSettings) -> tuple[bool, tuple[str, type] | None]:
-    """Whether the last epoch raised the mean training log-likelihood by less than ``tol`` (the methods the
-    loop does not stop by ``tol`` are judged so at the end), and, where the epoch budget ended first,
-    scikit-learn's ``ConvergenceWarning`` as (message, category). ``tol=None`` asks for every epoch and
+def _judged_converged(history: list, settings: FitSettings, per_batch: bool) -> tuple[bool, tuple[str, type] | None]:
+    """Whether the fit's last epoch changed the mean training log-likelihood by less than ``tol``, up or down
+    (the methods the loop does not stop by ``tol`` are judged so at the end), and otherwise scikit-learn's
+    ``ConvergenceWarning`` as (message, category). A minibatch method's parameters jitter about its optimum by
+    its step size, so it is judged on the mean change over its last ``STOCHASTIC_WINDOW`` epochs, whose spread
+    the warning states; a fit whose likelihood fell is never converged. ``tol=None`` asks for every epoch and
     judges nothing."""
     if settings.tol is None or len(history) < 2:
         return False, None
-    gain = last_gain(history)
-    if gain is None or gain < settings.tol:
-        return gain is not None, None
+    change = _recent_change(history, STOCHASTIC_WINDOW if per_batch else 1)
+    if change is None:
+        return False, None
+    gain, spread, epochs = change
+    if abs(gain) < settings.tol:
+        return True, None
+    if epochs == 1:
+        over = "its last epoch"
+        by = f"by {abs(gain):.3g} nats/star"
+    else:
+        over = f"its last {epochs} epochs"
+        by = f"by {abs(gain):.3g} nats/star a epoch on average (sd {spread:.2g} over the {epochs})"
+    if gain > 0:
+        advice = "still raised", "give it more epochs"
+    elif per_batch:
+        advice = (
+            "lowered",
+            "its steps move the parameters by more than tol allows about the optimum: lower the step size "
+            "(step_size, lr), raise batch_size, average the iterates (averaging='polyak'), or raise tol to the "
+            "change you accept",
+        )
+    else:
+        advice = "lowered", "EM lowers it only by rounding: fit in float64, or raise tol"
     return False, (
-        f"{settings.method} ended by its budget of {settings.epochs} epochs while its last epoch still raised the "
-        f"mean training log-likelihood by {gain:.3g} nats/star (more than tol = {settings.tol:g}): the fit has "
-        "not converged; give it more epochs",
+        f"{settings.method} ended by its budget of {settings.epochs} epochs while {over} {advice[0]} the mean "
+        f"training log-likelihood {by}, more than tol = {settings.tol:g}: the fit has not converged; {advice[1]}",
         ConvergenceWarning,
     )
+
+
+def _recent_change(history: list, window: int) -> tuple[float, float, int] | None:
+    """(mean change a epoch, its sd over the epochs, the epochs) of the training objective over the last
+    ``window`` epochs (fewer where the history is shorter); for one epoch, ``last_gain`` (SQUAREM's entries
+    that are not one update from the one before skipped)."""
+    if window == 1 or len(history) == 2:
+        gain = last_gain(history)
+        return None if gain is None else (gain, 0.0, 1)
+    recent = history[-min(window, len(history) - 1) - 1 :]
+    key = "train_objective" if all("train_objective" in entry for entry in recent) else "train_loglik"
+    gains = np.diff([entry[key] for entry in recent])
+    return float(gains.mean()), float(gains.std(ddof=1)), len(gains)
 
 
 def starting_mixture(train: Dataset, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:

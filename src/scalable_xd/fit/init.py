@@ -139,10 +139,15 @@ def initial_mixture(
     return Mixture(weights / weights.sum(), means, covariances).to(device, torch.float64)  # see ``fitters``
 
 
+# How far from 1 the given weights may sum (scikit-learn refuses weights that are not normalised; float32
+# weights a file stored sum to 1 within ~1e-7)
+WEIGHTS_SUM_TOL = 1e-6
+
+
 def given_start(k: int, dim: int, weights, means, covariances) -> tuple:
     """The given initial arrays (any may be None) as float64 tensors, or a ValueError naming the parameter
-    where one has the wrong shape, NaN or inf, a weight not positive or a covariance without a Cholesky
-    factor."""
+    where one has the wrong shape, NaN or inf, a weight outside (0, 1], weights that do not sum to 1, or a
+    covariance that is not symmetric or has no Cholesky factor (as scikit-learn's GaussianMixture refuses them)."""
     given = []
     for name, value, shape in (
         ("weights_init", weights, (k,)),
@@ -157,9 +162,18 @@ def given_start(k: int, dim: int, weights, means, covariances) -> tuple:
                 raise ValueError(f"{name} contains NaN or inf")
         given.append(value)
     weights, means, covariances = given
-    if weights is not None and (weights <= 0).any():
-        raise ValueError("weights_init must be positive")
+    if weights is not None:
+        if (weights <= 0).any() or (weights > 1).any():
+            row = int(torch.nonzero((weights <= 0) | (weights > 1))[0])
+            raise ValueError(f"weights_init must lie in (0, 1]: component {row}'s is {float(weights[row]):.6g}")
+        if abs(float(weights.sum()) - 1) > WEIGHTS_SUM_TOL:
+            raise ValueError(f"weights_init must sum to 1 (within {WEIGHTS_SUM_TOL:g}), got {float(weights.sum()):.6g}")
     if covariances is not None:
+        diagonal = torch.diagonal(covariances, dim1=1, dim2=2).abs()
+        scale = torch.sqrt(diagonal[:, :, None] * diagonal[:, None, :])  # |V_ij| <= this where V is SPD
+        asymmetric = ((covariances - covariances.mT).abs() > 1e-8 * scale).any(dim=(1, 2))
+        if asymmetric.any():
+            raise ValueError(f"covariances_init component {int(torch.nonzero(asymmetric)[0])} is not symmetric")
         _, info = torch.linalg.cholesky_ex(covariances)
         if (info > 0).any():
             row = int(torch.nonzero(info > 0)[0, 0])

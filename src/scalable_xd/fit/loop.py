@@ -17,6 +17,7 @@ a separate evaluation pass found it. Validation data are still scored by their o
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -30,7 +31,7 @@ from .. import deferred_checks
 from .._torch import one_thread, synchronize
 from ..data.batching import generator
 from ..data.source import DataSource
-from ..errors import FitDivergedError
+from ..errors import FitDivergedError, NotPositiveDefiniteError
 from ..kernel.fused import PARALLEL_PAIRS
 from ..mixture import Mixture
 from .background_fit import background_of
@@ -40,8 +41,12 @@ from .fitters import Fitter
 from .loop_config import LoopConfig
 from .parallel import reduce_sum
 from .scoring import ScoreRequest, shares_scoring, total_loglik
+from .updates import feature_scale
 
 log = logging.getLogger("scalable_xd.fit")
+# A component's variance along a feature, in units of the data's variance there, below which it has collapsed
+# (``_check_collapse``): float64's resolution, beyond which no data set resolves a width
+COLLAPSED = float(torch.finfo(torch.float64).eps)
 EPOCH_LINES = 50  # a fit's epoch lines at most (and its last): a small data set's minibatch fit runs hundreds
 
 
@@ -56,6 +61,41 @@ def _check_mixture(mixture: Mixture, epoch: int, cures: str) -> None:
     problem = mixture.first_invalid_component()
     if problem is not None:
         raise FitDivergedError(epoch, problem[0], problem[1], cures)
+
+
+def _check_collapse(mixture: Mixture, spread: torch.Tensor, epoch: int, cures: str) -> None:
+    """A component whose variance along some feature, given the features before it (its Cholesky pivot), fell
+    below ``COLLAPSED`` of that feature's variance in the data (``spread`` squared) raises the fit's divergence:
+    on a few repeated points without regularisation the likelihood grows without bound as the component
+    narrows, and where batch EM's covariance turns singular at once, minibatch EM's shrinks by its step each
+    update and SGD's log-Cholesky factors approach 0, every step still positive definite (5e-36 and 1e-73 were
+    returned without a word)."""
+    unit = mixture.covariances / (spread[:, None] * spread[None, :])
+    pivots = torch.diagonal(torch.linalg.cholesky_ex(unit)[0], dim1=-2, dim2=-1) ** 2
+    shrunk = pivots < COLLAPSED
+    if shrunk.any():
+        component, feature = (int(i) for i in torch.nonzero(shrunk)[0])
+        reason = (
+            f"collapsed: its variance along feature {feature} (given the features before it) fell to "
+            f"{float(pivots[component, feature]):.3g} of the data's variance in that feature, below float64's "
+            f"resolution ({COLLAPSED:.2g}), as a component does on a few repeated points without regularisation"
+        )
+        raise FitDivergedError(epoch, component, reason, cures)
+
+
+@contextlib.contextmanager
+def _factorisation_fails_as_divergence(epoch: int, cures: str):
+    """A pass that cannot factorise some V_j + S_i once the fit has updated V_j reported as the fit's
+    divergence (``FitDivergedError``, with its cures), as a covariance the validity check refuses is: V_j
+    has turned singular to working precision where a star's noise does not widen it."""
+    try:
+        yield
+    except NotPositiveDefiniteError as err:
+        reason = (
+            "has a covariance singular to working precision: V_j + S_i does not factorise for a star whose noise "
+            "does not widen it"
+        )
+        raise FitDivergedError(epoch, err.component, reason, cures) from err
 
 
 def _log(cfg: LoopConfig, entry: dict, last: bool = False) -> None:
@@ -112,6 +152,7 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
     start, history, converged, done, done_seconds, resumed = _starting_point(fitter, cfg, checkpoint, evaluate)
     epoch = start + 1
     engine = engine_for(fitter, cfg)
+    spread = feature_scale(fitter.result)  # the data's, under the start: what a collapse is measured against
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
         tick = _now()
@@ -121,7 +162,7 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
         train_epoch = functools.partial(
             _train_epoch, fitter, train, cfg, epoch, done, done_seconds, tick, store, history, engine
         )
-        with one_thread(_small_steps(cfg, fitter)):
+        with one_thread(_small_steps(cfg, fitter)), _factorisation_fails_as_divergence(epoch, cfg.cures):
             if cfg.defer_checks and not cfg.checkpoint_every:
                 _train_epoch_deferred(fitter, train_epoch, cfg, epoch, converged, engine)
             else:
@@ -135,7 +176,9 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
         fitter.end_epoch()
         _check_mixture(fitter.mixture, epoch, cfg.cures)
         _check_mixture(fitter.result, epoch, cfg.cures)
-        history.append(evaluate(epoch, *seconds, score_train=not one_pass))
+        _check_collapse(fitter.result, spread, epoch, cfg.cures)
+        with _factorisation_fails_as_divergence(epoch, cfg.cures):
+            history.append(evaluate(epoch, *seconds, score_train=not one_pass))
         if not one_pass:
             _log(cfg, history[-1])
             converged = improved_less_than(cfg.tol, history)
