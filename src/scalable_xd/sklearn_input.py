@@ -37,7 +37,7 @@ def checked_input(estimator, X, y, R, sample_weight, method: str, reset: bool):
         else:
             X = check_array(X, input_name="X", estimator=estimator, **check)
     except ValueError as err:
-        raise _without_values(err, X) from None
+        raise _named(_without_values(err, X), X, method) from None
     if sample_weight is not None:  # Dataset checks its length and names a NaN, negative or all-zero row
         sample_weight = check_array(
             sample_weight, input_name="sample_weight", ensure_2d=False, dtype=np.float64, ensure_all_finite=False
@@ -66,6 +66,29 @@ def refuse_noise_as_y(y, method: str) -> None:
             f"{method}: the second argument is y, which XDGMM ignores (scikit-learn's convention), and it is "
             f"{what}, noise covariances' shape: pass the noise by name, {method}(X, Xcov=...)"
         )
+
+
+def _named(err: ValueError, X, method: str) -> ValueError:
+    """scikit-learn's and numpy's errors for complex or non-numeric X, which print the array or the bad value
+    alone, made to name X and the row and column (a DataFrame's column by its name)."""
+    message = str(err)
+    if message.startswith("Complex data not supported"):
+        dtype = getattr(X, "dtype", None) or np.asarray(X).dtype
+        return ValueError(
+            f"{method}: X is complex ({dtype}); XD fits real features: give the real and imaginary parts as two "
+            "features, or the real part alone"
+        )
+    if not message.startswith("could not convert"):
+        return err
+    columns = list(X.columns) if hasattr(X, "columns") else None
+    cells = np.asarray(X, dtype=object)
+    for (row, column), value in np.ndenumerate(cells.reshape(len(cells), -1)):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            name = f"column {column}" if columns is None else f"column {columns[column]!r}"
+            return ValueError(f"{method}: X row {row}, {name} is {value!r}, not a number")
+    return err
 
 
 def _without_values(err: ValueError, X) -> ValueError:

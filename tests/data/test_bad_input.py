@@ -47,15 +47,17 @@ def test_scoring_out_of_range_data_is_refused_not_minus_infinity(fitted):
 @pytest.mark.parametrize(
     "make, message",
     [
-        # scikit-learn's words (its check_array reads array input first), then ours, naming the row
+        # scikit-learn's words (its check_array reads array input first), then ours, naming the row and column
         (lambda: np.zeros((10, 0)), r"Found array with 0 feature\(s\) \(shape=\(10, 0\)\)"),
-        (lambda: np.array([["a", "b"]] * 10), "could not convert string to float"),
-        (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "could not convert string to float: 'x'"),
+        (lambda: np.array([["a", "b"]] * 10), "fit: X row 0, column 0 is 'a', not a number"),
+        (lambda: pd.DataFrame({"a": ["x"] * 20, "b": 1.0}), "fit: X row 0, column 'a' is 'x', not a number"),
+        (lambda: [[1.0, 2.0]] * 5 + [[1.0, "abc"]], "fit: X row 5, column 1 is 'abc', not a number"),
+        (lambda: pd.DataFrame({"a": 1.0, "b_err": ["1"] * 5 + ["x"]}), "X row 5, column 'b_err' is 'x', not a number"),
         (
             lambda: pd.DataFrame({"a": pd.array([1, None] * 10, dtype="Int64"), "b": 1.0}),
             "X row 1, column 0 contains NaN or inf",
         ),
-        (lambda: np.array([[1 + 1j, 0]] * 10), "Complex data not supported"),
+        (lambda: np.array([[1 + 1j, 0]] * 10), r"fit: X is complex \(complex128\); XD fits real features"),
     ],
 )
 def test_unusable_arrays_are_named(make, message):

@@ -102,6 +102,7 @@ def _kept(rng, n=400):
         (lambda v: np.ones((len(v), 1)), {}, r"returned shape \(\d+, 1\) for \d+ points of 2 features"),
         (lambda v: 2.0 * (v[:, 0] < 1), {}, r"returned 2.0 for the values .*must lie in \[0, 1\]"),
         (lambda v: np.full(len(v), np.nan), {}, r"returned nan .*must lie in \[0, 1\]"),
+        (lambda v: np.array(["yes"] * len(v)), {}, r"the probability function <lambda> returned values of type <U3"),
         (lambda v: (v[:, 0] > 1).astype(float), {}, r"row 0 of X .* probability 0 of being kept"),
         (lambda v: np.ones(len(v)), {"method": "em", "tol": 1e-3}, r"selection: tol=0.001: .* pass tol=None"),
         (lambda v: np.ones(len(v)), {"split_merge": True}, "not with split_merge"),

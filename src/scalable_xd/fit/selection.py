@@ -67,7 +67,7 @@ class Selection:
 
     def kept(self, values: np.ndarray) -> np.ndarray:
         """The probability (n,) that points of these values are kept, checked: one number a point, in [0, 1]."""
-        p = np.asarray(self.probability(values), dtype=np.float64)
+        p = _numbers(self.probability(values), f"the probability function {_name(self.probability)}")
         if p.shape != (len(values),):
             raise ValueError(
                 f"selection: the probability function returned shape {p.shape} for {len(values)} points of "
@@ -92,7 +92,7 @@ class Selection:
             rows = torch.randint(len(batch[0]), (len(true),), generator=draw)
             return batch[0][rows], batch[1][rows]
         assert callable(self.noise)
-        S = np.asarray(self.noise(true), dtype=np.float64)
+        S = _numbers(self.noise(true), f"the noise function {_name(self.noise)}")
         d = true.shape[1]
         if S.shape != (len(true), d, d) or not np.isfinite(S).all():
             raise ValueError(
@@ -100,6 +100,19 @@ class Selection:
                 f"points of {d} features; it must return finite covariances of shape ({len(true)}, {d}, {d})"
             )
         return torch.from_numpy(S), _roots(torch.from_numpy(S))
+
+
+def _name(function) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
+
+
+def _numbers(returned, what: str) -> np.ndarray:
+    """What a user's function returned as float64, or a ValueError naming the function and what it gave."""
+    try:
+        return np.asarray(returned, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        kind = getattr(np.asarray(returned), "dtype", type(returned))
+        raise ValueError(f"selection: {what} returned values of type {kind}, not numbers ({err})") from None
 
 
 def limits(spec: str, names: list[str]) -> list[tuple[int, str, float]]:
