@@ -162,15 +162,17 @@ def test_a_finished_checkpoint_on_one_process_only_fails_every_process_naming_it
 
 
 @pytest.mark.parametrize(
-    "environ, differs",
+    "environ, n_init, differs",
     [
-        ({"RANK1_SETTINGS": '{"random_state": null}'}, "random_state, seed"),  # hung both processes before
-        ({"RANK1_SETTINGS": '{"dtype": "float32"}'}, "setting dtype"),  # was cut at 'epochs': 4...
-        ({"RANK0_VAL": "1"}, "validation data"),  # aborted rank 0 in gloo ("collective mismatch")
+        ({"RANK1_SETTINGS": '{"random_state": null}'}, 1, "random_state"),  # hung both processes before
+        ({"RANK1_SETTINGS": '{"random_state": null}'}, 3, "random_state"),  # hung: one rank drew the starts' seed
+        ({"RANK1_SETTINGS": '{"n_init": 3}'}, 1, "n_init"),  # rank 0 returned, rank 1 "lost contact"
+        ({"RANK1_SETTINGS": '{"dtype": "float32"}'}, 1, "setting dtype"),  # was cut at 'epochs': 4...
+        ({"RANK0_VAL": "1"}, 1, "validation data"),  # aborted rank 0 in gloo ("collective mismatch")
     ],
 )
-def test_processes_given_different_settings_fail_together_naming_them(tmp_path, environ, differs):
-    settings = {**BASE, "method": "minibatch_em"}
+def test_processes_given_different_settings_fail_together_naming_them(tmp_path, environ, n_init, differs):
+    settings = {**BASE, "method": "minibatch_em", "n_init": n_init}
     _, results = _run_two(tmp_path, settings, timeout=120, **environ)
     for rank, (code, err) in enumerate(results):
         assert code != 0, err

@@ -30,7 +30,7 @@ from .checkpoint import Checkpoint
 from .driver import Fitted, fit_mixture
 from .lockstep import Lockstep, Member, raise_failure
 from .methods import method
-from .parallel import Group, shared_seed
+from .parallel import Group, check_same_fit, shared_seed
 from .plan import FitPlan
 
 
@@ -50,6 +50,10 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
     n_init = plan.settings.n_init
     if n_init is None:
         raise ValueError("n_init=None is resolved when the fit is planned (plan.with_starts)")
+    # what decides the starts' collectives, compared first: a rank with fewer starts, or one that draws the seed
+    # where another was given it, would otherwise leave the others waiting in a collective it never joins
+    random_state = "given" if plan.random_state is not None else "none (rank 0's seed is drawn)"
+    check_same_fit(Group.current(), {"n_init": n_init, "random_state": random_state})
     if n_init == 1:
         fitted = fit_mixture(plan)
         _say(fitted.warnings)
