@@ -99,3 +99,18 @@ def test_the_factorisation_screen_decides_as_the_eigenvalues_do(smallest):
         assert np.flatnonzero(oracle)[0] == 17
         with pytest.raises(ValueError, match="Xcov row 17 is not positive semi-definite"):
             XDGMM(1, epochs=1).fit(rng.normal(size=(40, 3)), Xcov=dense)
+
+
+def test_an_asymmetric_covariance_is_refused_at_any_mix_of_scales():
+    """Symmetry judged entry by entry against sqrt(S_ii S_jj): on features of spread 1e-3, 1 and 1e3 an upper
+    entry at correlation 5 (the lower one 0) passed a test relative to the row's largest entry, and only the
+    lower triangle was read."""
+    rng = np.random.default_rng(3)
+    scales = np.array([1e-3, 1.0, 1e3])
+    x = rng.normal(size=(50, 3)) * scales
+    S = np.tile(np.diag(0.1 * scales**2), (50, 1, 1))
+    S[5, 0, 1] = 5 * np.sqrt(S[5, 0, 0] * S[5, 1, 1])
+    with pytest.raises(ValueError, match=r"Xcov row 5, entry \(0, 1\) is not symmetric"):
+        XDGMM(2, epochs=1).fit(x, Xcov=S)
+    S[5, 0, 1] = S[5, 1, 0] * (1 + 1e-9)  # float rounding of a symmetric matrix: accepted
+    XDGMM(2, epochs=1, random_state=0).fit(x, Xcov=S)

@@ -149,7 +149,10 @@ class DenseNoise(_ArrayNoise):
             finite = torch.isfinite(block)
             if not finite.all():
                 raise ValueError(f"Xcov {first_bad(~finite, start)} contains NaN or inf")
-            scale = block.abs().amax(dim=(1, 2), keepdim=True).clamp_min(np.finfo(np.float64).tiny)
+            # entry by entry against sqrt(|S_ii S_jj|), which bounds |S_ij| where S is a covariance: a row's largest
+            # entry would let an upper entry at correlation 5 between features of spread 1e-3 and 1 pass
+            variances = torch.diagonal(block, dim1=1, dim2=2).abs()
+            scale = torch.sqrt(variances[:, :, None] * variances[:, None, :]).clamp_min(np.finfo(np.float64).tiny)
             asym = (block - block.mT).abs() > 1e-6 * scale
             if asym.any():
                 raise ValueError(f"Xcov {first_bad(asym, start)} is not symmetric")
