@@ -51,11 +51,26 @@ def looped_fused(monkeypatch):
     fused.compiled_module.cache_clear()
 
 
+# The fused kernel's unrolled form cut into four loops over a tile's components (``fused.SPLIT_MIN_DIM``, from
+# D = 8 on) at every D: backend "fused" under the ``split_fused`` fixture.
+SPLIT = pytest.param("split", id="fused_split")
+
+
+@pytest.fixture
+def split_fused(monkeypatch):
+    monkeypatch.setattr(fused, "SPLIT_MIN_DIM", 0)
+    fused.compiled_module.cache_clear()
+    fused.layout.cache_clear()  # the split form's scratch has rows of its own
+    yield
+    fused.compiled_module.cache_clear()
+    fused.layout.cache_clear()
+
+
 def _kernel(backend: str, request) -> str:
-    """The backend to ask for; "looped" asks for the fused kernel in its looped form."""
-    if backend != "looped":
+    """The backend to ask for; "looped" and "split" ask for the fused kernel in that form."""
+    if backend not in ("looped", "split"):
         return backend
-    request.getfixturevalue("looped_fused")
+    request.getfixturevalue(f"{backend}_fused")
     return "fused"
 
 
@@ -201,7 +216,7 @@ def test_projected_batches_take_the_lapack_path_whatever_is_requested(backend, m
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["fused", LOOPED])
+@pytest.mark.parametrize("backend", ["fused", LOOPED, SPLIT])
 @pytest.mark.parametrize("d, k", [(1, 3), (2, 17), (7, 40)])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
 def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(backend, d, k, dtype, rtol, request):
@@ -354,7 +369,7 @@ def test_auto_falls_back_to_the_torch_kernel_with_a_message_without_numba(monkey
     assert dispatch.choose_backend("auto", None, torch.device("meta")) == "unrolled"
 
 
-@pytest.mark.parametrize("backend", ["fused", LOOPED])
+@pytest.mark.parametrize("backend", ["fused", LOOPED, SPLIT])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
 def test_missing_entries_in_one_fused_pass_equal_a_pass_per_pattern(backend, dtype, rtol, request):
     """The fused kernel marginalises each star's missing entries inside one pass (T_oo (+) I, the

@@ -19,7 +19,10 @@ flushed to zero (``float_env``): a collapsed component's covariance would otherw
 x86's slow path for them.
 
 The source is written out per dimension D, the algebra unrolled entry by entry as in ``unrolled``, and
-compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). The
+compiled on first use for each (D, dtype, with_stats), then cached on disk (``compiled_module``). Above D = 7
+(``SPLIT_MIN_DIM``) a tile's work runs as four loops over its components, L and z passed through the
+scratch (``_split_component_loops``): as one loop, LLVM's vectoriser gave up at D = 12 and ran it on scalars,
+at a quarter of the split form's rate (``benchmarks/bench_roofline.py``). The
 unrolled source grows as D^3, and numba's compile time with it: 5 s at D = 2, 9 s at 7, 22 s at 12, 83 s
 at 20. Above ``UNROLLED_MAX_DIM`` the algebra runs in loops over D instead (the tile's components still
 innermost, so still vectorised), which compiles in 6-7 s at any D and runs 1.5-7x slower than unrolled
@@ -66,6 +69,8 @@ SUMS_PER_LOOP = 8  # sums updated per loop: with all 63 in one, LLVM's dependenc
 PARALLEL_PAIRS = 30_000
 # Dimensions up to which the algebra is unrolled entry by entry; above, it runs in loops over D (see above)
 UNROLLED_MAX_DIM = 12
+# Dimensions above which the unrolled component loop is cut in two (``_split_component_loops``)
+SPLIT_MIN_DIM = 7
 # Narrower tiles for the looped form's few components (``tile_for``)
 NARROW_TILES = (4, 8)
 
@@ -118,7 +123,9 @@ def layout(dim: int) -> dict[str, int]:
         "pivots": 3,
         "u": 3 + dim,
         "t_inv": 3 + 2 * dim,
-        "n_scratch": 3 + 2 * dim + n_tri,
+        "n_scratch": 3 + 2 * dim + n_tri + (n_tri + dim if dim > SPLIT_MIN_DIM else 0),
+        "factor": 3 + 2 * dim + n_tri,  # the split form's L (strictly lower) with 1 / L_jj on the diagonal
+        "z": 3 + 3 * dim + 2 * n_tri - dim,  # and its z = L^-1 d (``_split_component_loops``)
         "q": 0,
         "U": 1,
         "UU": 1 + dim,
@@ -166,6 +173,50 @@ def _component_loop(dim: int, with_stats: bool, real: str, masked: bool) -> list
         for j in range(i + 1)
     ]
     return lines
+
+
+def _split_component_loops(dim: int, with_stats: bool, real: str, masked: bool) -> list[str]:
+    """``_component_loop`` for a whole tile as four loops over its components, which pass L (its strictly
+    lower part, 1 / L_jj on the diagonal, then W = L^-1 in its place) and z through the scratch: the
+    factorisation; z = L^-1 d; W; u and T^-1. LLVM vectorises a loop only while its body stays within its
+    limits: as one loop the work at D = 12 runs on scalars, at a tenth of the vectorised rate."""
+    at = layout(dim)
+    factor = lambda i, j: _tile_scratch(at["factor"] + tri(i, j))  # noqa: E731
+    residual = [f"d{i} = x{i} - {_tile_parameter(at['means'] + i)}" for i in range(dim)]
+    v, s = (lambda i, j: _tile_parameter(tri(i, j))), (lambda i, j: f"s{i}_{j}")
+    if masked:
+        residual = [f"d{i} = (x{i} - {_tile_parameter(at['means'] + i)}) * o{i}_{i}" for i in range(dim)]
+        v = lambda i, j: f"{_tile_parameter(tri(i, j))} * o{i}_{j}"  # noqa: E731
+    whole = factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
+    factorise, solve = whole[:-dim], whole[-dim:]
+    pivots = ", ".join(f"p{j}" for j in range(dim))
+    factorise += [
+        f"{_tile_scratch(at['lo'])} = " + (f"min({pivots})" if dim > 1 else "p0"),
+        f"{_tile_scratch(at['hi'])} = " + (f"max({pivots})" if dim > 1 else "p0"),
+        *(f"{_tile_scratch(at['pivots'] + j)} = p{j}" for j in range(dim)),
+        *(f"{factor(i, j)} = l{i}_{j}" for i in range(dim) for j in range(i)),
+        *(f"{factor(j, j)} = w{j}_{j}" for j in range(dim)),
+    ]
+    read_l = [f"l{i}_{j} = {factor(i, j)}" for i in range(dim) for j in range(i)]
+    read_w = [f"w{j}_{j} = {factor(j, j)}" for j in range(dim)]
+    solve = residual + read_l + read_w + solve
+    solve += [f"{_tile_scratch(at['maha'])} = " + " + ".join(f"z{i} * z{i}" for i in range(dim))]
+    loops = [factorise, solve]
+    if with_stats:
+        solve += [f"{_tile_scratch(at['z'] + i)} = z{i}" for i in range(dim)]
+        inverse = read_l + read_w + invert_factor(dim)
+        inverse += [f"{factor(i, j)} = w{i}_{j}" for i in range(dim) for j in range(i)]
+        read_all_w = [f"w{i}_{j} = {factor(i, j)}" for i in range(dim) for j in range(i + 1)]
+        mask = (lambda i, j: f" * o{i}_{j}") if masked else (lambda i, j: "")
+        products = read_all_w + [f"z{i} = {_tile_scratch(at['z'] + i)}" for i in range(dim)]
+        products += [f"{_tile_scratch(at['u'] + i)} = {u_entry(dim, i)}" for i in range(dim)]
+        products += [
+            f"{_tile_scratch(at['t_inv'] + tri(i, j))} = ({t_inv_entry(dim, i, j)}){mask(i, j)}"
+            for i in range(dim)
+            for j in range(i + 1)
+        ]
+        loops += [inverse, products]
+    return [line for body in loops for line in ["for c in range(TILE):", *_indent(body)]]
 
 
 def _looped_residual_and_entry(real: str, means_row: int, masked: bool) -> list[str]:
@@ -467,7 +518,10 @@ def _point_source(dim: int, with_stats: bool, real: str, tiles, masked: bool) ->
         if not masked:  # a masked point's x and S are read in _masked_point
             point += [f"x{i} = {real}(x[r, {i}])" for i in range(dim)]
             point += [f"s{i}_{j} = noise_entry(S, r, {i}, {j}, {real})" for i in range(dim) for j in range(i + 1)]
-        point += tiles(_component_loop(dim, with_stats, real, masked), ["par", "scr"])
+        if dim > SPLIT_MIN_DIM:
+            point += tiles(_split_component_loops(dim, with_stats, real, masked), ["par", "scr"], loop=False)
+        else:
+            point += tiles(_component_loop(dim, with_stats, real, masked), ["par", "scr"])
     point += ["n_failed = 0", *tiles(_density_loop(dim, real), ["par", "scr"]), *_first_failure(dim)]
     # the point's log-likelihood, log sum_k exp(dens_k - top) + top; exp(dens_k - top) / the sum are its
     # responsibilities (the padding's dens is -inf: 0)
