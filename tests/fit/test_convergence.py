@@ -27,7 +27,7 @@ def test_a_fall_beyond_tol_is_not_convergence(method):
     assert ("step size" in message) == per_batch and ("float64" in message) == (not per_batch)
 
 
-def test_a_minibatch_method_is_judged_on_its_last_epochs_mean_change_and_says_its_spread():
+def test_a_minibatch_method_is_judged_on_its_last_epochs_mean_change_allowing_for_its_jitter_but_not_a_fall():
     settings = FitSettings(method="sgd", tol=1e-6, epochs=9)
     jitter = np.array([0.0, 4e-7, -3e-7, 5e-7, -2e-7, 3e-7, -1e-7])  # each epoch's change up to 7e-7 < tol
     converged, warning = _judged_converged(_history(-5 + jitter), settings, per_batch=True)
@@ -36,12 +36,25 @@ def test_a_minibatch_method_is_judged_on_its_last_epochs_mean_change_and_says_it
     last = -5 + np.array([0.0, 0.0, 0.0, 0.0, -1.0e-6, 0.5e-6, 2.0e-6])
     assert last[-1] - last[-2] > 1e-6 and abs(last[-1] - last[-1 - STOCHASTIC_WINDOW]) / STOCHASTIC_WINDOW < 1e-6
     assert _judged_converged(_history(last), settings, per_batch=True) == (True, None)
-    # a steady fall, each epoch by 2e-6: the mean change and its spread (sd of the three changes) in the warning
+    # jitter of 3e-5 an epoch about a fixed level: no trend beyond two standard errors (sd / 3) of the mean
+    wander = -5 + np.array([0.0, 0.0, 0.0, 0.0, 3e-5, -1e-5, 2e-5])
+    assert _judged_converged(_history(wander), settings, per_batch=True) == (True, None)
+    # flat, then a fall of 0.5: the mean change a epoch is within its (inflated) standard error, but the fall is
+    # beyond tol and every change before it: the last epoch's fall is what the warning states
+    converged, (message, _) = _judged_converged(_history([-2.0] * 5 + [-2.5]), settings, per_batch=True)
+    assert not converged and "its last epoch lowered the mean training log-likelihood by 0.5 nats/star" in message
+    # a steady fall, each epoch by about 2e-6: a trend of one sign, its mean change in the warning
     falling = -5 - 2e-6 * np.arange(7) + np.array([0, 0, 0, 0, 1e-7, 0, 0])
     converged, (message, _) = _judged_converged(_history(falling), settings, per_batch=True)
     gains = np.diff(falling)[-STOCHASTIC_WINDOW:]
     assert not converged
-    assert f"by {abs(gains.mean()):.3g} nats/star a epoch on average (sd {gains.std(ddof=1):.2g} over the 3)" in message
+    assert f"lowered the mean training log-likelihood by {abs(gains.mean()):.3g} nats/star a epoch" in message
+    # changes of both signs whose mean falls beyond two standard errors and tol: the warning gives both
+    drifting = -5 + np.concatenate([np.zeros(4), np.cumsum([-3e-5, 1e-6, -3e-5])])
+    converged, (message, _) = _judged_converged(_history(drifting), settings, per_batch=True)
+    gains = np.diff(drifting)[-STOCHASTIC_WINDOW:]
+    assert not converged and abs(gains.mean()) > 1e-6 + 2 * gains.std(ddof=1) / 3
+    assert f"by {abs(gains.mean()):.3g} ± {gains.std(ddof=1) / 3:.2g} nats/star a epoch on average" in message
 
 
 def test_tol_none_judges_nothing():

@@ -43,7 +43,7 @@ JUDGE_SAMPLE = 20_000
 # Training stars that k-means sees when the training data are not in memory (a ``ParquetSource``, an iterable).
 KMEANS_SAMPLE = 1_000_000
 # Epochs over which a minibatch method's convergence is judged (``_judged_converged``): the mean change a
-# epoch over three has a third of one epoch's jitter where the iterates wander independently about the optimum
+# epoch over three has a third of one epoch's jitter where the likelihood wanders about a fixed level
 STOCHASTIC_WINDOW = 3
 
 
@@ -200,23 +200,33 @@ def _judged_converged(history: list, settings: FitSettings, per_batch: bool) -> 
     """Whether the fit's last epoch changed the mean training log-likelihood by less than ``tol``, up or down
     (the methods the loop does not stop by ``tol`` are judged so at the end), and otherwise scikit-learn's
     ``ConvergenceWarning`` as (message, category). A minibatch method's parameters jitter about its optimum by
-    its step size, so it is judged on the mean change over its last ``STOCHASTIC_WINDOW`` epochs, whose spread
-    the warning states; a fit whose likelihood fell is never converged. ``tol=None`` asks for every epoch and
-    judges nothing."""
+    its step size, so it is judged on its mean change a epoch over its last ``STOCHASTIC_WINDOW`` epochs, within
+    ``tol`` once its jitter is allowed for: two standard errors of that mean, sd / n for n changes of a
+    log-likelihood that wanders about a fixed level (the mean is its last value less its first, over n), where the
+    changes take both signs (of one sign they are a trend, and judged on their mean alone); and its
+    last epoch must not have fallen by more than tol and every change before it in the window: a fall, never
+    converged. ``tol=None`` asks for every epoch and judges nothing."""
     if settings.tol is None or len(history) < 2:
         return False, None
-    change = _recent_change(history, STOCHASTIC_WINDOW if per_batch else 1)
-    if change is None:
+    gains = _recent_changes(history, STOCHASTIC_WINDOW if per_batch else 1)
+    if gains is None:
         return False, None
-    gain, spread, epochs = change
-    if abs(gain) < settings.tol:
+    gain, epochs = float(gains.mean()), len(gains)
+    # the jitter allowed for only where the changes wander (both signs): changes of one sign are a trend
+    wanders = epochs > 1 and (gains > 0).any() and (gains <= 0).any()
+    error = float(gains.std(ddof=1)) / epochs if wanders else 0.0
+    # a last epoch that fell by more than tol and any change before it in the window is a fall, not jitter
+    fell = epochs > 1 and gains[-1] < -(settings.tol + float(np.abs(gains[:-1]).max()))
+    if abs(gain) < settings.tol + 2 * error and not fell:
         return True, None
+    if fell:
+        gain, error, epochs = float(gains[-1]), 0.0, 1
     if epochs == 1:
-        over = "its last epoch"
-        by = f"by {abs(gain):.3g} nats/star"
+        over, by = "its last epoch", f"by {abs(gain):.3g} nats/star"
     else:
         over = f"its last {epochs} epochs"
-        by = f"by {abs(gain):.3g} nats/star a epoch on average (sd {spread:.2g} over the {epochs})"
+        spread = f" ± {error:.2g}" if error else ""  # a trend of one sign: its mean alone
+        by = f"by {abs(gain):.3g}{spread} nats/star a epoch on average"
     if gain > 0:
         advice = "still raised", "give it more epochs"
     elif per_batch:
@@ -235,17 +245,15 @@ def _judged_converged(history: list, settings: FitSettings, per_batch: bool) -> 
     )
 
 
-def _recent_change(history: list, window: int) -> tuple[float, float, int] | None:
-    """(mean change a epoch, its sd over the epochs, the epochs) of the training objective over the last
-    ``window`` epochs (fewer where the history is shorter); for one epoch, ``last_gain`` (SQUAREM's entries
-    that are not one update from the one before skipped)."""
+def _recent_changes(history: list, window: int) -> np.ndarray | None:
+    """The training objective's changes over the last ``window`` epochs (fewer where the history is shorter);
+    for one epoch, ``last_gain`` (SQUAREM's entries that are not one update from the one before skipped)."""
     if window == 1 or len(history) == 2:
         gain = last_gain(history)
-        return None if gain is None else (gain, 0.0, 1)
+        return None if gain is None else np.array([gain])
     recent = history[-min(window, len(history) - 1) - 1 :]
     key = "train_objective" if all("train_objective" in entry for entry in recent) else "train_loglik"
-    gains = np.diff([entry[key] for entry in recent])
-    return float(gains.mean()), float(gains.std(ddof=1)), len(gains)
+    return np.diff([entry[key] for entry in recent])
 
 
 def starting_mixture(train: Dataset, settings, kmeans, seed: int, start: Start, store, device, dtype) -> Mixture:
