@@ -6,8 +6,8 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment). Usage:
 RANK1_DATA="fewer rows", "other values" or "nan" in the environment gives rank 1 other data than rank 0
 (the last with NaN at row 5, column 1);
 RANK1_SETTINGS (JSON) replaces settings on rank 1 only; RANK1_CHECKPOINT gives rank 1 another checkpoint
-path; RANK0_VAL=1 gives rank 0 alone validation data; NOISE_MIXTURE=1 fits the noise as a mixture
-(``as_noise_mixture``); SELECTION=LIMIT fits under the selection x_0 < LIMIT (and
+path; RANK0_VAL=1 gives rank 0 alone validation data, RANK0_EVAL=1 eval_sets; NOISE_MIXTURE=1 fits the noise
+as a mixture (``as_noise_mixture``); SELECTION=LIMIT fits under the selection x_0 < LIMIT (and
 every rank writes its model, rank r > 0 beside OUTPUT as rank{r}.npz).
 """
 
@@ -67,6 +67,8 @@ def main(output, settings, checkpoint=None, die_after=None):
     if dist.get_rank() == 1:
         settings.update(json.loads(os.environ.get("RANK1_SETTINGS", "{}")))
     extra = dict(X_val=x[:100], Xcov_val=S[:100]) if dist.get_rank() == 0 and os.environ.get("RANK0_VAL") else {}
+    if dist.get_rank() == 0 and os.environ.get("RANK0_EVAL"):
+        extra["eval_sets"] = {"held": (x[:100], S[:100])}
     if dist.get_rank() == 1 and os.environ.get("RANK1_CHECKPOINT"):
         checkpoint = os.environ["RANK1_CHECKPOINT"]
     if os.environ.get("SELECTION"):

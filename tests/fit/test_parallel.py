@@ -169,6 +169,7 @@ def test_a_finished_checkpoint_on_one_process_only_fails_every_process_naming_it
         ({"RANK1_SETTINGS": '{"n_init": 3}'}, 1, "n_init"),  # rank 0 returned, rank 1 "lost contact"
         ({"RANK1_SETTINGS": '{"dtype": "float32"}'}, 1, "setting dtype"),  # was cut at 'epochs': 4...
         ({"RANK0_VAL": "1"}, 1, "validation data"),  # aborted rank 0 in gloo ("collective mismatch")
+        ({"RANK0_EVAL": "1"}, 1, "eval_sets"),  # named "monitored sets", not by its parameter
     ],
 )
 def test_processes_given_different_settings_fail_together_naming_them(tmp_path, environ, n_init, differs):

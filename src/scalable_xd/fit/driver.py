@@ -294,7 +294,7 @@ def _shared_by_the_processes(train, val, monitored, record, digest, random_state
         "random_state": "given" if random_state is not None else "none (rank 0's seed is drawn)",
         "seed": seed if random_state is not None else None,
         "validation data": None if val is None else [len(val), data_digest(val)],
-        "monitored sets": sorted(monitored or {}),
+        "eval_sets": sorted(monitored or {}),  # the parameter that gives them
         "checkpoint": None if store is None else (None if store.saved is None else f"epoch {store.saved['epoch']}"),
     }
 
