@@ -363,14 +363,17 @@ def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
     if train_split is None:
         return 0.0
     batch = default_batch(len(train_split)) if settings.batch_size is None else settings.batch_size
-    part = train_split.subset(np.arange(min(len(train_split), max(2 * batch, EVAL_BATCH))))
+    part = train_split.subset(selected(train_split, settings)[: max(2 * batch, EVAL_BATCH)])  # rows the fits see
     X, Xcov = part.X, part.covariance()
     tick = time.perf_counter()
-    # the kernels of the seeds' fits; a selection's limits name features this slice's arrays do not
+    # the kernels of the seeds' fits, a selection's too (its imputed points carry dense noise: a kernel of its
+    # own, which the first selection-aware fit compiled in its first epoch, 42 s); the selection by its
+    # limits on the features' names, which the estimator's setting cannot resolve
     trial = replace(settings, batch_size=batch, epochs=1, n_init=1, split_merge=False, verbose=0, selection=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one epoch: not converged, and said to no one
-        model = XDGMM(min(n_components, len(part)), **trial.as_dict(), random_state=0).fit(X, Xcov=Xcov)
+        model = XDGMM(min(n_components, len(part)), **trial.as_dict(), random_state=0)
+        model.fit(X, Xcov=Xcov, selection=_selection(settings, part))
         for rows in (min(8, len(part)), len(part)):  # scoring a chunk on one thread, and on several
             scored = part.subset(np.arange(rows))
             model.score(scored.X, Xcov=scored.covariance())
