@@ -74,9 +74,9 @@ def _named(err: ValueError, X, method: str) -> ValueError:
     message = str(err)
     if message.startswith("Complex data not supported"):
         dtype = getattr(X, "dtype", None) or np.asarray(X).dtype
-        return ValueError(
-            f"{method}: X is complex ({dtype}); XD fits real features: give the real and imaginary parts as two "
-            "features, or the real part alone"
+        return ValueError(  # scikit-learn's words kept: its estimator checks look for them
+            f"{method}: Complex data not supported: X is complex ({dtype}); XD fits real features: give the real and "
+            "imaginary parts as two features, or the real part alone"
         )
     if not message.startswith("could not convert"):
         return err
