@@ -105,6 +105,19 @@ class Dataset:
         observed = torch.cat(parts)
         return None if bool(observed.all()) else observed
 
+    def least_noise_variances(self) -> torch.Tensor:
+        """(d,) each feature's least noise variance over the stars (of a noise mixture, its least component's),
+        float64: 0 where some star measures the feature without noise."""
+        least = torch.full((self.X.shape[1],), torch.inf, dtype=torch.float64)
+        for start in range(0, len(self), CHECK_CHUNK):
+            S = self.noise.batch(slice(start, start + CHECK_CHUNK), "cpu", torch.float64)
+            if isinstance(S, NoiseMixture):
+                variances = torch.diagonal(S.covariances, dim1=-2, dim2=-1).amin(1)
+            else:
+                variances = torch.diagonal(S, dim1=1, dim2=2)
+            least = torch.minimum(least, variances.amin(0))
+        return least
+
     def validate(self, name: str = "X") -> None:
         marginalise = self.missing == "marginalise"  # NaN marks a missing entry
         check_rows(

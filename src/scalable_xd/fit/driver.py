@@ -114,6 +114,8 @@ def fit_mixture(plan: FitPlan) -> Fitted:
     every = plan.checkpoint_every if store is not None else 0
     loop = _loop_config(settings, seed, device, dtype, group, every, selection)
     loop.lockstep = plan.lockstep
+    if isinstance(train, Dataset) and train.R is None:
+        loop.least_noise = train.least_noise_variances().to(device)
     scored = train if not row.per_batch else _training_sample(train, settings.train_score_rows, seed, "scored")
     if row.per_batch:  # scored after every epoch: held on the device (a batch method scores its own pass)
         scored = _resident(scored, device, dtype)

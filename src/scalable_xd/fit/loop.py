@@ -63,16 +63,20 @@ def _check_mixture(mixture: Mixture, epoch: int, cures: str) -> None:
         raise FitDivergedError(epoch, problem[0], problem[1], cures)
 
 
-def _check_collapse(mixture: Mixture, spread: torch.Tensor, epoch: int, cures: str) -> None:
+def _check_collapse(mixture: Mixture, spread: torch.Tensor, noise_free: torch.Tensor | None, epoch: int, cures: str):
     """A component whose variance along some feature, given the features before it (its Cholesky pivot), fell
-    below ``COLLAPSED`` of that feature's variance in the data (``spread`` squared) raises the fit's divergence:
-    on a few repeated points without regularisation the likelihood grows without bound as the component
-    narrows, and where batch EM's covariance turns singular at once, minibatch EM's shrinks by its step each
-    update and SGD's log-Cholesky factors approach 0, every step still positive definite (5e-36 and 1e-73 were
-    returned without a word)."""
+    below ``COLLAPSED`` of that feature's variance in the data (``spread`` squared), in a feature some star
+    measures without noise (``noise_free``, (D,) bool; None: not known, nothing checked), raises the fit's
+    divergence: on a few repeated points measured without noise the likelihood grows without bound as the
+    component narrows, and where batch EM's covariance turns singular at once, minibatch EM's shrinks by its
+    step each update and SGD's log-Cholesky factors approach 0, every step still positive definite (5e-36 and
+    1e-73 were returned without a word). Where every star's noise widens it, a variance of 0 is XD's bounded
+    optimum for a component narrower than the noise, not a divergence."""
+    if noise_free is None or not noise_free.any():
+        return
     unit = mixture.covariances / (spread[:, None] * spread[None, :])
     pivots = torch.diagonal(torch.linalg.cholesky_ex(unit)[0], dim1=-2, dim2=-1) ** 2
-    shrunk = pivots < COLLAPSED
+    shrunk = (pivots < COLLAPSED) & noise_free
     if shrunk.any():
         component, feature = (int(i) for i in torch.nonzero(shrunk)[0])
         reason = (
@@ -153,6 +157,8 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
     epoch = start + 1
     engine = engine_for(fitter, cfg)
     spread = feature_scale(fitter.result)  # the data's, under the start: what a collapse is measured against
+    least = cfg.least_noise
+    noise_free = None if least is None else least.to(spread) < COLLAPSED * spread**2
     while epoch <= cfg.epochs and not converged:
         synchronize(cfg.device)
         tick = _now()
@@ -176,7 +182,7 @@ def _run(fitter: Fitter, train, val, cfg: LoopConfig, checkpoint, monitored, sco
         fitter.end_epoch()
         _check_mixture(fitter.mixture, epoch, cfg.cures)
         _check_mixture(fitter.result, epoch, cfg.cures)
-        _check_collapse(fitter.result, spread, epoch, cfg.cures)
+        _check_collapse(fitter.result, spread, noise_free, epoch, cfg.cures)
         with _factorisation_fails_as_divergence(epoch, cfg.cures):
             history.append(evaluate(epoch, *seconds, score_train=not one_pass))
         if not one_pass:

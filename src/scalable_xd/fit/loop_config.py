@@ -28,4 +28,7 @@ class LoopConfig:
     defer_checks: bool = False  # per-batch tests asked once an epoch (``deferred_checks``): for GPUs
     graph_steps: bool = False  # minibatch steps on static buffers, replayed as CUDA graphs (``engines.cuda``)
     selection: Selection | None = None  # each batch's sums gain the points it removed (``selection``)
+    # (D,) each feature's least noise variance over the training stars, where known (data in memory, no
+    # projection): a component's collapse is a divergence only in a feature some star measures without noise
+    least_noise: torch.Tensor | None = None
     lockstep: Member | None = None  # the fits this one steps together with (``lockstep``), or None
