@@ -145,16 +145,23 @@ def _tile_scratch(row: int) -> str:
     return f"tile_scr[{row} * TILE + c]"
 
 
+def _residual_and_v(dim: int, masked: bool):
+    """The residual d = x - m's statements and the reader of V's entry (i, j), for lane c of a tile; ``masked``:
+    both times the point's masks ``o{i}_{j}`` (``_masked_point``)."""
+    at = layout(dim)
+    if not masked:
+        residual = [f"d{i} = x{i} - {_tile_parameter(at['means'] + i)}" for i in range(dim)]
+        return residual, lambda i, j: _tile_parameter(tri(i, j))
+    residual = [f"d{i} = (x{i} - {_tile_parameter(at['means'] + i)}) * o{i}_{i}" for i in range(dim)]
+    return residual, lambda i, j: f"{_tile_parameter(tri(i, j))} * o{i}_{j}"
+
+
 def _component_loop(dim: int, with_stats: bool, real: str, masked: bool) -> list[str]:
     """Statements for component c of a tile for point p, writing only the tile's scratch; ``masked``: the
     point's missing entries decoupled (``_masked_point``), V's entries and d's times the masks ``o{i}_{j}``."""
     at = layout(dim)
-    lines = [f"d{i} = x{i} - {_tile_parameter(at['means'] + i)}" for i in range(dim)]
-    v, s = (lambda i, j: _tile_parameter(tri(i, j))), (lambda i, j: f"s{i}_{j}")
-    if masked:
-        lines = [f"d{i} = (x{i} - {_tile_parameter(at['means'] + i)}) * o{i}_{i}" for i in range(dim)]
-        v = lambda i, j: f"{_tile_parameter(tri(i, j))} * o{i}_{j}"  # noqa: E731
-    lines += factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
+    lines, v = _residual_and_v(dim, masked)
+    lines += factorise_and_solve(dim, v, lambda i, j: f"s{i}_{j}", "math.sqrt", f"{real}(1.0)")
     pivots = ", ".join(f"p{j}" for j in range(dim))
     lines += [
         f"{_tile_scratch(at['maha'])} = " + " + ".join(f"z{i} * z{i}" for i in range(dim)),
@@ -182,12 +189,8 @@ def _split_component_loops(dim: int, with_stats: bool, real: str, masked: bool) 
     limits: as one loop the work at D = 12 runs on scalars, at a tenth of the vectorised rate."""
     at = layout(dim)
     factor = lambda i, j: _tile_scratch(at["factor"] + tri(i, j))  # noqa: E731
-    residual = [f"d{i} = x{i} - {_tile_parameter(at['means'] + i)}" for i in range(dim)]
-    v, s = (lambda i, j: _tile_parameter(tri(i, j))), (lambda i, j: f"s{i}_{j}")
-    if masked:
-        residual = [f"d{i} = (x{i} - {_tile_parameter(at['means'] + i)}) * o{i}_{i}" for i in range(dim)]
-        v = lambda i, j: f"{_tile_parameter(tri(i, j))} * o{i}_{j}"  # noqa: E731
-    whole = factorise_and_solve(dim, v, s, "math.sqrt", f"{real}(1.0)")
+    residual, v = _residual_and_v(dim, masked)
+    whole = factorise_and_solve(dim, v, lambda i, j: f"s{i}_{j}", "math.sqrt", f"{real}(1.0)")
     factorise, solve = whole[:-dim], whole[-dim:]
     pivots = ", ".join(f"p{j}" for j in range(dim))
     factorise += [
