@@ -44,6 +44,39 @@ def test_the_best_of_n_starts_is_the_best_of_the_separate_seeded_fits_to_the_bit
     assert untimed(model.history_) == untimed(best.history_)
 
 
+@pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
+def test_starts_fitted_in_groups_keep_only_the_best_and_end_as_the_separate_fits(method, monkeypatch, caplog):
+    """n_init = 5 in groups of 2 (STARTS_AT_ONCE): groups of 2, 2 and 1 starts, every discarded start's fit
+    released once its group is judged (so memory does not grow with n_init: 10**6 starts at once grew past
+    2 GB), and the same best start, scores and parameters as the separate fits, to the bit."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(scalable_xd.fit.restarts, "STARTS_AT_ONCE", 2)
+    groups, fitted = [], []
+
+    def recorded(plans):
+        fits = fit_together(plans)
+        groups.append(len(plans))
+        fitted.extend(weakref.ref(f) for f in fits)
+        return fits
+
+    fit_together = scalable_xd.fit.restarts.fit_together
+    monkeypatch.setattr(scalable_xd.fit.restarts, "fit_together", recorded)
+    with warnings.catch_warnings(), caplog.at_level("INFO", logger="scalable_xd.fit"):
+        warnings.simplefilter("ignore")
+        model = XDGMM(method=method, n_init=5, random_state=10, **SETTINGS).fit(X, Xcov=S)
+    gc.collect()
+    assert groups == [2, 2, 1] and sum(ref() is not None for ref in fitted) == 0
+    separate = _separate(method, range(10, 15))
+    scores = [m.history_[-1]["train_loglik"] for m in separate]
+    assert model.start_scores_ == scores and model.best_start_ == int(np.argmax(scores))
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(model, name), getattr(separate[model.best_start_], name)), name
+    for start in sorted(set(range(5)) - {model.best_start_}):  # each named once, for the start that beat it
+        assert caplog.text.count(f"n_init: start {start} (seed {10 + start}), left out for start ") == 1
+
+
 @pytest.mark.parametrize("method", ["minibatch_em", "em"])
 def test_a_fit_at_the_defaults_killed_and_rerun_resumes_with_the_seeds_it_drew(method, tmp_path, monkeypatch):
     """No random_state and n_init at its default (three starts on small data): the rerun reads the drawn seeds

@@ -13,7 +13,8 @@ starts already done are read back, not refitted; without ``random_state``, with 
 from the files).
 The data are read and checked once, for all of them (``fit.plan``); the minibatch methods' starts on the
 CPU, and replayed on CUDA, advance in lockstep, each step one pass and one update call for all of them
-(``fit.lockstep``), and each start ends as it would alone.
+(``fit.lockstep``), and each start ends as it would alone. Starts are fitted ``STARTS_AT_ONCE`` at a time and
+only the best fit so far is kept, so any ``n_init`` runs in the memory of one group.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Restarts:
 
 
 log = logging.getLogger("scalable_xd.fit")
+# Starts fitted at once (in lockstep where they can be), at most: the starts are fitted in groups of this many
+# and only the best fit so far is kept, so memory does not grow with ``n_init`` (a lockstep start holds its
+# fitter, its batch's statistics and its loop: 6 MB at K = 64, D = 7, 12 MB at K = 256, measured as peak
+# memory; n_init = 10**6 at once grew past 2 GB within minutes). Ten starts together already take 7-8 times
+# one fit's time where ten alone take ten (docs/performance.md, "Fits in lockstep"): larger groups gain little.
+STARTS_AT_ONCE = 16
 
 
 def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
@@ -65,33 +72,64 @@ def fit_best_of(plan: FitPlan) -> tuple[Fitted, Restarts]:
         base = shared_seed(Group.current(), resolve_seed(None))
     base = resolve_seed(base)
     seeds = [(base + start) % 2**63 for start in range(n_init)]
-    checkpoints = [None if plan.checkpoint is None else start_checkpoint(plan.checkpoint, s) for s in range(n_init)]
-    fits = fit_together(
-        [dataclasses.replace(plan, random_state=seed, checkpoint=path) for seed, path in zip(seeds, checkpoints)]
-    )
-    best: tuple[int, float, Fitted] | None = None  # the best start so far, its score and its fit
-    scores: list[float | None] = []
-    for result in fits:
-        if isinstance(result, FitDivergedError):
-            scores.append(None)
-            continue
-        scores.append(score := _score(result, plan))
-        if best is None or score > best[1]:  # a tie keeps the earlier start
-            best = (len(scores) - 1, score, result)
-    diverged = [f"start {s} (seed {seeds[s]}): {fit}" for s, fit in enumerate(fits) if scores[s] is None]
-    if best is None:  # every start diverged: the others named, the last one's error raised
-        warn_at_user("n_init: every start diverged; " + "; ".join(diverged[:-1]), UserWarning)
-        raise fits[-1]  # type: ignore[misc]
-    if diverged:
+    kept = _Kept(seeds)
+    for first in range(0, n_init, STARTS_AT_ONCE):
+        group = range(first, min(first + STARTS_AT_ONCE, n_init))
+        kept.add(group, fit_together([_start_plan(plan, seeds[s], s) for s in group]), plan)
+    if kept.fit is None:  # every start diverged: the others named, the last one's error raised
+        warn_at_user("n_init: every start diverged; " + "; ".join(kept.diverged[:-1]), UserWarning)
+        raise kept.last_error  # type: ignore[misc]
+    if kept.diverged:
         warn_at_user(
-            f"n_init: {len(diverged)} of {n_init} starts diverged and are left out: " + "; ".join(diverged), UserWarning
+            f"n_init: {len(kept.diverged)} of {n_init} starts diverged and are left out: " + "; ".join(kept.diverged),
+            UserWarning,
         )
-    for start, fit in enumerate(fits):
-        if start != best[0] and isinstance(fit, Fitted):
+    _say(kept.fit.warnings)
+    return kept.fit, Restarts(kept.scores, kept.start)
+
+
+@dataclasses.dataclass
+class _Kept:
+    """The best start so far (its index, score and fit), every start's score, and the diverged ones named."""
+
+    seeds: list[int]
+    start: int = -1
+    score: float = -float("inf")
+    fit: Fitted | None = None
+    scores: list[float | None] = dataclasses.field(default_factory=list)
+    diverged: list[str] = dataclasses.field(default_factory=list)
+    last_error: FitDivergedError | None = None
+
+    def add(self, group: range, fits: list, plan: FitPlan) -> None:
+        """Take a group of starts' fits (in start order); log what the starts left out said (INFO)."""
+        previous_start, previous_fit = self.start, self.fit
+        for start, result in zip(group, fits):
+            if isinstance(result, FitDivergedError):
+                self.scores.append(None)
+                self.diverged.append(f"start {start} (seed {self.seeds[start]}): {result}")
+                self.last_error = result
+                continue
+            self.scores.append(score := _score(result, plan))
+            if self.fit is None or score > self.score:  # a tie keeps the earlier start
+                self.start, self.score, self.fit = start, score, result
+        left_out = [(s, f) for s, f in zip(group, fits) if isinstance(f, Fitted) and s != self.start]
+        if previous_fit is not None and previous_start != self.start:
+            left_out.insert(0, (previous_start, previous_fit))
+        for start, fit in left_out:
             for message, _ in fit.warnings:  # about a model the user does not get
-                log.info("n_init: start %d (seed %d), left out for start %d: %s", start, seeds[start], best[0], message)
-    _say(best[2].warnings)
-    return best[2], Restarts(scores, best[0])
+                log.info(
+                    "n_init: start %d (seed %d), left out for start %d: %s",
+                    start,
+                    self.seeds[start],
+                    self.start,
+                    message,
+                )
+
+
+def _start_plan(plan: FitPlan, seed: int, start: int) -> FitPlan:
+    """Start ``start``'s plan: seed ``seed``, and its own checkpoint beside the plan's."""
+    path = None if plan.checkpoint is None else start_checkpoint(plan.checkpoint, start)
+    return dataclasses.replace(plan, random_state=seed, checkpoint=path)
 
 
 def _say(said: list) -> None:
