@@ -33,6 +33,8 @@ def save(model, path) -> None:
             "converged": model.converged_,
             "dtype": dtype_name(model._dtype),
             "n_features_in": getattr(model, "n_features_in_", None),
+            # the columns of the DataFrame it was fitted to, so that a loaded model checks a frame's names too
+            "feature_names_in": None if not hasattr(model, "feature_names_in_") else list(model.feature_names_in_),
             "background": None if model._background is None else model._background.as_dict(),
             "starts": {"scores": getattr(model, "start_scores_", None), "best": getattr(model, "best_start_", None)},
         },
@@ -70,6 +72,8 @@ def load(cls, path, device: str | None = None):
     history, converged = meta.get("history", []), meta.get("converged", False)
     model._set_fitted(mixture.to(on), history, converged, settings, kmeans, background)
     model.n_features_in_ = meta.get("n_features_in") or mixture.dim  # files before it was saved: R = I
+    if meta.get("feature_names_in") is not None:
+        model.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
     starts = meta.get("starts") or {}
     if starts.get("scores") is not None:  # a model fit wrote (not partial_fit, nor files before restarts)
         model.start_scores_, model.best_start_ = starts["scores"], starts["best"]

@@ -263,6 +263,9 @@ def test_every_help_page_renders_and_names_its_options(capsys):
             for action in subcommands[argv[0]]._actions:
                 assert action.option_strings[-1] in page, (argv, action.dest)
     assert "90% of what converged XD achieves" in " ".join(_help_of("fit", capsys).split())
+    synopsis = build_parser().description.split("DAG (see steps):")[1].split("\n\n")[1]
+    said = set(synopsis.replace("/", " ").split())
+    assert [name for name in subcommands if name not in said] == []  # every subcommand in the synopsis
 
 
 def _help_of(subcommand: str, capsys) -> str:

@@ -7,6 +7,7 @@
     scalable-xd kmeans    --train train.parquet --n-components K --seed S --output init.npz
     scalable-xd reference --train ... --test ... --init init.npz --n-components K --kind oracle|noisy ...
     scalable-xd fit       --train ... [--val ...] [--test ...] --init init.npz --n-components K --method M ...
+    scalable-xd fit-table --input TABLE --columns A B ... [--errors A_ERR B_ERR ...] --n-components K --output M
     scalable-xd denoise / calibrate / plot-denoised   (each star's posterior true values, see ``denoise``)
     scalable-xd errors    --model model.npz --train train.parquet --output-json J --output-md M
     scalable-xd table / claims / plot-timing / plot-curves / plot-sky / plot-corner / plot-selection   (see ``report``)

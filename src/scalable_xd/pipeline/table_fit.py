@@ -42,11 +42,14 @@ def fit_table(
     if corr_columns and errors is None:
         raise ValueError("--correlation needs --errors: a correlation scales the two columns' errors")
     frame = read_table(input, [*columns, *(errors or []), *corr_columns])
+    _check_noise(input, frame, columns, errors, dict(zip(corr_columns, pairs)), settings.missing == "marginalise")
     X = frame[columns]  # a DataFrame: the model keeps the columns' names (feature_names_in_)
     noise = None
     if errors is not None:
-        sigma = frame[errors].to_numpy(np.float64)
-        noise = CompactCovariance(sigma, frame[corr_columns].to_numpy(np.float64), pairs) if pairs else sigma**2
+        # checked: what is not a number now belongs to a missing value, which is marginalised, its noise unread
+        sigma = np.nan_to_num(frame[errors].to_numpy(np.float64))
+        corr = np.nan_to_num(frame[corr_columns].to_numpy(np.float64))
+        noise = CompactCovariance(sigma, corr, pairs) if pairs else sigma**2
     model = XDGMM(n_components, **settings.as_dict(), random_state=seed).fit(X, Xcov=noise)
     model.save(output)
     log.info(
@@ -76,10 +79,35 @@ def read_table(path, needed: list[str]):
     missing = [name for name in dict.fromkeys(needed) if name not in frame.columns]
     if missing:
         raise ValueError(f"{path} lacks the columns {', '.join(missing)}; it has {', '.join(map(str, frame.columns))}")
+    if frame.empty:
+        raise ValueError(f"{path} has no rows: only its header")
     text = [name for name in dict.fromkeys(needed) if not pd.api.types.is_numeric_dtype(frame[name])]
     if text:
         raise ValueError(f"{path}: the columns {', '.join(text)} hold text, not numbers")
     return frame
+
+
+def _check_noise(path, frame, columns: list[str], errors: list[str] | None, correlations: dict, missing: bool) -> None:
+    """A ValueError naming the file, column and row (counted from 0 after the header) of a value that is
+    infinite (or missing, unless ``missing``: marginalised), an error that is negative or not a number where its value is measured, or a correlation
+    outside [-1, 1] (or not a number) where both its values are measured (``correlations``: column ->
+    the pair (i, j) of ``columns``): the library would square a negative error silently, and would name a
+    column by its index."""
+    measured = {name: frame[name].notna().to_numpy() for name in columns}
+    checks = [(name, np.isinf, "an infinite value") for name in columns]
+    if not missing:
+        cure = "a missing value (give --missing marginalise to fit the rows that miss some values)"
+        checks += [(name, lambda v: ~np.isfinite(v), cure) for name in columns]
+    for name, error in zip(columns, errors or []):
+        checks.append((error, lambda v, m=measured[name]: m & ~(v >= 0), f"a negative or missing error of {name}"))
+    for name, (i, j) in correlations.items():
+        both = measured[columns[i]] & measured[columns[j]]
+        checks.append((name, lambda v, m=both: m & ~(np.abs(v) <= 1), "a correlation outside [-1, 1]"))
+    for name, bad, what in checks:
+        values = frame[name].to_numpy(np.float64)
+        rows = np.flatnonzero(bad(values))
+        if rows.size:
+            raise ValueError(f"{path}: column {name} holds {what} in row {rows[0]}: {float(values[rows[0]])}")
 
 
 def _pairs(entries: list[str], columns: list[str]) -> tuple[list[tuple[int, int]], list[str]]:
