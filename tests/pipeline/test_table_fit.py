@@ -71,7 +71,7 @@ def test_a_table_that_cannot_be_fitted_so_is_named(table, tmp_path, caplog, chan
         ("ey", 4, -0.2, "column ey holds a negative or missing error of y in row 4: -0.2"),
         ("ex", 7, np.nan, "column ex holds a negative or missing error of x in row 7: nan"),
         ("rho", 2, 1.5, "column rho holds a correlation outside [-1, 1] in row 2: 1.5"),
-        ("x", 9, np.inf, "column x holds an infinite value in row 9: inf"),
+        ("x", 9, np.inf, "column x holds an infinite or missing value in row 9: inf"),
     ],
 )
 def test_a_damaged_value_is_named_by_its_column_and_row(tmp_path, caplog, column, row, value, message):
@@ -79,6 +79,7 @@ def test_a_damaged_value_is_named_by_its_column_and_row(tmp_path, caplog, column
         {"x": TRUE[:20, 0], "y": TRUE[:20, 1], "ex": SIGMA[:20, 0], "ey": SIGMA[:20, 1], "rho": RHO[:20]}
     )
     frame.loc[row, column] = value
+    frame["name"] = "star"  # a column of text the fit does not read
     frame.to_csv(tmp_path / "stars.csv", index=False)
     argv = ["fit-table", "--input", str(tmp_path / "stars.csv"), "--columns", "x", "y", "--errors", "ex", "ey"]
     argv += ["--correlation", "x:y=rho", "--n-components", "2", "--output", str(tmp_path / "m.npz")]
@@ -100,7 +101,10 @@ def test_a_header_without_rows_is_named_and_a_missing_value_may_miss_its_error(t
     options = ["--epochs", "2", "--n-init", "1", "--input", str(tmp_path / "stars.csv")]
     with caplog.at_level(logging.ERROR, logger="scalable_xd"):
         assert main([*argv, *options, "--output", str(tmp_path / "m.npz")]) == 1
-    assert "column y holds a missing value (give --missing marginalise to fit the rows" in caplog.text
+    assert (
+        "column y holds an infinite or missing value in row 3: nan (give --missing marginalise to fit rows"
+        in caplog.text
+    )
     options += ["--missing", "marginalise"]
     assert main(["-q", *argv, *options, "--output", str(tmp_path / "m.npz")]) == 0
     assert list(XDGMM.load(tmp_path / "m.npz").feature_names_in_) == ["x", "y"]  # the columns fitted

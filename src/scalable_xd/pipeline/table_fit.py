@@ -89,25 +89,28 @@ def read_table(path, needed: list[str]):
 
 def _check_noise(path, frame, columns: list[str], errors: list[str] | None, correlations: dict, missing: bool) -> None:
     """A ValueError naming the file, column and row (counted from 0 after the header) of a value that is
-    infinite (or missing, unless ``missing``: marginalised), an error that is negative or not a number where its value is measured, or a correlation
-    outside [-1, 1] (or not a number) where both its values are measured (``correlations``: column ->
-    the pair (i, j) of ``columns``): the library would square a negative error silently, and would name a
-    column by its index."""
-    measured = {name: frame[name].notna().to_numpy() for name in columns}
-    checks = [(name, np.isinf, "an infinite value") for name in columns]
-    if not missing:
-        cure = "a missing value (give --missing marginalise to fit the rows that miss some values)"
-        checks += [(name, lambda v: ~np.isfinite(v), cure) for name in columns]
+    infinite (or missing, unless ``missing``: marginalised), an error that is negative or missing where its
+    value is measured, or a correlation outside [-1, 1] (or missing) where both its values are measured
+    (``correlations``: column -> its pair (i, j) of ``columns``): the library would square a negative error
+    silently, and would name a column by its index."""
+    values = {name: frame[name].to_numpy(np.float64) for name in [*columns, *(errors or []), *correlations]}
+    measured = {name: ~np.isnan(values[name]) for name in columns}
+    checks = []  # (column, its rows that are wrong, what they hold)
+    for name in columns:
+        checks.append((name, np.isinf(values[name]) | ~(measured[name] | missing), "an infinite or missing value"))
     for name, error in zip(columns, errors or []):
-        checks.append((error, lambda v, m=measured[name]: m & ~(v >= 0), f"a negative or missing error of {name}"))
+        checks.append((error, measured[name] & ~(values[error] >= 0), f"a negative or missing error of {name}"))
     for name, (i, j) in correlations.items():
         both = measured[columns[i]] & measured[columns[j]]
-        checks.append((name, lambda v, m=both: m & ~(np.abs(v) <= 1), "a correlation outside [-1, 1]"))
+        checks.append((name, both & ~(np.abs(values[name]) <= 1), "a correlation outside [-1, 1]"))
     for name, bad, what in checks:
-        values = frame[name].to_numpy(np.float64)
-        rows = np.flatnonzero(bad(values))
+        rows = np.flatnonzero(bad)
         if rows.size:
-            raise ValueError(f"{path}: column {name} holds {what} in row {rows[0]}: {float(values[rows[0]])}")
+            value = float(values[name][rows[0]])
+            cure = (
+                "" if missing or not np.isnan(value) else " (give --missing marginalise to fit rows that miss values)"
+            )
+            raise ValueError(f"{path}: column {name} holds {what} in row {rows[0]}: {value}{cure}")
 
 
 def _pairs(entries: list[str], columns: list[str]) -> tuple[list[tuple[int, int]], list[str]]:
