@@ -169,21 +169,23 @@ class FittedXD:
         model.n_features_in_ = conditioned.dim
         return model
 
-    def sample(self, n_samples: int = 1, random_state: int | None = None) -> np.ndarray:
-        """Draw from the deconvolved density p(v), shape (n_samples, D), the background's share uniformly
-        from its box; n_samples = 0 gives an empty array."""
+    def sample(self, n_samples: int = 1, random_state: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Draw from the deconvolved density p(v): (samples (n_samples, D), each draw's component (n_samples,)),
+        as scikit-learn's ``GaussianMixture.sample`` returns them; the background's share is drawn uniformly
+        from its box and labelled -1. n_samples = 0 gives empty arrays."""
         mixture = self._fitted()
         check_count("n_samples", n_samples, minimum=0)
         seed = resolve_seed(random_state)
         if n_samples == 0:
-            return np.empty((0, mixture.dim))
+            return np.empty((0, mixture.dim)), np.empty(0, dtype=np.int64)
         generator = torch.Generator()
         generator.manual_seed(seed)
-        samples, _ = mixture.sample(int(n_samples), generator)
+        samples, labels = mixture.sample(int(n_samples), generator)
         if self._background is not None:
             outliers = torch.rand(int(n_samples), generator=generator) < self._background.weight
             samples[outliers] = self._background.sample(int(outliers.sum()), generator).to(samples.dtype)
-        return samples.numpy()
+            labels[outliers] = -1
+        return samples.numpy(), labels.numpy()
 
     def _n_parameters(self) -> int:
         """The free parameters: the mixture's, and the background's weight where there is one."""

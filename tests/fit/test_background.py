@@ -107,7 +107,7 @@ def test_a_fit_with_a_background_finds_the_outlier_share_and_the_stars_density(m
 def test_samples_hold_the_background_share(mock):
     x, S, _, _ = mock
     model = XDGMM(3, background="auto", acceleration="none", random_state=0).fit(x, Xcov=S)
-    draws = model.sample(20_000, random_state=1)
+    draws, labels = model.sample(20_000, random_state=1)
 
     def far(values):  # beyond every star component's reach (6 sigma of the widest)
         return (np.abs(values - MEANS[:, None]).max(-1) > 6).all(0)
@@ -115,6 +115,8 @@ def test_samples_hold_the_background_share(mock):
     box = model._background
     uniform = np.random.default_rng(2).uniform(box.lower, box.upper, (200_000, 2))
     assert far(draws).mean() == pytest.approx(model.background_weight_ * far(uniform).mean(), abs=0.01)
+    assert (labels == -1).mean() == pytest.approx(model.background_weight_, abs=0.01)  # the background's label
+    assert not far(draws[labels >= 0]).any()
 
 
 def test_the_posterior_of_an_outlier_is_its_own_measurement(mock):

@@ -159,7 +159,7 @@ def model_samples(model_path, n_samples: int, seed: int):
     from ...estimator import XDGMM
 
     model = XDGMM.load(model_path, device="cpu")
-    return model, model.sample(n_samples, random_state=seed)
+    return model, model.sample(n_samples, random_state=seed)[0]
 
 
 def _subsample(X, n_rows: int, seed: int):
