@@ -275,6 +275,18 @@ def test_the_cpu_sized_mock_config_plans_the_paper_grid_one_job_per_fit_and_no_r
     assert "resources/mock/mock_n2000000_seed0.parquet" in output  # the paper's 2,000,000 rows
 
 
+def test_the_demos_jobs_are_the_ones_reproducing_md_states(tmp_path):
+    """docs/reproducing.md's counts of the demo's fit and reference jobs, against its dry run's plan."""
+    import yaml
+
+    plan = planned_jobs(snakemake(tmp_path, "--dry-run", "--cores", "4", configfile="demo.yaml"))
+    seeds = len(yaml.safe_load((REPO / "config" / "demo.yaml").read_text())["fit"]["seeds"])
+    text = " ".join((REPO / "docs" / "reproducing.md").read_text().split())
+    stated = re.search(r"it runs (\d+) fit jobs \((\d+) fits: three seeds each\) and (\d+) reference fits", text)
+    assert stated is not None and seeds == 3
+    assert [int(n) for n in stated.groups()] == [plan["fit"], plan["fit"] * seeds, plan["reference"]]
+
+
 def test_the_methods_config_plans_every_method_and_variant_with_its_settings(tmp_path):
     output = snakemake(tmp_path, "--dry-run", "--printshellcmds", "--cores", "4", configfile="methods.yaml")
     commands = [line for line in output.splitlines() if " fit --train " in line]
