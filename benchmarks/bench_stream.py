@@ -1,24 +1,30 @@
-"""Peak memory of a streamed fit against N: features in Parquet on disk, read a window at a time; writes
-JSON to results/.
+"""Time and peak memory of a streamed fit against N: features in Parquet on disk, read a window at a time;
+writes JSON to results/.
 
     python benchmarks/bench_stream.py                         # N = 2M and 20M, K = 16, one epoch each
     python benchmarks/bench_stream.py --sizes 200000 2000000 --window 262144
+    python benchmarks/bench_stream.py --sizes 100000000 --n-components 64 --methods minibatch_em em \
+        --scratch /big/disk --name bench_stream_cpu_1e8     # a hundred million stars: 21 GB on disk
 
 The data set is a synthetic Gaia-like features catalogue (7 features, 7 standard deviations and 10
 correlations a star, the layout ``scalable-xd features`` writes) in files of 1,000,000 rows, row groups
-of 65,536. Each fit runs in a fresh process: minibatch EM, float32, CPU, batch 500, one epoch, with the
-validation pass on opening and the evaluation passes before and after the epoch, all streamed
-(``stream.ParquetSource``). Reported per N: peak resident set (VmHWM), peak anonymous memory (RssAnon,
-sampled every 10 ms), seconds, and the bytes on disk. Flat memory means the data never sit in memory.
+of 65,536, written in parts (one file in memory at a time). Each fit runs in a fresh process: float32, CPU,
+one epoch (batch EM: one iteration, plain EM), minibatch EM at batch 500, with the range check on opening and
+the evaluation passes before and after the epoch, all streamed (``stream.ParquetSource``). Reported per N
+and method: peak resident set (VmHWM), peak anonymous memory (RssAnon, sampled every 10 ms), the whole fit's
+seconds and the epoch's (``train_seconds``), and the bytes on disk. Flat memory means the data never sit in
+memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,18 +42,21 @@ import json, sys, time
 import numpy as np
 from scalable_xd import XDGMM
 from scalable_xd.pipeline.features_file import features_source
-folder, k, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+folder, k, window, method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 baseline = status()
 tick = time.perf_counter()
 source = features_source(folder, window)
 opened = time.perf_counter() - tick
 means = source.sample(np.arange(0, len(source), len(source) // k)[:k], "means").X.numpy()
-model = XDGMM(k, "minibatch_em", epochs=1, device="cpu", dtype="float32", random_state=0, means_init=means)
+plain = dict(tol=None, acceleration="none") if method == "em" else {}
+model = XDGMM(k, method, epochs=1, device="cpu", dtype="float32", random_state=0, means_init=means, n_init=1,
+              **plain)
 model.fit(source)
 seconds = time.perf_counter() - tick
 done = True
 peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])
-print(json.dumps({"N": len(source), "K": k, "window_rows": window, "seconds": seconds, "open_seconds": opened,
+print(json.dumps({"N": len(source), "K": k, "method": method, "window_rows": window, "seconds": seconds,
+                  "open_seconds": opened, "train_seconds": model.history_[-1]["seconds"],
                   "train_loglik": model.history_[-1]["train_loglik"], "baseline_rss_bytes": baseline["VmHWM"],
                   "baseline_anon_bytes": baseline["RssAnon"], "peak_anon_bytes": peak["RssAnon"],
                   "peak_rss_bytes": status()["VmHWM"]}))
@@ -85,33 +94,36 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2_000_000, 20_000_000])
     parser.add_argument("--n-components", type=int, default=16)
     parser.add_argument("--window", type=int, default=1 << 20, help="rows per shuffle window")
+    parser.add_argument("--methods", nargs="+", default=["minibatch_em"], choices=["minibatch_em", "em", "sgd"])
     parser.add_argument("--scratch", default=None, help="where the catalogues are written (default: a temp dir)")
-    args = parse_args(parser, argv, sizes=[3000, 6000], n_components=4, window=2048)
+    parser.add_argument("--name", default="bench_stream_cpu", help="the JSON's name in results/")
+    args = parse_args(parser, argv, sizes=[3000, 6000], n_components=4, window=2048, methods=["minibatch_em", "em"])
 
     rows = []
     with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
         for n in args.sizes:
             folder = Path(scratch) / f"n{n}"
+            tick = time.perf_counter()
             on_disk = write_catalogue(folder, n)
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, str(folder), str(args.n_components), str(args.window)],
-                capture_output=True,
-                text=True,
-            )
-            if out.returncode:
-                raise SystemExit(out.stderr[-3000:])
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            row["data_bytes_on_disk"] = on_disk
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    peaks = [row["peak_rss_bytes"] for row in rows]
+            written = time.perf_counter() - tick
+            for method in args.methods:
+                command = [sys.executable, "-c", CHILD, str(folder), str(args.n_components), str(args.window), method]
+                out = subprocess.run(command, capture_output=True, text=True)
+                if out.returncode:
+                    raise SystemExit(out.stderr[-3000:])
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row.update(data_bytes_on_disk=on_disk, write_seconds=written)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            shutil.rmtree(folder)  # before the next size's files: a hundred million rows take 21 GB
+    peaks = {method: [row["peak_rss_bytes"] for row in rows if row["method"] == method] for method in args.methods}
     result = {
         "benchmark": "bench_stream",
         **machine(),
         "results": rows,
-        "largest_over_smallest_peak_rss": max(peaks[-1], 1) / max(peaks[0], 1),
+        "largest_over_smallest_peak_rss": {method: max(p[-1], 1) / max(p[0], 1) for method, p in peaks.items()},
     }
-    write_result("bench_stream_cpu", result)
+    write_result(args.name, result)
 
 
 if __name__ == "__main__":
