@@ -210,6 +210,40 @@ def test_a_variants_corner_and_sky_figures_name_it_by_what_sets_it_apart(run, tm
     assert "K = 3 Batch EM, cut to x0 < 1 (aware)\n" in sky["titles"]["model"]
 
 
+def test_a_cut_is_named_by_the_features_labels_and_naive_and_aware_keep_their_colours(run, tmp_path):
+    """A cut reads as the survey labels its features ("G < 20", not "phot_g_mean_mag < 20"), and the naive
+    and aware fits are drawn in the selection's two colours, in the corner and timing figures alike, apart
+    from every method's (both drew in batch EM's blue; the selection figure used minibatch EM's orange)."""
+    from scalable_xd.pipeline.gaia.schema import GAIA_DR2
+    from scalable_xd.pipeline.report.style import LOOKS, SELECTION_COLOURS, readable_selection
+
+    assert readable_selection("phot_g_mean_mag < 20", GAIA_DR2.names, GAIA_DR2.feature_labels) == "G < 20"
+    assert readable_selection("(bp_rp > 0.5) & (x2 < 1e3)", GAIA_DR2.names, GAIA_DR2.feature_labels) == (
+        "(BP-RP > 0.5) & (x2 < 1e3)"
+    )
+    root, metrics = run
+    paths, colours = [], {}
+    for role, aware in (("naive", False), ("aware", True)):
+        m = FitMetrics.read(metrics[0])
+        settings = {"method": "em", "selection": "x0 < 1", "selection_aware": aware, "selection_label": "G < 1"}
+        m.method, m.settings = f"em_cut_{role}", {**m.settings, **settings}
+        path = tmp_path / f"{role}.json"
+        m.write(path)
+        paths.append(path)
+        corner = plot_corner(
+            root / "em" / "seed0" / "model.npz",
+            root / "data" / "test.parquet",
+            [tmp_path / f"corner_{role}.png"],
+            n_samples=2000,
+            metrics_path=path,
+        )
+        assert corner["title"] == f"Batch EM, cut to G < 1 ({role}), K = 3"
+        colours[role] = corner["colour"]
+    assert colours == SELECTION_COLOURS and not set(colours.values()) & {look[1] for look in LOOKS.values()}
+    timing = plot_timing_vs_k([*metrics, *paths], [tmp_path / "timing.png"])
+    assert {role: timing[f"em_cut_{role}"]["colour"] for role in colours} == SELECTION_COLOURS
+
+
 def test_the_corner_caption_holds_noise_broadens_the_data(run):
     """The caption says the data are broader than the true values where the noise is large."""
     root, _ = run

@@ -35,6 +35,7 @@ def test_the_fit_step_cuts_its_splits_and_fits_as_the_estimator_does(files, tmp_
     assert 0.2 < len(kept) / len(train) < 0.9  # the limit cuts the mock's catalogue
     assert metrics["train"]["n"] == len(kept) and metrics["val"]["n"] == len(kept_val)
     assert metrics["settings"]["selection"] == spec and metrics["settings"]["selection_aware"] is aware
+    assert metrics["settings"]["selection_label"] == f"G < {LIMIT}"  # as the figures name the cut
     init = np.load(files / "init.npz")
     direct = XDGMM(
         3, method="em", epochs=4, tol=None, acceleration="none", dtype="float64", random_state=0,

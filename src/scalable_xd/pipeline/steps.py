@@ -207,16 +207,17 @@ def _selection(settings: FitSettings, train_split):
     return from_limits(settings.selection, list(train_split.spec.names), settings.selection_on)
 
 
-def _fit_metrics(model, record: dict, timing: dict, facts: tuple):
+def _fit_metrics(model, record: dict, timing: dict, facts: tuple, spec=None):
     """A fitted model's metrics record (``report.metrics.FitMetrics``): ``record`` names the fit (method,
     K, seed, tag, config hash), ``timing`` its k-means, wall and CPU seconds, ``facts`` (the training and
     validation splits' facts, the test split's ((X, Xcov), facts) to score it on, or None, the test split
-    itself, the reference files)."""
+    itself, the reference files); ``spec``, the training data's, names the features in a selection's label."""
     import torch
 
     import scalable_xd
 
     from .report.metrics import FitMetrics, loglik_summary
+    from .report.style import readable_selection
     from .truth import truth_metrics
 
     train_facts, val_facts, test_data, test_split, references = facts
@@ -228,9 +229,12 @@ def _fit_metrics(model, record: dict, timing: dict, facts: tuple):
         )
     last = model.history_[-1]  # the last epoch's evaluation already scored the final parameters
     device = model._device
+    settings = model.describe()
+    if settings.get("selection") and spec is not None:  # as the figures name the cut: "G < 20"
+        settings["selection_label"] = readable_selection(settings["selection"], spec.names, spec.feature_labels)
     return FitMetrics(
         **record,
-        settings=model.describe(),
+        settings=settings,
         train_seconds=last["seconds"],
         train_cpu_seconds=last.get("cpu_seconds"),
         **timing,
@@ -439,7 +443,7 @@ def _fit_seed(
             {**entry, "seconds": entry["epoch"] * timed_by[1], "cpu_seconds": None} for entry in model.history_
         ]
     facts = (train_facts, val_facts, test_data, test_split, references)
-    metrics = _fit_metrics(model, record, timing, facts)
+    metrics = _fit_metrics(model, record, timing, facts, None if train_split is None else train_split.spec)
     if group.writes:
         metrics.write(output_metrics)
     log.info(

@@ -78,8 +78,9 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
         rows = calibration["features"][name].get("by_g", [])
         if rows and all(r["rmse_ratio"] is not None for r in rows):
             centres = [_centre(r) for r in rows]
-            axes[1, 1].plot(centres, [r["rmse_ratio"] for r in rows], marker="o", markersize=2, color=colours[name])
-    axes[1, 1].axhline(1.0, color="black", linewidth=0.6)
+            ratios = [r["rmse_ratio"] for r in rows]
+            axes[1, 1].plot(centres, ratios, marker="o", markersize=2, color=colours[name], zorder=3)
+    axes[1, 1].axhline(1.0, color="0.6", linewidth=0.6, linestyle="dotted", zorder=1)  # under a feature at 1
     axes[1, 1].set(xlabel=magnitude_label, ylabel="RMSE posterior / measured", title="precision gain (below 1)")
     # one legend for both panels, below them, off the data
     fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncols=len(names) + 1, fontsize=6)

@@ -15,6 +15,7 @@ from .style import (
     LOOKS,
     PAGE,
     SAMPLES,
+    SELECTION_COLOURS,
     TRUE_COLOUR,
     colour,
     fit_label,
@@ -23,6 +24,7 @@ from .style import (
     legend_height,
     pyplot,
     save,
+    selection_role,
 )
 
 CONTOUR_LEVELS = (0.39, 0.86)  # the mass inside 1 and 2 sigma of a 2-D Gaussian
@@ -62,7 +64,7 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     plt = pyplot()
     frame = metrics_frame(metrics_paths)
     timed = frame[frame.timed_alone] if "timed_alone" in frame else frame
-    names = dict(zip(frame.method, frame.label))
+    names, roles = dict(zip(frame.method, frame.label)), dict(zip(frame.method, frame.selection_role))
     labels = [names[method] for method in in_paper_order(timed.method)]
     ncols = legend_columns(labels, 2)
     fig, ax = plt.subplots(figsize=(COLUMN, legend_height(len(labels), ncols)), layout="constrained")
@@ -72,17 +74,17 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
         log_t = np.log(rows.steady_seconds).groupby(rows.K).agg(["mean", "std"]).fillna(0.0)
         centre, spread = np.exp(log_t["mean"].to_numpy()), np.exp(log_t["std"].to_numpy())
         low, high = centre / spread, centre * spread
-        ax.errorbar(
+        line, _, _ = ax.errorbar(
             log_t.index,
             centre,
             yerr=[centre - low, high - centre],
             marker="o",
             markersize=3,
             capsize=3,
-            color=colour(method, frame.method),
+            color=colour(method, frame.method, roles[method]),
             label=names[method],
         )
-        drawn[method] = {"K": list(log_t.index), "centre": centre, "low": low, "high": high}
+        drawn[method] = {"K": list(log_t.index), "centre": centre, "low": low, "high": high, "colour": line.get_color()}
     ks = sorted(frame.K.unique())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -110,11 +112,12 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
     curves: dict = {}
     cut: dict = {}
     names: dict = {}
+    roles: dict = {}
     for path in metrics_paths:
         m = FitMetrics.read(path)
         if m.n_components == n_components:
             (cut if m.settings.get("selection") else curves).setdefault(m.method, []).append(m.history)
-            names[m.method] = fit_label(m.method, m.settings)
+            names[m.method], roles[m.method] = fit_label(m.method, m.settings), selection_role(m.settings)
     curves = curves or cut
     if not curves:
         raise ValueError(f"no metrics for K = {n_components}")
@@ -133,10 +136,12 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
             mean,
             marker=".",
             markersize=3,
-            color=colour(method, curves),
+            color=colour(method, curves, roles[method]),
             label=names[method],
         )
-        ax.fill_between(seconds, mean - sd, mean + sd, color=colour(method, curves), alpha=0.3, linewidth=0)
+        ax.fill_between(
+            seconds, mean - sd, mean + sd, color=colour(method, curves, roles[method]), alpha=0.3, linewidth=0
+        )
         last = slice(max(1, length - LAST_EPOCHS), length) if length > 1 else slice(0, 1)
         shown.append(np.concatenate([(mean - sd)[last], (mean + sd)[last]]))
         start.append(mean[0])
@@ -224,7 +229,8 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         label_kwargs={"fontsize": 8},
         max_n_ticks=3,  # five ticks a panel crowd each other at print size
     )
-    colour = LOOKS[model.method][1] if model.method in LOOKS else "tab:red"
+    role = None if metrics_path is None else selection_role(FitMetrics.read(metrics_path).settings)
+    colour = SELECTION_COLOURS[role] if role else LOOKS[model.method][1] if model.method in LOOKS else "tab:red"
     plt = pyplot()
     fig = plt.figure(figsize=(PAGE, PAGE))
     labels = data.spec.feature_labels
@@ -268,4 +274,4 @@ def plot_corner(model_path, data_path, outputs, n_samples: int = SAMPLES, seed: 
         linespacing=1.4,
     )
     save(fig, outputs)
-    return {"legend": [h.get_label() for h in handles], "outside": outside, "title": title}
+    return {"legend": [h.get_label() for h in handles], "outside": outside, "title": title, "colour": colour}

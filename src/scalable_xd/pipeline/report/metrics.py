@@ -18,7 +18,7 @@ import pandas as pd
 from ...data.missing import MISSING_LOGLIK_CONSTANT
 from ...files import read_json, write_json
 from ..truth import SHARE_MARKS
-from .style import fit_label, method_name
+from .style import fit_label, method_name, selection_role
 
 # The training log-likelihood counts as converged within this many nats per star of its final value.
 CONVERGED_NATS = 0.05
@@ -130,6 +130,7 @@ def metrics_frame(paths) -> pd.DataFrame:
         row = {
             "method": m.method,
             "label": fit_label(m.method, m.settings),  # the figures', tables' and claims' name for it
+            "selection_role": selection_role(m.settings),  # naive or aware of a selection, else None
             "K": m.n_components,
             "seed": m.seed,
             "mode": m.covariance_mode,

@@ -13,9 +13,9 @@ import numpy as np
 
 from ...fit.selection import from_limits, limits
 from .figures import model_samples, read_split
-from .style import COLUMN, COLUMN_HEIGHT, DATA_COLOUR, pyplot, save
+from .style import COLUMN, COLUMN_HEIGHT, DATA_COLOUR, SELECTION_COLOURS, pyplot, save
 
-NAIVE_COLOUR, AWARE_COLOUR = "tab:orange", "tab:blue"
+NAIVE_COLOUR, AWARE_COLOUR = SELECTION_COLOURS["naive"], SELECTION_COLOURS["aware"]  # as in every figure
 LEVELS = (0.39, 0.86)
 
 

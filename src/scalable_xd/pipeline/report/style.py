@@ -3,6 +3,8 @@ method (the same in every figure and table), and each figure written as PNG and 
 
 from __future__ import annotations
 
+import re
+
 from ...files import atomic_path
 from ...fit.methods import METHODS
 
@@ -18,9 +20,11 @@ LOOKS = {
     "stochastic_em": ("Stochastic EM", "#8c564b"),
     "stochastic_minibatch_em": ("Stochastic minibatch EM", "#e377c2"),
 }
-# Methods without a look of their own and workflow variants (fit.variants) take these in the order they are
-# first drawn.
-SPARE_COLOURS = ("#d62728", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939")
+# A fit under a selection (fit.selection), naive or aware of it: the same colours in every figure
+SELECTION_COLOURS = {"naive": "#d62728", "aware": "#17becf"}
+# Methods without a look of their own and other workflow variants (fit.variants) take these in the order
+# they are first drawn.
+SPARE_COLOURS = ("#7f7f7f", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39")
 DATA_COLOUR, TRUE_COLOUR = "black", "#9467bd"
 RC = {
     "font.family": "DejaVu Sans",
@@ -88,20 +92,34 @@ def method_name(method: str) -> str:
 def fit_label(method: str, settings: dict) -> str:
     """A fit's name in the figures, tables and claims: its method's label, or for a workflow variant
     (``fit.variants``) its method's short label and what sets it apart, from the settings its metrics
-    record, e.g. "Batch EM, cut to phot_g_mean_mag < 20 (naive)"."""
+    record, e.g. "Batch EM, cut to G < 20 (naive)" (the selection as ``readable_selection`` wrote it where
+    the metrics hold that, else as configured)."""
     fitted_with = settings.get("method", method)
     if method in LOOKS or fitted_with not in LOOKS:  # a method, or a variant of a method without a look
         return method_name(method)
     parts = [LOOKS[fitted_with][0].split(" (")[0]]
-    if settings.get("selection"):
-        parts.append(
-            f"cut to {settings['selection']} ({'aware' if settings.get('selection_aware', True) else 'naive'})"
-        )
+    role = selection_role(settings)
+    if role is not None:
+        parts.append(f"cut to {settings.get('selection_label') or settings['selection']} ({role})")
     if (settings.get("averaging") or "none") != "none":
         parts.append(f"{settings['averaging']} averaging")
     if settings.get("split_merge"):
         parts.append("split-and-merge")
     return ", ".join(parts) if len(parts) > 1 else f"{parts[0]} ({method})"
+
+
+def selection_role(settings: dict) -> str | None:
+    """ "naive" or "aware" for a fit under a selection (its settings as its metrics record them), else None."""
+    if not settings.get("selection"):
+        return None
+    return "aware" if settings.get("selection_aware", True) else "naive"
+
+
+def readable_selection(expression: str, names, labels) -> str:
+    """A selection's expression with each feature's name as its label reads, without the unit:
+    "phot_g_mean_mag < 20" -> "G < 20" (``names`` and ``labels``: the data spec's)."""
+    short = {name: label.split(" [")[0] for name, label in zip(names, labels)}
+    return re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda word: short.get(word[0], word[0]), expression)
 
 
 def in_paper_order(methods) -> list[str]:
@@ -111,9 +129,12 @@ def in_paper_order(methods) -> list[str]:
     return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
 
 
-def colour(method: str, methods) -> str:
-    """The method's colour: its own, or for a variant the spare colour of its place among ``methods``."""
+def colour(method: str, methods, role: str | None = None) -> str:
+    """The method's colour: its own; for a fit under a selection (``role``: ``selection_role``) that role's;
+    else for a variant the spare colour of its place among ``methods``."""
     if method in LOOKS:
         return LOOKS[method][1]
+    if role is not None:
+        return SELECTION_COLOURS[role]
     variants = [m for m in in_paper_order(methods) if m not in LOOKS]
     return SPARE_COLOURS[variants.index(method) % len(SPARE_COLOURS)]
