@@ -139,8 +139,10 @@ def test_a_seed_fitted_in_lockstep_is_not_timed_as_one_fit(run, tmp_path):
             m.write(path)
         lockstep.append(path)
     alone = [p for p in metrics if FitMetrics.read(p).seed == 0]
-    for method, bars in plot_timing_vs_k(lockstep, [tmp_path / "timing.png"]).items():
+    drawn = plot_timing_vs_k(lockstep, [tmp_path / "timing.png"])
+    for method, bars in drawn.items():
         assert bars["centre"] == pytest.approx(plot_timing_vs_k(alone, [tmp_path / "alone.png"])[method]["centre"])
+        assert bars["label"].endswith(" (timed: 1 of 2 seeds)")  # its bars cover one fit, and it says so
 
 
 @pytest.mark.parametrize("limits", [(1.2, 4.8), (0.8, 6.0), (0.5, 40.0), (0.01, 300.0)])

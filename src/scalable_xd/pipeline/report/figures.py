@@ -65,6 +65,10 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
     frame = metrics_frame(metrics_paths)
     timed = frame[frame.timed_alone] if "timed_alone" in frame else frame
     names, roles = dict(zip(frame.method, frame.label)), dict(zip(frame.method, frame.selection_role))
+    for method in set(timed.method):  # where seeds ran in lockstep, the bars cover fewer seeds: say how many
+        counts = [timed[timed.method == method].groupby("K").size().min(), frame[frame.method == method].seed.nunique()]
+        if counts[0] < counts[1]:
+            names[method] += f" (timed: {counts[0]} of {counts[1]} seeds)"
     labels = [names[method] for method in in_paper_order(timed.method)]
     ncols = legend_columns(labels, 2)
     fig, ax = plt.subplots(figsize=(COLUMN, legend_height(len(labels), ncols)), layout="constrained")
@@ -84,7 +88,14 @@ def plot_timing_vs_k(metrics_paths, outputs) -> dict:
             color=colour(method, frame.method, roles[method]),
             label=names[method],
         )
-        drawn[method] = {"K": list(log_t.index), "centre": centre, "low": low, "high": high, "colour": line.get_color()}
+        drawn[method] = {
+            "K": list(log_t.index),
+            "centre": centre,
+            "low": low,
+            "high": high,
+            "colour": line.get_color(),
+            "label": names[method],
+        }
     ks = sorted(frame.K.unique())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
