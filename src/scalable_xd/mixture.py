@@ -72,7 +72,23 @@ class Mixture:
         _, info = torch.linalg.cholesky_ex(self.covariances)
         if (info > 0).any():
             return int(torch.nonzero(info > 0)[0, 0]), "has a covariance that is not positive definite"
+        singular = self._singular_to_working_precision()
+        if singular.any():
+            reason = "has a covariance that is not positive definite (singular to working precision)"
+            return int(torch.nonzero(singular)[0, 0]), reason
         return None
+
+    def _singular_to_working_precision(self) -> torch.Tensor:
+        """(K,) bool: covariances whose unit-diagonal form has a Cholesky pivot below D times the dtype's
+        resolution, a variance along some direction (given the others) that the dtype cannot tell from 0.
+        Whether the factorisation of such a matrix succeeds is decided by rounding, so by the CPU and its
+        vector width: judged on the pivots, every machine refuses it alike."""
+        covariances = self.covariances
+        diagonal = torch.diagonal(covariances, dim1=-2, dim2=-1)
+        unit = covariances / torch.sqrt(diagonal[..., :, None] * diagonal[..., None, :])
+        factor, info = torch.linalg.cholesky_ex(unit)
+        pivots = torch.diagonal(factor, dim1=-2, dim2=-1) ** 2
+        return (info > 0) | (pivots < self.dim * torch.finfo(covariances.dtype).eps).any(-1)
 
     def check(self, what: str, weights_sum_tol: float | None = 1e-6) -> None:
         """Raise ValueError naming ``what`` unless the parameters are a valid mixture: shapes (K,), (K, D),

@@ -100,3 +100,28 @@ def test_every_refusal_is_raised_before_any_kmeans_or_pass(case, work, tmp_path,
 def test_the_spies_see_a_fits_kmeans_and_passes(work):
     XDGMM(2, random_state=0, epochs=1).fit(X, Xcov=S)
     assert {"minibatch_kmeans", "_chunk"} <= set(work) or {"minibatch_kmeans", "_pass"} <= set(work)
+
+
+def test_a_covariance_singular_to_working_precision_is_refused_whether_or_not_it_factorises():
+    """Correlation 1 - 2^-53: torch's Cholesky factorises it (its pivot 1 - a^2 rounds to 2^-52, above 0),
+    but a variance of 2.2e-16 of the feature's, given the other, is float64's resolution: whether such a
+    factorisation succeeds is decided by rounding, so by the CPU. Judged on the unit-diagonal pivots it is
+    refused alike everywhere; correlation 1 - 2^-40 (pivot 1.8e-12) is a valid, if narrow, covariance."""
+    import torch
+
+    from scalable_xd.mixture import Mixture
+
+    def mixture(correlation: float, scale: float) -> Mixture:
+        cov = torch.tensor([[1.0, correlation], [correlation, 1.0]], dtype=torch.float64)
+        cov = cov * torch.tensor([1.0, scale]).sqrt()[:, None] * torch.tensor([1.0, scale]).sqrt()[None, :]
+        return Mixture(torch.ones(1, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64), cov[None])
+
+    for scale in (1.0, 1e-8, 1e6):  # the features' units do not matter
+        edge = mixture(1 - 2.0**-53, scale)
+        if scale == 1.0:  # 1 - a^2 is 2^-52 with or without a fused multiply-add: the plain factorisation passes
+            assert int(torch.linalg.cholesky_ex(edge.covariances)[1][0]) == 0
+        assert edge.first_invalid_component() == (
+            0,
+            "has a covariance that is not positive definite (singular to working precision)",
+        )
+        assert mixture(1 - 2.0**-40, scale).first_invalid_component() is None

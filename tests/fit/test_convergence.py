@@ -1,6 +1,7 @@
 """``converged_`` means what it says: the fit's last epoch changed the training log-likelihood by less than
 ``tol``, up or down; a minibatch method judged over its last few epochs; a fall is never convergence."""
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -25,6 +26,10 @@ def test_a_fall_beyond_tol_is_not_convergence(method):
     message, category = warning
     assert category is ConvergenceWarning and "lowered the mean training log-likelihood" in message
     assert ("step size" in message) == per_batch and ("float64" in message) == (not per_batch)
+    assert message.startswith(f"{method} ended by its budget of 3 epochs while ")
+    # batch EM stops at the epoch that lowered it: the warning says where, not that the budget ran out
+    early = _judged_converged(_history([-2.0, -2.0, -2.0, -2.5]), dataclasses.replace(settings, epochs=100), per_batch)
+    assert early[1][0].startswith(f"{method} stopped at epoch 3 while its last epoch lowered")
 
 
 def test_a_minibatch_method_is_judged_on_its_last_epochs_mean_change_allowing_for_its_jitter_but_not_a_fall():

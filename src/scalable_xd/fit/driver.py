@@ -240,8 +240,10 @@ def _judged_converged(history: list, settings: FitSettings, per_batch: bool) -> 
         )
     else:
         advice = "lowered", "EM lowers it only by rounding: fit in float64, or raise tol"
+    ran = history[-1]["epoch"]  # batch EM stops where an epoch lowers it, before its budget
+    ended = f"ended by its budget of {ran} epochs" if ran == settings.epochs else f"stopped at epoch {ran}"
     return False, (
-        f"{settings.method} ended by its budget of {settings.epochs} epochs while {over} {advice[0]} the mean "
+        f"{settings.method} {ended} while {over} {advice[0]} the mean "
         f"training log-likelihood {by}, more than tol = {settings.tol:g}: the fit has not converged; {advice[1]}",
         ConvergenceWarning,
     )

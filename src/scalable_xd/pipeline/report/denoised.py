@@ -77,9 +77,8 @@ def plot_denoised(denoised_path, calibration: dict, outputs) -> None:
     for name in names:
         rows = calibration["features"][name].get("by_g", [])
         if rows and all(r["rmse_ratio"] is not None for r in rows):
-            centres = [_centre(r) for r in rows]
-            ratios = [r["rmse_ratio"] for r in rows]
-            axes[1, 1].plot(centres, ratios, marker="o", markersize=2, color=colours[name], zorder=3)
+            ratio = [r["rmse_ratio"] for r in rows]
+            axes[1, 1].plot([_centre(r) for r in rows], ratio, marker="o", markersize=2, color=colours[name], zorder=3)
     axes[1, 1].axhline(1.0, color="0.6", linewidth=0.6, linestyle="dotted", zorder=1)  # under a feature at 1
     axes[1, 1].set(xlabel=magnitude_label, ylabel="RMSE posterior / measured", title="precision gain (below 1)")
     # one legend for both panels, below them, off the data
