@@ -142,17 +142,9 @@ def plot_training_curves(metrics_paths, outputs, n_components: int) -> dict:
         loglik = np.array([[e["train_loglik"] for e in h[:length]] for h in runs])
         seconds = np.array([[e["seconds"] for e in h[:length]] for h in runs]).mean(axis=0)
         mean, sd = loglik.mean(axis=0), loglik.std(axis=0)
-        ax.plot(
-            seconds,
-            mean,
-            marker=".",
-            markersize=3,
-            color=colour(method, curves, roles[method]),
-            label=names[method],
-        )
-        ax.fill_between(
-            seconds, mean - sd, mean + sd, color=colour(method, curves, roles[method]), alpha=0.3, linewidth=0
-        )
+        tint = colour(method, curves, roles[method])
+        ax.plot(seconds, mean, marker=".", markersize=3, color=tint, label=names[method])
+        ax.fill_between(seconds, mean - sd, mean + sd, color=tint, alpha=0.3, linewidth=0)
         last = slice(max(1, length - LAST_EPOCHS), length) if length > 1 else slice(0, 1)
         shown.append(np.concatenate([(mean - sd)[last], (mean + sd)[last]]))
         start.append(mean[0])
