@@ -19,10 +19,10 @@ in a fit):
 
 ``overhead_s`` and ``loop_overhead_s`` (``graphed_loop_overhead_s``): the median over rounds of the step's
 (the fit's) time less the pass's in the same round, the time a faster kernel cannot remove. ``updates`` says
-which updates ran: "fused" (the compiled CPU rules, ``fit/engines/cpu_rules.py``, the CPU's default), "triton"
-(on CUDA, online EM's update as one Triton kernel and SGD's as two in the graphed step,
-``fit/engines/cuda_rules.py``: they change only ``graphed_loop_step_s``) or "torch" (``fit/updates.py``);
-each device measures its own and "torch", in the same run.
+which updates ran: "fused" (the compiled CPU rules, ``fit/rules/*_numba.py``, the CPU's default),
+"triton" (on CUDA, online EM's update as one Triton kernel and SGD's as two in the graphed step,
+``fit/rules/*_triton.py``: they change only ``graphed_loop_step_s``) or "torch" (``fit/rules/online_em.py``,
+``fit/rules/sgd.py``); each device measures its own and "torch", in the same run.
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.data.batching import Batch
 from scalable_xd.data.dataset import Dataset
-from scalable_xd.fit import engines
 from scalable_xd.fit.driver import regularisation
-from scalable_xd.fit.engines import cuda
 from scalable_xd.fit.methods import for_data, make_fitter
+from scalable_xd.fit.rules import forms
 from scalable_xd.kernel import TABLE
 from scalable_xd.kernel.dispatch import batch_statistics, choose_backend
 from scalable_xd.kernel.fused import PlainPass
@@ -144,7 +143,7 @@ def measure(
         return (model.history_[2]["seconds"] - model.history_[1]["seconds"]) / steps
 
     runs = [by_the_clock(passes, device), by_the_clock(passes_and_updates, device), lambda n: loop_step(False)]
-    if device.type == "cuda":  # each step replayed as one CUDA graph (``fit.cuda_graphs``)
+    if device.type == "cuda":  # each step replayed as one CUDA graph (``fit/engines/cuda.py``)
         runs.append(lambda n: loop_step(True))
     pass_times, step_times, loop_times, *graphed_times = paired_per_step(runs, steps, rounds)
 
@@ -188,18 +187,18 @@ def main(argv=None) -> None:
     args = parse_args(parser, argv, n_components=[4], steps=5, rounds=1)
     device, dtype = resolve_device(args.device), getattr(torch, args.dtype)
     rows = []
-    compiled = {"fused": engines.compiled_rule, "triton": cuda.triton_rules}
+    compiled = {"fused": forms.compiled, "triton": forms.triton_form}
     available = {"fused": device.type == "cpu" and importlib.util.find_spec("numba") is not None}
-    available["triton"] = cuda.triton_rules(device) is not None
+    available["triton"] = forms.triton_form("online_em", device) is not None
     for updates in [name for name in compiled if available[name]] + ["torch"]:
         if updates == "torch":
-            engines.compiled_rule, cuda.triton_rules = (lambda fitter, device: None), (lambda device: None)
+            forms.compiled, forms.triton_form = (lambda fitter, device: None), (lambda rule, device: None)
         for k in args.n_components:
             for method in METHODS:
                 row = measure(method, k, args.batch_size, dtype, device, args.backend, args.steps, args.rounds, updates)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    engines.compiled_rule, cuda.triton_rules = compiled["fused"], compiled["triton"]
+    forms.compiled, forms.triton_form = compiled["fused"], compiled["triton"]
     info = {"benchmark": "bench_step", **machine(), "device": device_name(device)}
     write_result(f"bench_step_{device.type}" + (f"_{args.label}" if args.label else ""), {**info, "results": rows})
 

@@ -14,8 +14,8 @@ if not torch.cuda.is_available():
 import scalable_xd.deferred_checks
 import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
-import scalable_xd.fit.engines
 import scalable_xd.fit.plan
+import scalable_xd.fit.rules.forms
 from scalable_xd.pipeline.cli import main
 
 
@@ -79,5 +79,5 @@ def killed_after_checkpoint(monkeypatch):
 def gpu_path(monkeypatch):
     """Fits on the CPU taking the GPU's path: torch updates (not the compiled CPU ones), checks deferred
     (graphs as each test says)."""
-    monkeypatch.setattr(scalable_xd.fit.engines, "compiled_rule", lambda fitter, device: None)
+    monkeypatch.setattr(scalable_xd.fit.rules.forms, "compiled", lambda fitter, device: None)
     monkeypatch.setattr(scalable_xd.deferred_checks, "defers_on", lambda device: True)

@@ -75,7 +75,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
     fix_weights, fix_means, fix_covariances : bool or array-like of bool, default=False
         Hold these parameters at their initial values, for every component (True) or for those marked in
         a boolean array of length K (Bovy et al.'s fixamp, fixmean and fixcovar; see
-        ``updates.FixedParameters``).
+        ``fit.rules.em.FixedParameters``).
 
         Defaults and constraints live in ``settings.FitSettings``; they are checked when ``fit`` is called, as
         in scikit-learn, whose estimator contract ``XDGMM`` follows (``clone``, ``get_params``/``set_params``,

@@ -1,4 +1,5 @@
-"""The CPU engine's compiled rules (fit/engines/cpu_rules.py) against the torch rules they replace on the CPU."""
+"""The CPU's compiled forms of the rules (fit/rules/online_em_numba.py, fit/rules/sgd_numba.py) against the
+torch rules they replace on the CPU."""
 
 import dataclasses
 import pickle
@@ -11,11 +12,15 @@ from helpers import draw_xd_data, random_spd
 
 pytest.importorskip("numba")
 
-from scalable_xd.fit import engines  # noqa: E402
-from scalable_xd.fit.adam import Adam  # noqa: E402
-from scalable_xd.fit.engines import cpu_rules  # noqa: E402
+from scalable_xd.fit.rules import (  # noqa: E402
+    arrays,
+    forms,  # noqa: E402
+    online_em_numba,
+)
+from scalable_xd.fit.rules.em import FixedParameters, regularised  # noqa: E402
+from scalable_xd.fit.rules.online_em import online_em_update  # noqa: E402
+from scalable_xd.fit.rules.sgd import Adam  # noqa: E402
 from scalable_xd.fit.sgd import SGD  # noqa: E402
-from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 from scalable_xd.kernel.statistics import Statistics  # noqa: E402
 from scalable_xd.mixture import Mixture  # noqa: E402
@@ -41,7 +46,9 @@ def _fixed(k: int, weights=(), means=(), covariances=(), values=None) -> FixedPa
 
 def _online_em_step(state: Mixture, stats: Statistics, step, w, fixed, data_size=None) -> tuple[Mixture, Mixture]:
     """The compiled online-EM step, which takes and gives arrays, on mixtures and Statistics."""
-    new_state, e_step = cpu_rules.online_em_step(state.arrays(), *cpu_rules.sums_of(stats), step, w, fixed, data_size)
+    new_state, e_step = online_em_numba.online_em_step(
+        state.arrays(), *arrays.sums_of(stats), step, w, fixed, data_size
+    )
     return Mixture.from_arrays(new_state), Mixture.from_arrays(e_step)
 
 
@@ -69,7 +76,7 @@ def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows)
     assert torch.equal(new_state.covariances[4], state.covariances[4])
 
 
-@pytest.mark.parametrize("k", [cpu_rules.PARALLEL_COMPONENTS + 3, 2 * cpu_rules.PARALLEL_COMPONENTS + 3])
+@pytest.mark.parametrize("k", [online_em_numba.PARALLEL_COMPONENTS + 3, 2 * online_em_numba.PARALLEL_COMPONENTS + 3])
 def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(monkeypatch, k):
     """From ``PARALLEL_COMPONENTS`` components the update runs in numba's threads, a share of the components
     each (one part a thread, then four from twice as many components): every component's arithmetic is
@@ -81,7 +88,7 @@ def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(m
     for threads in (1, 2):
         monkeypatch.setattr(torch, "get_num_threads", lambda n=threads: n)
         results[threads] = _online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
-    assert cpu_rules._online_em_loop_parallel.signatures  # the threaded loop ran
+    assert online_em_numba._online_em_loop_parallel.signatures  # the threaded loop ran
     for serial, shared in zip(*results.values()):
         for name in ("weights", "means", "covariances"):
             assert torch.equal(getattr(serial, name), getattr(shared, name)), name
@@ -91,17 +98,17 @@ def test_online_em_components_are_independent_lanes_to_the_bit():
     """The update runs LANES components side by side: a component's result does not depend on which lane
     or block of lanes it lands in, or on its neighbours, so the components updated in any group are
     those of the whole update, bit for bit; and the whole agrees with the torch update."""
-    k = cpu_rules.LANES + 5
+    k = online_em_numba.LANES + 5
     state, x, S = _problem(32, k=k, d=4, n=3000)
-    fixed = _fixed(k, means=[1], covariances=[cpu_rules.LANES + 1], values=state.weights)
+    fixed = _fixed(k, means=[1], covariances=[online_em_numba.LANES + 1], values=state.weights)
     stats = batch_statistics(x, S, regularised(state, 0.3, fixed, 5000.0))
     whole, whole_e_step = _online_em_step(state, stats, 0.2, 0.3, fixed, 5000.0)
     expected = online_em_update(state, stats.double(), 0.2, 0.3, fixed, 5000.0)
     _assert_mixtures_close(whole, expected, rtol=1e-12)
-    for rows in (torch.tensor([0, 1, 2]), torch.arange(cpu_rules.LANES - 2, k), torch.tensor([k - 1, 4])):
+    for rows in (torch.tensor([0, 1, 2]), torch.arange(online_em_numba.LANES - 2, k), torch.tensor([k - 1, 4])):
         part_stats = Statistics(stats.n_points, *(getattr(stats, name)[rows] for name in ("q", "U", "UU", "P")))
         part, part_e_step = _online_em_step(
-            cpu_rules._rows(state, rows), part_stats, 0.2, 0.3, cpu_rules._rows(fixed, rows), 5000.0
+            online_em_numba._rows(state, rows), part_stats, 0.2, 0.3, online_em_numba._rows(fixed, rows), 5000.0
         )
         for name in ("weights", "means", "covariances"):
             assert torch.equal(getattr(part, name), getattr(whole, name)[rows]), (rows, name)
@@ -164,7 +171,7 @@ def test_array_views_are_made_again_for_replaced_tensors_and_in_copies():
     """The compiled SGD step keeps numpy views of the tensors that live from step to step
     (``ArrayViews``): made once, made again where a tensor was replaced, and made afresh in a copy, whose
     tensors and arrays would otherwise be copies sharing no memory (the step would write to neither)."""
-    views, make = cpu_rules.ArrayViews(), lambda tensors: (tensors[0].numpy(),)
+    views, make = arrays.ArrayViews(), lambda tensors: (tensors[0].numpy(),)
     a = torch.zeros(3)
     first = views((a, None), make)
     assert views((a, None), make) is first
@@ -195,8 +202,9 @@ def test_adam_is_torch_adam_to_the_bit():
 
 
 def test_the_compiled_rules_run_on_the_cpu_only_and_not_for_the_naive_update():
-    from scalable_xd.fit.engines.cpu import AdamArrays, OnlineEMArrays
     from scalable_xd.fit.online_em import MinibatchEM
+    from scalable_xd.fit.rules.online_em_numba import OnlineEMArrays
+    from scalable_xd.fit.rules.sgd_numba import AdamArrays
     from scalable_xd.fit.sgd import SGD
 
     state = _problem(3)[0]
@@ -205,7 +213,7 @@ def test_the_compiled_rules_run_on_the_cpu_only_and_not_for_the_naive_update():
     adam = SGD(state, w=0.3, lr=0.01, lr_decay=0.1, decay_epoch=10, scaling="none")
     assert isinstance(online.compiled, OnlineEMArrays) and isinstance(adam.compiled, AdamArrays)
     assert MinibatchEM(state, covariance_update="naive", **settings).compiled is None
-    assert engines.compiled_rule(online, torch.device("meta")) is None
+    assert forms.compiled(online, torch.device("meta")) is None
 
 
 def test_a_fixed_parameters_copy_answers_for_its_own_masks():
@@ -227,7 +235,7 @@ def test_minibatch_em_keeps_the_compiled_steps_arrays_and_makes_their_mixtures_w
     fitter = MinibatchEM(state, covariance_update="stable", fixed=fixed, data_size=2000.0, **settings)
     fitter.start_epoch(0)
     stats = batch_statistics(x, S, fitter.mixture)
-    fitter.compiled.observe_sums(*cpu_rules.sums_of(stats))
+    fitter.compiled.observe_sums(*arrays.sums_of(stats))
     expected = online_em_update(state, stats.double(), 0.2, 0.3, fixed, 2000.0)
     _assert_mixtures_close(fitter.state, expected, rtol=1e-12)
     _assert_mixtures_close(fitter.mixture, regularised(expected, 0.3, fixed, 2000.0), rtol=1e-12)

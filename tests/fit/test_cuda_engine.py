@@ -4,6 +4,7 @@ the reference engine where it must (an epoch's last, smaller batch; an epoch run
 check tripped). On CUDA it is captured and replayed (skipped without a GPU)."""
 
 import os
+from importlib import import_module
 
 import numpy as np
 import pytest
@@ -13,8 +14,8 @@ from test_deferred_checks import count_waits_per_epoch
 
 from scalable_xd import XDGMM, deferred_checks
 from scalable_xd.fit import driver
-from scalable_xd.fit.adam import Adam
 from scalable_xd.fit.engines import cuda
+from scalable_xd.fit.rules.sgd import Adam
 
 
 @pytest.fixture
@@ -39,9 +40,11 @@ def triton_update(monkeypatch):
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("runs the GPU's kernel on the CPU: needs TRITON_INTERPRET=1 (set where there is no GPU)")
-    from scalable_xd.fit.engines import cuda_rules
+    from scalable_xd.fit.rules import forms
 
-    monkeypatch.setattr(cuda, "triton_rules", lambda device: cuda_rules)
+    monkeypatch.setattr(
+        forms, "triton_form", lambda rule, device: import_module(f"scalable_xd.fit.rules.{rule}_triton")
+    )
 
 
 def _data(seed=50, n=2050, k=3, d=3):

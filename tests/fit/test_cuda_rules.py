@@ -1,6 +1,6 @@
-"""The minibatch rules' updates as Triton kernels (fit/engines/cuda_rules.py), online EM's and SGD's, against
-the torch updates that define them: compiled on a GPU where there is one, else through Triton's interpreter
-(tests/conftest.py sets TRITON_INTERPRET=1 there)."""
+"""The minibatch rules' updates as Triton kernels (fit/rules/online_em_triton.py, fit/rules/sgd_triton.py),
+online EM's and SGD's, against the torch updates that define them: compiled on a GPU where there is one, else
+through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 there)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 from helpers import random_spd
 
-from scalable_xd.fit import engines
-from scalable_xd.fit.engines import cuda_rules
+from scalable_xd.fit.rules import forms, online_em_triton, sgd_triton
+from scalable_xd.fit.rules.em import FixedParameters, regularised
+from scalable_xd.fit.rules.online_em import online_em_update
 from scalable_xd.fit.sgd import SGD
-from scalable_xd.fit.updates import FixedParameters, online_em_update, regularised
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 
@@ -48,7 +48,7 @@ def _kernel_update(state, stats, step, w, fixed, data_size):
     paper = data_size is None or w is None
     constants = torch.tensor([0.0 if paper else data_size, torch.finfo(torch.float64).tiny], dtype=torch.float64)
     on_device = [t.to(DEVICE) for t in (stats.q, stats.U, stats.UU, stats.P)]
-    suspect = cuda_rules.online_em_step_in_place(
+    suspect = online_em_triton.online_em_step_in_place(
         new,
         e_step,
         type(stats)(stats.n_points, *on_device, stats.loglik, stats.criteria),
@@ -133,7 +133,7 @@ def test_several_fits_in_one_launch_each_get_their_own_update():
     constants = [
         [0.0 if size is None or w is None else size, torch.finfo(torch.float64).tiny] for size, w in zip(sizes, ws)
     ]
-    suspect = cuda_rules.online_em_step_in_place(
+    suspect = online_em_triton.online_em_step_in_place(
         new,
         e_step,
         summed,
@@ -155,7 +155,7 @@ def test_several_fits_in_one_launch_each_get_their_own_update():
 
 def _sgd(state: Mixture, w, scaling: str, fixed: FixedParameters, lr: float = 0.05) -> SGD:
     """An SGD fitter in its first epoch, its Adam step count advanced to that of the step about to be taken
-    on the device (``engines.cuda.GraphedAdam.prepare_step``'s part)."""
+    on the device (``rules.sgd_graphed.GraphedAdam.prepare_step``'s part)."""
     fitter = SGD(state, w=w, lr=lr, lr_decay=0.1, decay_epoch=10, scaling=scaling, fixed=fixed)
     fitter.start_epoch(0)
     return fitter
@@ -174,7 +174,7 @@ def _kernel_sgd_step(fitter: SGD, stats) -> None:
     params, optimizer, device = fitter.params, fitter.optimizer, fitter.mixture.means.device
     dim = params.means.shape[1]
     mixture = Mixture(*(t.clone() for t in fitter.mixture.tensors()))
-    cuda_rules.sgd_step_in_place(
+    sgd_triton.sgd_step_in_place(
         tuple(params.tensors()),
         params.scale,
         (tuple(optimizer.exp_avg), tuple(optimizer.exp_avg_sq)),
@@ -202,7 +202,7 @@ def test_the_sgd_kernels_give_the_torch_gradient_and_adams_step(d, scaling, scal
     """Three steps of SGD on the kernels against the torch gradient (``CholeskyParameters.loss_gradients``)
     and ``Adam.step``: parameters, Adam's moments and the mixture, at feature scales 1e-3 and 1e4, with the
     penalty and without, some means and covariances fixed, in each of SGD's units."""
-    monkeypatch.setattr(engines, "compiled_rule", lambda fitter, device: None)  # the torch update on the CPU
+    monkeypatch.setattr(forms, "compiled", lambda fitter, device: None)  # the torch update on the CPU
     k = 37  # not a multiple of the kernel's block: the last program is partly masked
     state, x, S = _case(d * 10 + 2, k, d, scale)
     w = None if w is None else w * scale**2
@@ -257,7 +257,7 @@ def test_several_fits_sgd_steps_in_one_launch_each_get_their_own_step():
         for m in ("exp_avg", "exp_avg_sq")
     ]
     mixture = Mixture(*(stacked([f.mixture.tensors()[i] for f in together]) for i in range(3)))
-    cuda_rules.sgd_step_in_place(
+    sgd_triton.sgd_step_in_place(
         tuple(params),
         stacked([f.params.scale for f in together]),
         (moments[0], moments[1]),
@@ -285,7 +285,7 @@ _COMPILE_FOR_HOPPER = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
-from scalable_xd.fit.engines.cuda_rules import BLOCK, _online_em
+from scalable_xd.fit.rules.online_em_triton import BLOCK, _online_em
 
 dim = int(sys.argv[1])
 signature = {name: "*fp64" for name in _online_em.arg_names}
@@ -302,7 +302,7 @@ _COMPILE_SGD_FOR_HOPPER = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
-from scalable_xd.fit.engines.cuda_rules import BLOCK, _sgd_components, _sgd_weights
+from scalable_xd.fit.rules.sgd_triton import BLOCK, _sgd_components, _sgd_weights
 
 dim = int(sys.argv[1])
 target = GPUTarget("cuda", 90, 32)

@@ -1,6 +1,6 @@
 """Engines: a toy engine defined in this test alone runs a fit through ``XDGMM`` (adding a device is one
-module and its name in ``engines.ENGINES``), and each fit's batches go to the engine its device and settings
-call for."""
+module and its name in ``engines.ENGINES``, a compiled form of a rule one entry in ``rules.forms``), and each
+fit's batches go to the engine its device and settings call for."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,9 @@ from helpers import draw_xd_data, random_spd
 
 from scalable_xd import XDGMM, deferred_checks
 from scalable_xd.fit import engines
-from scalable_xd.fit.updates import online_em_update, regularised
+from scalable_xd.fit.rules import forms
+from scalable_xd.fit.rules.em import regularised
+from scalable_xd.fit.rules.online_em import online_em_update
 from scalable_xd.kernel.dispatch import batch_statistics
 
 TAKEN: list[str] = []  # what the toy engine did, in order
@@ -54,7 +56,7 @@ def engine(fitter, cfg, general):
     return ToyEngine(fitter, cfg, general) if fitter.rule == "online_em" else None
 
 
-def compiled_rule(fitter, device):
+def toy_form(fitter, device):
     return ToyOnlineEM(fitter) if fitter.rule == "online_em" else None
 
 
@@ -66,17 +68,19 @@ def _data():
 
 @pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
 def test_a_toy_engine_defined_in_the_test_alone_runs_the_fits_whose_rule_it_has(method, monkeypatch):
-    """Registered alone, the toy engine takes every batch of a minibatch-EM fit (its steps) and every update
-    (its rule), and the fit equals the reference engine's with the torch rule to float64 rounding; SGD,
-    whose rule it does not have, runs on the reference engine."""
+    """Registered alone, the toy engine takes every batch of a minibatch-EM fit (its steps) and its form of
+    online EM's rule every update, and the fit equals the reference engine's with the torch rule to float64
+    rounding; SGD, whose rule it does not have, runs on the reference engine."""
     x, S = _data()
     settings = dict(method=method, n_init=1, epochs=2, batch_size=200, tol=None, dtype="float64", backend="linalg")
     TAKEN.clear()
     monkeypatch.setattr(engines, "ENGINES", (__name__,))
+    monkeypatch.setattr(forms, "compiled", toy_form)
     toy = XDGMM(3, random_state=0, **settings).fit(x, Xcov=S)
     steps = 2 * 1200 // 200
     assert TAKEN == ([] if method == "sgd" else ["step", "rule"] * steps)
     monkeypatch.setattr(engines, "ENGINES", ())
+    monkeypatch.setattr(forms, "compiled", lambda fitter, device: None)
     reference = XDGMM(3, random_state=0, **settings).fit(x, Xcov=S)
     for name in ("weights_", "means_", "covariances_"):
         np.testing.assert_allclose(getattr(toy, name), getattr(reference, name), rtol=1e-12, atol=1e-14)
@@ -87,9 +91,10 @@ def test_each_fit_takes_the_engine_its_device_and_settings_call_for(monkeypatch)
     rule; with the LAPACK kernel, a selection or a background, the reference engine; graphed steps asked for
     (the GPU's default) take the CUDA engine, which hands it the batches of another size."""
     from scalable_xd.fit import driver, loop
-    from scalable_xd.fit.engines.cpu import CpuEngine, OnlineEMArrays
+    from scalable_xd.fit.engines.cpu import CpuEngine
     from scalable_xd.fit.engines.cuda import CudaEngine
     from scalable_xd.fit.engines.reference import ReferenceEngine
+    from scalable_xd.fit.rules.online_em_numba import OnlineEMArrays
 
     pytest.importorskip("numba")
     chosen = []

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from scalable_xd.data.batching import GatheredOnRead, RowsInMemory
-from scalable_xd.fit.engines import cpu_rules
 from scalable_xd.fit.lockstep import Lockstep, LockstepStopped
-from scalable_xd.fit.updates import FixedParameters
+from scalable_xd.fit.rules import arrays, online_em_numba
+from scalable_xd.fit.rules.em import FixedParameters
 from scalable_xd.kernel.ensemble_pass import EnsemblePass
 from scalable_xd.kernel.fused import PlainPass
 
@@ -87,11 +87,13 @@ def test_online_em_steps_give_each_fit_its_update_alone(data_size, k):
     held[::7] = True  # some means and covariances held at their values
     fixed = FixedParameters(fixed.weights, held.clone(), held.clone(), fixed.weight_values)
     steps = [0.01, 0.3, 0.9]
-    fits = [(steps[s], 1e-3, fixed, data_size, cpu_rules.ArrayViews()) for s in range(FITS)]
+    fits = [(steps[s], 1e-3, fixed, data_size, arrays.ArrayViews()) for s in range(FITS)]
     states = [(weights[s], means[s], cov[s]) for s in range(FITS)]
-    together = cpu_rules.online_em_steps(states, 400.0, (q, U, UU, P), fits)
+    together = online_em_numba.online_em_steps(states, 400.0, (q, U, UU, P), fits)
     for s in range(FITS):
-        alone = cpu_rules.online_em_step(states[s], 400.0, q[s], U[s], UU[s], P[s], steps[s], 1e-3, fixed, data_size)
+        alone = online_em_numba.online_em_step(
+            states[s], 400.0, q[s], U[s], UU[s], P[s], steps[s], 1e-3, fixed, data_size
+        )
         for mine, theirs in zip(together[s][0] + together[s][1], alone[0] + alone[1]):
             assert np.array_equal(mine, theirs), s
 

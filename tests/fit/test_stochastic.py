@@ -10,7 +10,8 @@ from scalable_xd import XDGMM
 from scalable_xd.fit.averaging import PolyakAverage
 from scalable_xd.fit.methods import METHODS
 from scalable_xd.fit.online_em import MinibatchEM, inside_compact_set
-from scalable_xd.fit.updates import online_em_update, regularised
+from scalable_xd.fit.rules.em import regularised
+from scalable_xd.fit.rules.online_em import online_em_update
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 
@@ -207,7 +208,9 @@ def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method,
     minibatch methods' compiled rules take the same sums as the pass's arrays (``CpuEngine``) or as
     Statistics alike."""
     from scalable_xd.fit.engines import cpu
-    from scalable_xd.fit.engines.cpu_rules import sums_of
+    from scalable_xd.fit.rules.arrays import sums_of
+    from scalable_xd.fit.rules.online_em_numba import OnlineEMArrays
+    from scalable_xd.fit.rules.sgd_numba import AdamArrays
     from scalable_xd.kernel.fused import PlainPass
     from scalable_xd.mixture import Mixture
 
@@ -220,7 +223,7 @@ def test_fits_through_the_plain_pass_equal_fits_through_the_general_pass(method,
     engine = cpu.engine
     monkeypatch.setattr(cpu, "engine", lambda *args: taken.append(engine(*args)) or taken[-1])
     arrays_taken = []
-    for form in (cpu.OnlineEMArrays, cpu.AdamArrays):
+    for form in (OnlineEMArrays, AdamArrays):
         observe_sums = form.observe_sums
         monkeypatch.setattr(form, "observe_sums", lambda *a, f=observe_sums: arrays_taken.append(f(*a)))
     fast = XDGMM(2, **settings).fit(X, Xcov=S)

@@ -6,7 +6,9 @@ import torch
 from helpers import draw_xd_data, random_spd, rounding_prone_fit, xd_loglik, xd_pair_posteriors
 
 from scalable_xd import XDGMM, FitDivergedError
-from scalable_xd.fit.updates import CholeskyParameters, online_em_update, online_em_update_naive, regularised
+from scalable_xd.fit.rules.em import regularised
+from scalable_xd.fit.rules.online_em import online_em_update, online_em_update_naive
+from scalable_xd.fit.rules.sgd import CholeskyParameters
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 
@@ -167,7 +169,7 @@ def test_float32_rounding_cannot_make_a_nearly_singular_scatter_indefinite(metho
 
 
 def test_feature_scale_is_the_mixtures_spread():
-    from scalable_xd.fit.updates import feature_scale
+    from scalable_xd.fit.rules.sgd import feature_scale
 
     rng = np.random.default_rng(25)
     weights, means, covs = rng.dirichlet(np.ones(3)), rng.normal(scale=[1.0, 100.0], size=(3, 2)), random_spd(rng, 3, 2)
@@ -178,14 +180,14 @@ def test_feature_scale_is_the_mixtures_spread():
 
 
 def test_psd_projection_clips_rounding_only():
-    from scalable_xd.fit.updates import _psd
+    from scalable_xd.fit.rules.em import psd
 
     q, _ = np.linalg.qr(np.random.default_rng(24).normal(size=(3, 3)))
     rounding = torch.tensor((q * np.array([-1e-3, 1.0, 3.0])) @ q.T)  # from V ~ 1e3: rounding-sized
     genuine = torch.tensor((q * np.array([-5.0, 1.0, 3.0])) @ q.T)
     healthy = torch.tensor((q * np.array([1e-3, 1.0, 3.0])) @ q.T)
     V = torch.diag(torch.tensor([1e3, 10.0, 1.0])).expand(3, 3, 3)
-    out = _psd(torch.stack([rounding, genuine, healthy]), V)
+    out = psd(torch.stack([rounding, genuine, healthy]), V)
     assert torch.linalg.eigvalsh(out[0]).min() >= -1e-12  # clipped to zero
     np.testing.assert_allclose(out[0].numpy(), rounding.numpy(), atol=2e-3)
     assert torch.linalg.eigvalsh(out[1]).min() < -4  # not rounding: left for the divergence check
@@ -196,7 +198,7 @@ def test_online_em_with_the_prior_and_a_unit_step_on_all_data_is_bovys_em_step()
     """online_regularisation="prior": the E-step covariance (c Vr + w I) / (c + 1), c = qhat N, is the one
     batch EM's (sum + w I) / (q + 1) gives, so a unit step over all N points is one of Bovy et al.'s
     regularised EM steps, w > 0 included (the paper's w I after each update is not)."""
-    from scalable_xd.fit.updates import em_update
+    from scalable_xd.fit.rules.em import em_update
 
     rng = np.random.default_rng(26)
     k, d, w = 4, 3, 0.3

@@ -7,11 +7,7 @@ import torch
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
 from .fitters import Capabilities, mixture_from_state, mixture_state
-from .updates import (
-    FixedParameters,
-    em_update,
-    ridge_vector,
-)
+from .rules.em import FixedParameters, em_update, ridge_vector
 
 
 class EpochSums(Capabilities):

@@ -34,9 +34,10 @@ from .methods import for_data, make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .plan import FitPlan, Start, settings_record
 from .reseed import dead_components
+from .rules.em import FixedParameters
+from .rules.sgd import feature_scale
 from .scoring import EVAL_BATCH, total_loglik
 from .selection import record as selection_record
-from .updates import FixedParameters, feature_scale
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
 JUDGE_SAMPLE = 20_000

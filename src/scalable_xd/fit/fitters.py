@@ -5,8 +5,8 @@ Each fitter sees the same stream of kernel statistics: ``start_epoch(epoch)``, t
 for every batch, then ``end_epoch()``. Batch EM sums the statistics over the whole data set and updates
 once an epoch; minibatch EM and SGD update after every batch. ``state_dict``/``load_state_dict`` carry
 everything needed to resume from a checkpoint and continue exactly as an uninterrupted fit would. A
-fitter's update rule is written once, in torch; where a device's engine has a compiled form of it
-(``engines``: ``rule`` names it), the fitter's ``compiled`` runs it instead.
+fitter's update rule is defined once, in torch (``rules``); where a device has a compiled form of it
+(``rules.forms``, by the name ``rule``), the fitter's ``compiled`` runs it instead.
 
 Parameters and their updates are kept in float64 whatever precision the statistics pass runs in: they are
 K x D x D numbers, and Gaia's features need the range (a component can be 1e7 times narrower in parallax
@@ -68,12 +68,12 @@ class Fitter(Protocol):
 
     @property
     def rule(self) -> str | None:
-        """The name its update rule's compiled forms are registered under in the engines' tables; None
+        """The name its update rule's compiled forms are registered under (``rules.forms``); None
         where no engine takes its batches by such a form (a wrapper, an update made once an epoch)."""
 
     @property
     def compiled(self) -> CompiledRule | None:
-        """The device engine's compiled form of its rule, which its every update runs; None: its torch rule."""
+        """The compiled form of its rule on its device, which its every update runs; None: its torch rule."""
 
     def end_epoch(self) -> None: ...
 
@@ -98,7 +98,7 @@ class Fitter(Protocol):
 
 
 class CompiledRule(Protocol):
-    """A device engine's compiled form of a fitter's update rule (``engines``), bound to the fitter whose
+    """A compiled form of a fitter's update rule (``rules.forms``), bound to the fitter whose
     parameters it updates. ``observe`` is the fitter's update from a batch's statistics; each engine asks
     more of the forms in its own tables (the CPU's take the pass's arrays, CUDA's replay in place)."""
 

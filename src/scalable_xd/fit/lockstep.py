@@ -9,14 +9,13 @@ whose spinning workers took a 2-core machine's time (an ensemble's epoch at twic
 loop asks its engine for a step, it posts the batch and hands the turn back; once every fit has posted, every
 posted step runs at once (the engine's ``together``: on the CPU, ``engines.cpu.steps_together``, one ensemble
 pass over the S batches, ``kernel.ensemble_pass``, and the S updates in one compiled call,
-``cpu_rules.online_em_steps`` or ``cpu_rules.sgd_steps``; on CUDA, ``engines.cuda.steps_together``, one
-replayed graph of one Triton pass over the S batches and the rule's update kernels over the S fits). On CUDA a
-fit's scorings are posted too, and the fits that score one data set at once share one pass over it
-(``scoring.scores_together``). A fit that checkpoints or has finished posts nothing, and the others wait for
-it, so the fits stay in step. Each fit's statistics and update are computed as alone, so a fit in lockstep
-ends with the parameters it ends with alone: to the bit on the CPU (``tests/fit/test_lockstep.py``), to float
-rounding through the Triton pass (``test_cuda_engine.py``).
-"""
+``ArrayRule.update_together`` (``rules.online_em_numba``'s or ``rules.sgd_numba``'s); on CUDA,
+``engines.cuda.steps_together``, one replayed graph of one Triton pass over the S batches and the rule's
+update kernels over the S fits). On CUDA a fit's scorings are posted too, and the fits that score one data set
+at once share one pass over it (``scoring.scores_together``). A fit that checkpoints or has finished posts
+nothing, and the others wait for it, so the fits stay in step. Each fit's statistics and update are computed
+as alone, so a fit in lockstep ends with the parameters it ends with alone: to the bit on the CPU
+(``tests/fit/test_lockstep.py``), to float rounding through the Triton pass (``test_cuda_engine.py``)."""
 
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ from .engines import Engine, engine_for
 from .fitters import Fitter
 from .loop_config import LoopConfig
 from .parallel import reduce_sum
+from .rules.sgd import feature_scale
 from .scoring import ScoreRequest, shares_scoring, total_loglik
-from .updates import feature_scale
 
 log = logging.getLogger("scalable_xd.fit")
 # A component's variance along a feature, in units of the data's variance there, below which it has collapsed

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from .batch_em import BatchEM
     from .fitters import Fitter, TrialFitter
     from .online_em import MinibatchEM
+    from .rules.em import FixedParameters
     from .sgd import SGD
     from .squarem import SquaremEM
-    from .updates import FixedParameters
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ import torch
 
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
-from . import engines, schedules  # engines.compiled_rule, read at each fitter's start (tests and benchmarks swap it)
+from . import schedules
 from .fitters import Capabilities, mixture_from_state, mixture_state
 from .reseed import dead_components, reseeded
-from .updates import FixedParameters, online_em_update, online_em_update_naive, regularised, ridge_vector
+from .rules import forms  # forms.compiled, read at each fitter's start (tests and benchmarks swap it)
+from .rules.em import FixedParameters, regularised, ridge_vector
+from .rules.online_em import online_em_update, online_em_update_naive
 
 
 class MinibatchEM(Capabilities):
@@ -25,7 +27,7 @@ class MinibatchEM(Capabilities):
     (1 - 1e-10) r^-0.6 is step_size = 1 - 1e-10, kappa = 0.6).
 
     The running state (``state``) is unregularised; ``mixture``, which the E-step uses and the fit reports,
-    regularises its covariances (``updates.e_step_covariances``): with ``data_size`` N, the training data's
+    regularises its covariances (``rules.em.e_step_covariances``): with ``data_size`` N, the training data's
     total weight, by the prior batch EM's update implies, so that both have one fixed point; without, by
     adding ``w I``, as the paper's code does. The initial covariances seed the state.
 
@@ -85,7 +87,7 @@ class MinibatchEM(Capabilities):
         self.reseed_size = reseed_size
         self.reseeded = 0
         self._epoch = 0
-        self.compiled = engines.compiled_rule(self, mixture.means.device)
+        self.compiled = forms.compiled(self, mixture.means.device)
 
     def resize(self, data_size: float) -> None:
         """The training data's total weight, where it grows (online learning, ``fit.partial``): the E-step's

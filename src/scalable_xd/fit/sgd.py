@@ -8,16 +8,11 @@ import torch
 
 from ..kernel.statistics import Statistics
 from ..mixture import Mixture
-from . import engines, schedules  # engines.compiled_rule, read at each fitter's start (tests and benchmarks swap it)
-from .adam import Adam
+from . import schedules
 from .fitters import Capabilities, mixture_from_state, mixture_state
-from .updates import (
-    CholeskyParameters,
-    FixedParameters,
-    component_scale,
-    feature_scale,
-    ridge_vector,
-)
+from .rules import forms  # forms.compiled, read at each fitter's start (tests and benchmarks swap it)
+from .rules.em import FixedParameters, ridge_vector
+from .rules.sgd import Adam, CholeskyParameters, component_scale, feature_scale
 
 
 class SGD(Capabilities):
@@ -29,9 +24,9 @@ class SGD(Capabilities):
     graph is built.
 
     ``scaling="none"`` is the paper's parametrisation in the features' own units; ``"spread"`` measures the
-    parameters in units of each feature's spread under the initial mixture (``updates.feature_scale``), so
+    parameters in units of each feature's spread under the initial mixture (``rules.sgd.feature_scale``), so
     that ``lr`` means the same for degrees and milliarcseconds; ``"component"`` in units of each
-    component's own starting spread (``updates.component_scale``), so that it means the same for a
+    component's own starting spread (``rules.sgd.component_scale``), so that it means the same for a
     component as wide as the data and one a thousand times narrower (see ``CholeskyParameters``).
     """
 
@@ -59,7 +54,7 @@ class SGD(Capabilities):
         self._held: tuple | None = None  # the mixture's arrays from the last compiled step (``hold``)
         self._mixture: Mixture | None = None  # made from ``_held`` when asked for
         self.mixture = self.params.mixture()
-        self.compiled = engines.compiled_rule(self, mixture.means.device)
+        self.compiled = forms.compiled(self, mixture.means.device)
 
     def step_size(self, epoch: int) -> float:
         return schedules.step_decay(self.base_lr, self.lr_decay, self.decay_epoch, epoch)

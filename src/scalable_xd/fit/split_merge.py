@@ -28,7 +28,7 @@ from ..kernel.statistics import Criteria, Statistics
 from ..mixture import Mixture
 from .batch_em import EpochSums
 from .fitters import Capabilities, TrialFitter, mixture_from_state, mixture_state
-from .updates import FixedParameters, em_update, ridge_vector
+from .rules.em import FixedParameters, em_update, ridge_vector
 
 # Partial-EM iterations on the three moved components before full EM resumes.
 PARTIAL_EPOCHS = 5

@@ -7,7 +7,7 @@ u_ij = T_ij^-1 d_ij::
     q_j = sum_i r_ij                 U_j  = sum_i r_ij R_i^T u_ij
     UU_j = sum_i r_ij R_i^T u u^T R_i    P_j = sum_i r_ij R_i^T T_ij^-1 R_i
 
-These sums are all that batch EM, minibatch EM and SGD need (see ``updates``): the posterior mean and
+These sums are all that batch EM, minibatch EM and SGD need (see ``fit.rules``): the posterior mean and
 covariance of each point's true value, b_ij = m_j + V_j R^T u and B_ij = V_j - V_j R^T T^-1 R V_j, enter
 only through ``sum r b = q m + V U`` and ``sum r [(b - m)(b - m)^T + B] = q V + V (UU - P) V``, so no per-pair
 B_ij is ever formed.

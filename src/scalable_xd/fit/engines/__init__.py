@@ -1,8 +1,8 @@
-"""Engines: how a fit's batches run on a device. Each owns its statistics pass and the compiled forms of
-the update rules it accelerates.
+"""Engines: how a fit's batches run on a device. Each owns its statistics pass and drives the forms of the
+update rules (``fit.rules``) that its steps take.
 
-A fitter's update rule is written once, in torch, on the kernel's ``Statistics`` (``fit.updates``, called
-by ``MinibatchEM.observe``, ``SGD.observe``, ...). An engine takes each batch of an epoch (``Engine.step``):
+A fitter's update rule is defined once, in torch, on the kernel's ``Statistics`` (``fit.rules``: ``em``,
+``online_em``, ``sgd``), its compiled forms beside it. An engine takes each batch of an epoch (``Engine.step``):
 
 * ``reference``: the general pass (``kernel.dispatch``: any device and backend, projections, missing
   entries, weights, a selection's imputed points, a background, data-parallel processes), then the rule;
@@ -10,10 +10,9 @@ by ``MinibatchEM.observe``, ``SGD.observe``, ...). An engine takes each batch of
   (``kernel.fused.PlainPass``), into the rule's compiled (numba) form on the pass's arrays;
 * ``cuda``: each step on static buffers, replayed as a CUDA graph, online EM's rule as one Triton kernel.
 
-The CPU's and CUDA's engines hand the reference engine the batches they cannot take. An engine's compiled
-forms of the rules are registered by the rule's name (``Fitter.rule``) in its module's tables and tested
-equal to the torch rule (``tests/fit/test_cpu_rules.py``, ``tests/fit/test_cuda_rules.py``). Adding a
-method is its rule and its row (``methods.METHODS``); adding a device is one engine module, named here.
+The CPU's and CUDA's engines hand the reference engine the batches they cannot take. Which form of a rule
+runs where is ``rules.forms``'s, by the rule's name (``Fitter.rule``). Adding a method is its rule and its
+row (``methods.METHODS``); adding a device is one engine module, named here.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 
 from ...data.batching import Batch
 from ...deferred_checks import DeferredChecks
-from ..fitters import CompiledRule, Fitter
+from ..fitters import Fitter
 from ..loop_config import LoopConfig
 from .reference import ReferenceEngine
 
@@ -55,14 +54,3 @@ def engine_for(fitter: Fitter, cfg: LoopConfig) -> Engine:
         if engine is not None:
             return engine
     return general
-
-
-def compiled_rule(fitter: Fitter, device: torch.device) -> CompiledRule | None:
-    """The compiled form of ``fitter``'s rule that its every update takes on ``device`` (its arithmetic, in
-    one compiled call), or None where its own torch rule runs. Read at each fitter's start: tests and
-    benchmarks replace it to run the torch rule."""
-    for name in ENGINES:
-        rule = import_module(name, __name__).compiled_rule(fitter, device)
-        if rule is not None:
-            return rule
-    return None

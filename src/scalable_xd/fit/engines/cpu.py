@@ -1,5 +1,6 @@
 """The CPU's engine: plain batches through the fused kernel's pass (``kernel.fused.PlainPass``), into the
-compiled (numba) forms of the minibatch rules (``cpu_rules``), on the pass's arrays.
+compiled (numba) forms of the minibatch rules (``rules.online_em_numba``, ``rules.sgd_numba``), on the pass's
+arrays.
 
 A minibatch step's float64 update written as torch calls is dozens of small operations whose dispatch costs
 several times the arithmetic; compiled, each rule is one call. Fed the pass's sums as arrays and keeping the
@@ -10,9 +11,6 @@ made the statistics, so that a fit's arithmetic does not depend on which batches
 
 from __future__ import annotations
 
-import importlib.util
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
@@ -22,87 +20,12 @@ from ...kernel import TABLE
 from ...kernel.dispatch import choose_backend
 from ...kernel.ensemble_pass import EnsemblePass
 from ...kernel.fused import PlainPass
-from ...kernel.statistics import Statistics
 from ..background_fit import background_of
 from ..fitters import Fitter
 from ..lockstep import StepRequest, caught
 from ..loop_config import LoopConfig
+from ..rules.arrays import ArrayRule
 from .reference import ReferenceEngine
-
-if TYPE_CHECKING:
-    from ..online_em import MinibatchEM
-    from ..sgd import SGD
-
-
-class ArrayRule:
-    """A compiled rule bound to its fitter: ``observe_sums`` takes a batch's sums as the pass's arrays (n
-    points, q, U, UU, P), ``observe`` a batch's ``Statistics`` (made arrays), ``arrays`` is the mixture the
-    pass reads; ``views`` keeps the arrays of the tensors that live from step to step."""
-
-    def __init__(self, fitter):
-        from . import cpu_rules
-
-        self.fitter, self._rules, self.views = fitter, cpu_rules, cpu_rules.ArrayViews()
-
-    def observe(self, stats: Statistics) -> None:
-        self.observe_sums(*self._rules.sums_of(stats))
-
-    def observe_sums(self, n: float, q, U, UU, P) -> None:
-        raise NotImplementedError
-
-    def arrays(self) -> tuple:
-        raise NotImplementedError
-
-
-class OnlineEMArrays(ArrayRule):
-    """Online EM's centred update (``updates.online_em_update``, then ``regularised``) as one compiled call
-    (``cpu_rules.online_em_step``) on a ``MinibatchEM``'s arrays."""
-
-    fitter: MinibatchEM
-
-    @staticmethod
-    def accepts(fitter: MinibatchEM) -> bool:
-        return not fitter.naive  # the paper's eq. 7 is kept for study, in torch alone
-
-    def arrays(self) -> tuple:
-        return self.fitter.e_step_arrays()
-
-    def observe_sums(self, n: float, q, U, UU, P) -> None:
-        f = self.fitter
-        held = self._rules.online_em_step(
-            f.state_arrays(), n, q, U, UU, P, f.next_step_size(), f.w, f.fixed_parameters, f.data_size, self.views
-        )
-        f.hold(*held)
-
-
-class AdamArrays(ArrayRule):
-    """SGD's gradient (``CholeskyParameters.loss_gradients``) and Adam's step as one compiled call
-    (``cpu_rules.sgd_step``) on an ``SGD``'s parameters, updated in place."""
-
-    fitter: SGD
-
-    @staticmethod
-    def accepts(fitter: SGD) -> bool:
-        return True
-
-    def arrays(self) -> tuple:
-        return self.fitter.mixture_arrays()
-
-    def observe_sums(self, n: float, q, U, UU, P) -> None:
-        f = self.fitter
-        f.hold(self._rules.sgd_step(f.params, f.optimizer, n, q, U, UU, P, f.w, self.views))
-
-
-# The compiled forms of the rules, by the rule's name (``Fitter.rule``).
-RULES: dict[str, type[OnlineEMArrays] | type[AdamArrays]] = {"online_em": OnlineEMArrays, "sgd": AdamArrays}
-
-
-def compiled_rule(fitter: Fitter, device: torch.device):
-    """``fitter``'s rule compiled, where its parameters are on the CPU and numba is installed."""
-    if device.type != "cpu" or importlib.util.find_spec("numba") is None:
-        return None
-    rule = RULES.get(fitter.rule) if fitter.rule is not None else None
-    return rule(fitter) if rule is not None and rule.accepts(fitter) else None  # type: ignore[arg-type]
 
 
 class CpuEngine:
@@ -166,11 +89,9 @@ def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CpuEngi
 
 def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
     """Every posted step: the fits' batches in one ensemble pass (``EnsemblePass``), then their updates in
-    one compiled call (``cpu_rules.online_em_steps``, ``cpu_rules.sgd_steps``; fits of mixed rules one call
-    a fit); a fit whose batch cannot join the pass (of another size or data; a pair that did not factorise)
-    steps alone. Each fit's error (or None), so that one fit's failure is its own."""
-    from . import cpu_rules
-
+    one compiled call (``ArrayRule.update_together``; fits of mixed rules one call a fit); a fit whose batch
+    cannot join the pass (of another size or data; a pair that did not factorise) steps alone.
+    Each fit's error (or None), so that one fit's failure is its own."""
     rules: list[ArrayRule] = [request.engine.fitter.compiled for request in requests]
     ensemble, done = requests[0].engine.ensemble, None
     if ensemble is not None and len(requests) > 1:  # one fit left steps alone
@@ -185,20 +106,9 @@ def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
     if done is None or not (joined := [s for s in range(len(requests)) if failed[s] < 0]):
         return errors
     n, sums = done[0], done[2:] if len(joined) == len(requests) else tuple(a[joined] for a in done[2:])
-    if all(isinstance(rules[s], OnlineEMArrays) for s in joined):
-        fitters = [rules[s].fitter for s in joined]
-        fits = [
-            (f.next_step_size(), f.w, f.fixed_parameters, f.data_size, rules[s].views) for f, s in zip(fitters, joined)
-        ]
-        held = cpu_rules.online_em_steps([f.state_arrays() for f in fitters], n, sums, fits)
-        for fitter, new in zip(fitters, held):
-            fitter.hold(*new)
-        return errors
-    if all(isinstance(rules[s], AdamArrays) for s in joined):
-        sgds = [rules[s].fitter for s in joined]
-        adams = [(f.params, f.optimizer, f.w, rules[s].views) for f, s in zip(sgds, joined)]
-        for sgd, mixture in zip(sgds, cpu_rules.sgd_steps(adams, n, sums)):
-            sgd.hold(mixture)
+    forms = {type(rules[s]) for s in joined}
+    if len(forms) == 1:  # one compiled call for them all
+        forms.pop().update_together([rules[s] for s in joined], n, sums)
         return errors
     for at, s in enumerate(joined):
         errors[s] = caught(rules[s].observe_sums, n, *(a[at] for a in sums))

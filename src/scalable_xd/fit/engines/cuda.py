@@ -1,10 +1,10 @@
 """The CUDA engine: minibatch steps replayed as CUDA graphs, one launch a batch instead of about a hundred.
 
 A minibatch step on a GPU is the statistics pass's kernels and the float64 update's small torch ops (online
-EM's is one Triton kernel there, SGD's two: ``cuda_rules``), each launched from Python in a few microseconds; at
-the paper's batch of 500 the launches, not the arithmetic, set the pace. A CUDA graph
-(``torch.cuda.CUDAGraph``) records the step's kernels once and replays them all
-with one call, which asks three things of the step:
+EM's is one Triton kernel there, SGD's two: ``rules.online_em_triton``, ``rules.sgd_triton``), each launched
+from Python in a few microseconds; at the paper's batch of 500 the launches, not the arithmetic, set the
+pace. A CUDA graph (``torch.cuda.CUDAGraph``) records the step's kernels once and replays them all with one
+call, which asks three things of the step:
 
 * its inputs sit in fixed ("static") buffers: each batch is copied into them, and the step size (Adam's
   bias-corrected rate for SGD) is a scalar on the device that the host sets before each replay
@@ -32,31 +32,20 @@ over the F fits, each fit's parameters in a slice of stacked static tensors.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import logging
-from types import ModuleType
-from typing import TYPE_CHECKING
-
 import torch
 
 from ... import deferred_checks
 from ...data.batching import Batch
+from ...kernel.cuda_graphs import captured, warm_up
 from ...kernel.dispatch import batch_statistics, choose_backend
 from ...kernel.statistics import Statistics
 from ...kernel.triton_pass import ensemble_statistics
-from ...mixture import Mixture
 from ..fitters import Fitter
 from ..lockstep import StepRequest, caught
 from ..loop_config import LoopConfig
-from ..updates import FixedParameters, online_em_update, regularised, share_weights
+from ..rules.online_em_graphed import GraphedOnlineEM
+from ..rules.sgd_graphed import GraphedAdam
 from .reference import ReferenceEngine
-
-if TYPE_CHECKING:
-    from ..online_em import MinibatchEM
-    from ..sgd import SGD
-
-log = logging.getLogger("scalable_xd.fit")
 
 
 class Replayed:
@@ -178,248 +167,8 @@ def take_over(rule, live: list[torch.Tensor]) -> None:
         rule.bind(live)
 
 
-class GraphedOnlineEM:
-    """Online EM's step (``updates.online_em_update``, then ``regularised``; less truncation) as a replayed
-    step takes it, on a ``MinibatchEM``: the update one Triton kernel where triton is installed
-    (``cuda_rules``), torch's in place elsewhere."""
-
-    READS = slice(3, 6)  # which of ``live_tensors`` the statistics pass reads: the E-step mixture's
-
-    @staticmethod
-    def accepts(fitter: MinibatchEM) -> bool:
-        """Not the naive update (kept for study) nor truncation (its restarts ask the host)."""
-        return not fitter.naive and fitter.truncation is None
-
-    def __init__(self, fitter: MinibatchEM):
-        self.fitter = fitter
-        self.kernel = triton_rules(fitter.state.means.device)
-        self._step: torch.Tensor | None = None  # the step size on the device (``prepare_step``)
-        self._constants: torch.Tensor | None = None  # (the prior's data size or 0, float64's tiny)
-        self._prior_size: float | None = None  # what ``_constants`` holds of it
-
-    @property
-    def mixture(self) -> Mixture:
-        return self.fitter.mixture
-
-    def live_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step reads and writes: the running state's and the E-step mixture's."""
-        return [*self.fitter.state.tensors(), *self.fitter.mixture.tensors()]
-
-    def bind(self, tensors: list[torch.Tensor]) -> None:
-        self.fitter.bind(Mixture(*tensors[:3]), Mixture(*tensors[3:]))
-
-    def prepare_step(self) -> None:
-        """The host's part of the next step: its step size (and the prior's data size, where it changed),
-        filled into scalars on the device (filled, not copied: no wait)."""
-        fitter, device = self.fitter, self.fitter.state.means.device
-        if self._step is None:
-            self._step = torch.zeros((), dtype=torch.float64, device=device)
-            self._constants = torch.full((2,), torch.finfo(torch.float64).tiny, dtype=torch.float64, device=device)
-        self._step.fill_(fitter.next_step_size())
-        fitter.n_updates += 1
-        size = 0.0 if fitter.data_size is None or fitter.w is None else float(fitter.data_size)  # 0: no prior
-        if size != self._prior_size:
-            self._constants[0].fill_(size)  # type: ignore[index]
-            self._prior_size = size
-
-    def step_in_place(self, stats: Statistics) -> None:
-        """The update written into ``live_tensors``, asking the host nothing."""
-        fitter, step = self.fitter, self._step
-        if step is None:
-            raise RuntimeError("prepare_step sets the step size on the device before step_in_place")
-        fixed = fitter.fixed_parameters
-        if self.kernel is not None:
-            e_step = fitter.mixture
-            suspect = self.kernel.online_em_step_in_place(
-                fitter.state, e_step, stats, step, fitter.w, fixed, self._constants
-            )
-            checks = deferred_checks.active()
-            if checks is None:
-                raise RuntimeError("the graphed step runs with its checks deferred (GraphedStep)")
-            checks.note(suspect)  # a covariance rounding left indefinite: the epoch runs again
-            self.share_fixed_weights()
-            return
-        state = online_em_update(fitter.state, stats.double(), step, fitter.w, fixed, fitter.data_size)
-        e_step = regularised(state, fitter.w, fitter.fixed, fitter.data_size)
-        for live, new in zip(self.live_tensors(), [*state.tensors(), *e_step.tensors()]):
-            live.copy_(new)
-
-    def share_fixed_weights(self) -> None:
-        """After the kernel's update, where any parameter is fixed, the E-step's weights shared and the fixed
-        ones restored, as ``regularised`` does (a host test made once: ``FixedParameters.any``)."""
-        fitter, fixed = self.fitter, self.fitter.fixed_parameters
-        if fixed.any():
-            fitter.mixture.weights.copy_(share_weights(fitter.state.weights, fixed.weight_values, fixed.weights))
-
-    def device_scalars(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step size and constants ``prepare_step`` sets on the device, for a step taken with others."""
-        if self._step is None or self._constants is None:
-            raise RuntimeError("prepare_step sets the step size on the device first")
-        return self._step, self._constants
-
-    @staticmethod
-    def update_together(kernel: ModuleType, rules: list[GraphedOnlineEM], live: list[torch.Tensor]):
-        """Online EM's update of F fits in one launch of its kernel (``cuda_rules``), their tensors ``live``
-        (each of ``live_tensors`` stacked): a function of their stacked sums and their engines, which notes
-        each fit's suspect covariances in its own flag."""
-        fitters = [rule.fitter for rule in rules]
-        fixed = stacked_fixed([fitter.fixed_parameters for fitter in fitters])
-        dim = live[1].shape[-1]
-        w = torch.stack([f.w if f.w is not None else live[1].new_zeros(dim) for f in fitters])
-
-        def update(stacked: Statistics, engines: list[CudaEngine]) -> None:
-            scalars = [rule.device_scalars() for rule in rules]
-            suspect = kernel.online_em_step_in_place(
-                Mixture(*live[:3]),
-                Mixture(*live[3:]),
-                stacked,
-                torch.stack([step for step, _ in scalars]),
-                w,
-                fixed,
-                torch.stack([constants for _, constants in scalars]),
-            )
-            for f, (engine, rule) in enumerate(zip(engines, rules)):
-                engine.checks.note(suspect[f])  # a covariance rounding left indefinite: its epoch runs again
-                rule.share_fixed_weights()
-
-        return update
-
-
-class GraphedAdam:
-    """SGD's gradient and Adam's step as a replayed step takes them, on an ``SGD``: two Triton kernels where
-    triton is installed (``cuda_rules``), torch's in place elsewhere; Adam's bias corrections set on the
-    device by the host before each step (``Adam.step_on_device``)."""
-
-    @staticmethod
-    def accepts(fitter: SGD) -> bool:
-        """Not with fixed weights (the free ones are selected by a mask, asking the host)."""
-        return not fitter.params.fixed.has_fixed_weights
-
-    READS = slice(0, 3)  # which of ``live_tensors`` the statistics pass reads: the mixture's
-
-    def __init__(self, fitter: SGD):
-        self.fitter = fitter
-        self.kernel = triton_rules(fitter.mixture.means.device)
-        self._adam: torch.Tensor | None = None  # (step size, sqrt(1 - beta2^t), beta1, beta2, eps) on the device
-        means = fitter.mixture.means
-        self.w = means.new_ones(means.shape[-1]) if fitter.w is None else fitter.w  # W's diagonal, 1 for none
-        self.penalised = torch.tensor(fitter.w is not None, dtype=torch.int8, device=means.device)
-
-    @property
-    def mixture(self) -> Mixture:
-        return self.fitter.mixture
-
-    def live_tensors(self) -> list[torch.Tensor]:
-        """The tensors a step reads and writes: the mixture's, the parameters' (logits, means, raw factors)
-        and their scale, Adam's moments (first, second) and the fixed components' initial means and
-        covariances."""
-        params, adam = self.fitter.params, self.fitter.optimizer
-        initial = params.initial
-        return [
-            *self.fitter.mixture.tensors(),
-            *params.tensors(),
-            params.scale,
-            *adam.exp_avg,
-            *adam.exp_avg_sq,
-            initial.means,
-            initial.covariances,
-        ]
-
-    def bind(self, tensors: list[torch.Tensor]) -> None:
-        fitter = self.fitter
-        params, adam = fitter.params, fitter.optimizer
-        fitter.mixture = Mixture(*tensors[:3])
-        params.logits, params.means, params.raw, params.scale = tensors[3:7]
-        adam.params = params.tensors()
-        adam.exp_avg, adam.exp_avg_sq = list(tensors[7:10]), list(tensors[10:13])
-        params.initial = Mixture(params.initial.weights, *tensors[13:15])
-
-    def prepare_step(self) -> None:
-        """The host's part of the next step: Adam's step count and corrections, into the device."""
-        optimizer = self.fitter.optimizer
-        if self._adam is None:
-            self._adam = torch.tensor(
-                [0.0, 1.0, *optimizer.betas, optimizer.eps],
-                dtype=torch.float64,
-                device=self.fitter.mixture.means.device,
-            )
-        optimizer.steps += 1
-        for slot, value in zip(self._adam, optimizer.corrections()):
-            slot.fill_(value)
-
-    def device_scalars(self) -> torch.Tensor:
-        """Adam's constants that ``prepare_step`` sets on the device, for a step taken with others."""
-        if self._adam is None:
-            raise RuntimeError("prepare_step sets Adam's corrections on the device first")
-        return self._adam
-
-    def step_in_place(self, stats: Statistics) -> None:
-        """The Adam step, its mixture written into ``live_tensors``, asking the host nothing."""
-        adam = self.device_scalars()
-        fitter, params, optimizer = self.fitter, self.fitter.params, self.fitter.optimizer
-        if self.kernel is not None:
-            self.kernel.sgd_step_in_place(
-                tuple(params.tensors()),
-                params.scale,
-                (tuple(optimizer.exp_avg), tuple(optimizer.exp_avg_sq)),
-                stats,
-                adam[None],
-                self.w,
-                self.penalised,
-                params.fixed,
-                (params.initial.means, params.initial.covariances),
-                fitter.mixture,
-            )
-            return
-        optimizer.step_on_device(params.loss_gradients(stats.double(), fitter.w), adam)
-        for live, new in zip(fitter.mixture.tensors(), params.mixture().tensors()):
-            live.copy_(new)
-
-    @staticmethod
-    def update_together(kernel: ModuleType, rules: list[GraphedAdam], live: list[torch.Tensor]):
-        """SGD's step of F fits in one launch of each kernel (``cuda_rules``), their tensors ``live`` (each
-        of ``live_tensors`` stacked): a function of their stacked sums and their engines."""
-        fixed = stacked_fixed([rule.fitter.params.fixed for rule in rules])
-        w = torch.stack([rule.w for rule in rules])
-        penalised = torch.stack([rule.penalised for rule in rules])
-
-        def update(stacked: Statistics, engines: list[CudaEngine]) -> None:
-            kernel.sgd_step_in_place(
-                tuple(live[3:6]),
-                live[6],
-                (tuple(live[7:10]), tuple(live[10:13])),
-                stacked,
-                torch.stack([rule.device_scalars() for rule in rules]),
-                w,
-                penalised,
-                fixed,
-                (live[13], live[14]),
-                Mixture(*live[:3]),
-            )
-
-        return update
-
-
-def stacked_fixed(fixes: list[FixedParameters]) -> FixedParameters:
-    """F fits' fixed parameters with a leading fit axis."""
-    return FixedParameters(
-        *(torch.stack([getattr(f, field.name) for f in fixes]) for field in dataclasses.fields(FixedParameters))
-    )
-
-
 # The forms of the rules a replayed step takes, by the rule's name (``Fitter.rule``).
 GRAPHED: dict[str, type[GraphedOnlineEM] | type[GraphedAdam]] = {"online_em": GraphedOnlineEM, "sgd": GraphedAdam}
-
-
-def triton_rules(device: torch.device) -> ModuleType | None:
-    """The Triton forms of the rules (``cuda_rules``) where they run: on CUDA with triton installed; None
-    elsewhere, where torch's run. Read as each step's form is made: tests replace it to run them on the
-    CPU through Triton's interpreter."""
-    if device.type != "cuda" or importlib.util.find_spec("triton") is None:
-        return None
-    from . import cuda_rules
-
-    return cuda_rules
 
 
 class CudaEngine:
@@ -483,7 +232,7 @@ def steps_together(requests: list[StepRequest]) -> list[BaseException | None]:
 class GraphedEnsemble(Replayed):
     """F fits' steps as one replayed step: their batches in one statistics pass (``triton_pass``'s
     ``ensemble_statistics`` where the fits run the triton kernel; each fit's pass in turn otherwise), then
-    their updates in one launch of each of the rule's kernels over the F fits (``cuda_rules``; each fit's
+    their updates in one launch of each of the rule's kernels over the F fits (``rules.*_triton``; each fit's
     update in turn where torch's update runs); all captured as one CUDA graph on CUDA. Each fit's
     parameters live in a slice of stacked static tensors (``take_over``), its deferred tests go to its own
     flag, and its sums and update are those it would have alone (the pass's to float rounding, the
@@ -504,7 +253,7 @@ class GraphedEnsemble(Replayed):
         self.live = [torch.stack(tensors) for tensors in zip(*(rule.live_tensors() for rule in self.rules))]
         self.views = [[t[f] for t in self.live] for f in range(n_fits)]  # fit f's slice, made once: bound by identity
         # every fit's update in one launch of each of its rule's kernels, where the rule runs kernels (the
-        # fits' rules are of one form, ``steps_together``, on one device, which decides ``triton_rules``);
+        # fits' rules are of one form, ``steps_together``, on one device, which decides ``forms.triton_form``);
         # else each fit's update in turn
         kernel = self.rules[0].kernel
         self.update = None if kernel is None else type(self.rules[0]).update_together(kernel, self.rules, self.live)
@@ -569,32 +318,3 @@ def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CudaEng
     if form is None or not form.accepts(fitter):  # type: ignore[arg-type]
         return None
     return CudaEngine(form(fitter), cfg, general)  # type: ignore[arg-type]
-
-
-def compiled_rule(fitter: Fitter, device: torch.device) -> None:
-    """None: on CUDA a fitter's every update outside the replayed steps is its torch rule."""
-    return None
-
-
-def warm_up(device: torch.device, body) -> None:
-    """``body()`` eagerly on a side stream, as CUDA graphs ask of a first run before a capture: kernels
-    compile, the allocator's pools settle."""
-    current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        body()
-    current.wait_stream(side)
-
-
-def captured(body, what: str) -> torch.cuda.CUDAGraph | None:
-    """``body``'s kernels captured as a CUDA graph (captured, not run), or None where CUDA refuses the
-    capture, which a warning naming ``what`` says: the caller then runs its steps uncaptured."""
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            body()
-    except RuntimeError as err:
-        log.warning("%s could not be captured as a CUDA graph (%s): its steps run uncaptured", what, err)
-        return None
-    return graph

@@ -1,58 +1,45 @@
-"""The minibatch rules as single numba loops over the components: the CPU engine's compiled forms.
+"""Online EM's update as one numba loop over the components: its form on the CPU, on the pass's arrays.
 
 A minibatch step's float64 update (online EM's, or SGD's gradient and Adam step) is a few hundred numbers
 per component; written as torch calls it is dozens of small operations whose dispatch costs several times
 the arithmetic (as much as the statistics pass itself: docs/performance.md). Here each is one compiled
-call. The arithmetic follows ``updates`` operation for operation, so the results agree with the torch
-updates to rounding (the matrix products' summation order differs); ``updates`` stays the definition and
+call. The arithmetic follows ``online_em`` operation for operation, so the results agree with the torch
+update to rounding (the matrix products' summation order differs); ``online_em`` stays the definition and
 the path on other devices. What is rare stays in torch: the eigenvalue clipping of a covariance that
-rounding left indefinite (``updates.clip_rounding``) runs on the components this loop flags.
+rounding left indefinite (``em.clip_rounding``) runs on the components this loop flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import numba
 import numpy as np
 import torch
 
-from ...kernel.statistics import Statistics
 from ...mixture import Mixture
-from ..adam import Adam
-from ..updates import clip_rounding, e_step_covariances, ridge_vector, share_weights
+from .arrays import ArrayRule, ArrayViews, dimensions, ridge_array
+from .em import clip_rounding, e_step_covariances, ridge_vector, share_weights
+from .numba_jit import jit, jit_inline, jit_parallel
+from .online_em import OnlineEMFitter
 
-# Typed as what they make of a function: numba's stubs give a compiled function's call no arguments.
-_jit: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(cache=True, error_model="numpy")
-# Helpers of the update loops, inlined into them as numba compiles them: called, they cost a fifth of the step
-_jit_inline: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
-    cache=True, error_model="numpy", inline="always"
-)
-_jit_parallel: Callable[[Callable[..., Any]], Callable[..., Any]] = numba.njit(
-    cache=True, error_model="numpy", parallel=True
-)
 # Components from which online EM's update is shared among threads (``threads`` parts below 128 components,
 # four a thread from there): right after the pass, whose threads still spin (``GOMP_SPINCOUNT``), a parallel
 # region starts in about the time of ten components' updates (docs/performance.md, "The minibatch step").
 PARALLEL_COMPONENTS = 64
+
+
 LANES = 64  # components updated together: their scratch (~150 kB) stays in the L2 cache
+
+
 TINY = float(np.finfo(np.float64).tiny)
 
 
-def dimensions(dim: int) -> tuple[int, ...]:
-    """D as the length of a tuple, which numba knows when it compiles a loop (one compilation per D): its
-    D x D loops then unroll (a quarter off online EM's update at D = 7: docs/performance.md), with the same
-    arithmetic in the same order, so the same results to the bit."""
-    return (0,) * dim
-
-
-@_jit
+@jit
 def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny, dims):
-    """``updates.online_em_update`` per component, returning the new running state, the E-step's
-    covariances (``updates.e_step_covariances``; ``w`` (D,) the diagonal of W, zeros for none;
+    """``online_em.online_em_update`` per component, returning the new running state, the E-step's
+    covariances (``em.e_step_covariances``; ``w`` (D,) the diagonal of W, zeros for none;
     ``data_size`` 0 for the paper's W added), which components' new covariance failed a Cholesky
     factorisation and whether any did; ``dims``: ``dimensions(D)``."""
     args = (weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny)
@@ -61,7 +48,7 @@ def _online_em_loop(weights, means, cov, q, U, UU, P, n, step, w, data_size, fix
     return _with_any_suspect(out)
 
 
-@_jit_parallel
+@jit_parallel
 def _online_em_loop_parallel(
     weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny, dims, parts
 ):
@@ -75,7 +62,7 @@ def _online_em_loop_parallel(
     return _with_any_suspect(out)
 
 
-@_jit_parallel
+@jit_parallel
 def _online_em_fits(
     weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny, dims, parts
 ):
@@ -89,7 +76,7 @@ def _online_em_fits(
     return _with_any_suspect_fits(out)
 
 
-@_jit
+@jit
 def _online_em_fits_serial(
     weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny, dims
 ):
@@ -102,7 +89,7 @@ def _online_em_fits_serial(
     return _with_any_suspect_fits(out)
 
 
-@_jit_inline
+@jit_inline
 def _online_em_job(job, parts, args, out, dims):
     """Part ``job % parts`` of fit ``job // parts``'s components, updated as ``_online_em_loop`` updates them."""
     weights, means, cov, q, U, UU, P, n, steps, w, data_size, fixed_means, fixed_cov, tiny = args
@@ -113,7 +100,7 @@ def _online_em_job(job, parts, args, out, dims):
     _online_em_components(first, last, (*fit_args, fixed_means[s], fixed_cov[s], tiny), fit_out, dims)
 
 
-@_jit
+@jit
 def _with_any_suspect_fits(out):
     """``_with_any_suspect`` for each of S fits."""
     any_suspect = np.zeros(out[4].shape[0], np.bool_)
@@ -122,7 +109,7 @@ def _with_any_suspect_fits(out):
     return (*out, any_suspect)
 
 
-@_jit
+@jit
 def _online_em_outputs(means):
     """Empty outputs for the components of ``means``, (K, D) or (S, K, D) for S fits: weights, means,
     covariances, the E-step's covariances and which components are suspect."""
@@ -131,18 +118,18 @@ def _online_em_outputs(means):
     return np.empty(lead), np.empty(means.shape), np.empty(square), np.empty(square), np.zeros(lead, np.bool_)
 
 
-@_jit
+@jit
 def _with_any_suspect(out):
     """The outputs and whether any component is suspect (compiled: asked of numpy it costs a fifth of the loop)."""
     weights, means, cov, e_step_cov, suspect = out
     return weights, means, cov, e_step_cov, suspect, suspect.any()
 
 
-@_jit
+@jit
 def _online_em_lanes(first, last, args, out, dims):
     """The update of components ``first`` to ``last`` - 1 as lanes: each quantity is held as (D, D, lanes)
     or (lanes,), and every loop runs over the lanes innermost, so that LLVM vectorises the arithmetic
-    across components (the divisions above all). Each lane's arithmetic is ``updates``' in the same order
+    across components (the divisions above all). Each lane's arithmetic is ``online_em``'s in the same order
     as a loop over one component at a time does it, so the results are the same to the bit, in about
     two thirds of the time (docs/performance.md)."""
     weights, means, cov, q, U, UU, P, n, step, w, data_size, fixed_means, fixed_cov, tiny = args
@@ -221,7 +208,7 @@ def _online_em_lanes(first, last, args, out, dims):
     _store_lanes(first, q_new, mean, t, e, out)
 
 
-@_jit_inline
+@jit_inline
 def _product_lanes(x, y, out):
     """out = x y for each lane of the (D, D, lanes) arrays, the lanes innermost."""
     D, L = x.shape[0], x.shape[2]
@@ -234,7 +221,7 @@ def _product_lanes(x, y, out):
                 out[i, j, c] = s
 
 
-@_jit_inline
+@jit_inline
 def _store_lanes(first, weights, means, cov, e_step_cov, out):
     """The lanes' new weights (lanes,), means (D, lanes) and covariances (D, D, lanes) written into the
     outputs' components from ``first`` on."""
@@ -249,7 +236,7 @@ def _store_lanes(first, weights, means, cov, e_step_cov, out):
                 out[3][k, i, j] = e_step_cov[i, j, c]
 
 
-@_jit
+@jit
 def _online_em_components(first, last, args, out, dims):
     """The update of components ``first`` to ``last`` - 1 (``_online_em_loop``'s arguments and outputs),
     LANES at a time."""
@@ -257,7 +244,7 @@ def _online_em_components(first, last, args, out, dims):
         _online_em_lanes(lane, min(lane + LANES, last), args, out, dims)
 
 
-@_jit
+@jit
 def _factorise_lanes(a, scratch, factorises):
     """Clear ``factorises`` for each lane of the symmetric (D, D, lanes) ``a`` without a Cholesky factor (a
     pivot not positive), as LAPACK's potrf decides; ``scratch`` (D, D, lanes) takes the factors. A lane's
@@ -278,133 +265,6 @@ def _factorise_lanes(a, scratch, factorises):
                 scratch[i, j, c] = s / scratch[j, j, c]
 
 
-@_jit
-def _softmax(logits, fixed, out):
-    """softmax over the components not ``fixed`` (the fixed get zero), as ``torch.softmax`` computes it."""
-    top = -np.inf
-    for k in range(logits.shape[0]):
-        if not fixed[k] and logits[k] > top:
-            top = logits[k]
-    total = 0.0
-    for k in range(logits.shape[0]):
-        out[k] = 0.0 if fixed[k] else np.exp(logits[k] - top)
-        total += out[k]
-    for k in range(logits.shape[0]):
-        out[k] = out[k] / total
-
-
-@_jit
-def _adam(param, grad, exp_avg, exp_avg_sq, beta1, beta2, eps, step_size, bias_correction2_sqrt):
-    """``adam.Adam.step`` on one flattened parameter, in place."""
-    for i in range(param.shape[0]):
-        exp_avg[i] = exp_avg[i] + (1.0 - beta1) * (grad[i] - exp_avg[i])
-        exp_avg_sq[i] = exp_avg_sq[i] * beta2 + (1.0 - beta2) * grad[i] * grad[i]
-        denom = np.sqrt(exp_avg_sq[i]) / bias_correction2_sqrt + eps
-        param[i] = param[i] + -step_size * (exp_avg[i] / denom)
-
-
-@_jit
-def _sgd_loop(
-    logits, means, raw, scale, adam_state, adam, q, U, UU, P, n, w, fixed_weights, fixed_means, fixed_cov, initial, dims
-):
-    """``CholeskyParameters.loss_gradients`` and an Adam step on (logits, means, raw) in place, then the
-    mixture the new parameters describe (``CholeskyParameters.mixture``) as (weights, means, covariances);
-    ``w`` (D,) the diagonal of W, empty for no penalty; ``dims``: ``dimensions(D)``."""
-    K, D = means.shape[0], len(dims)
-    beta1, beta2, eps, step_size, bias_correction2_sqrt = adam
-    weight_values = initial[0]
-    any_fixed_weight = False
-    for k in range(K):
-        any_fixed_weight = any_fixed_weight or fixed_weights[k]
-    no_fixed = np.zeros(K, np.bool_)
-    grad_logits = np.empty(K)
-    grad_means = np.empty((K, D))
-    grad_raw = np.zeros((K, D, D))
-    unit = np.zeros((D, D))
-    chol = np.zeros((D, D))
-    beta = np.empty(K)
-    _softmax(logits, fixed_weights if any_fixed_weight else no_fixed, beta)
-    q_free = 0.0
-    for k in range(K):
-        q_free += 0.0 if fixed_weights[k] else np.float64(q[k])
-    for k in range(K):
-        if any_fixed_weight:
-            grad_logits[k] = 0.0 if fixed_weights[k] else -(np.float64(q[k]) - beta[k] * q_free)
-        else:
-            grad_logits[k] = -(np.float64(q[k]) - n * beta[k])
-        for i in range(D):
-            grad_means[k, i] = 0.0 if fixed_means[k] else -np.float64(U[k, i]) * scale[k, i]
-        if fixed_cov[k]:
-            continue
-        trace = 0.0
-        for i in range(D):
-            for j in range(i + 1):
-                unit[i, j] = np.exp(raw[k, i, i]) if i == j else raw[k, i, j]
-                chol[i, j] = scale[k, i] * unit[i, j]
-        for i in range(D):
-            s = 0.0
-            for j in range(i + 1):
-                s += chol[i, j] * chol[i, j]
-            trace += s / w[i] if w.shape[0] else 0.0
-        for i in range(D):
-            ridge = 1.0 / (trace**2 * w[i]) if w.shape[0] else 0.0
-            for j in range(i + 1):
-                s = 0.0
-                for m in range(j, D):  # chol[m, j] is 0 above the diagonal: the terms skipped added +0 to +0
-                    grad_cov = -0.5 * (np.float64(UU[k, i, m]) - np.float64(P[k, i, m])) - (ridge if i == m else 0.0)
-                    s += 2.0 * grad_cov * chol[m, j]
-                g = scale[k, i] * s
-                grad_raw[k, i, j] = g * unit[i, i] if i == j else g
-    m1, m2 = adam_state
-    _adam(logits, grad_logits, m1[0], m2[0], beta1, beta2, eps, step_size, bias_correction2_sqrt)
-    _adam(means.reshape(-1), grad_means.reshape(-1), m1[1], m2[1], beta1, beta2, eps, step_size, bias_correction2_sqrt)
-    _adam(raw.reshape(-1), grad_raw.reshape(-1), m1[2], m2[2], beta1, beta2, eps, step_size, bias_correction2_sqrt)
-    weights = np.empty(K)
-    _softmax(logits, fixed_weights if any_fixed_weight else no_fixed, weights)
-    if any_fixed_weight:
-        free_total, fixed_total = 0.0, 0.0
-        for k in range(K):
-            free_total += 0.0 if fixed_weights[k] else weights[k]
-            fixed_total += weight_values[k] if fixed_weights[k] else 0.0
-        divisor = free_total if free_total > 0 else 1.0
-        for k in range(K):
-            weights[k] = weight_values[k] if fixed_weights[k] else weights[k] / divisor * (1.0 - fixed_total)
-    return weights, *_cholesky_mixture(means, raw, scale, fixed_means, fixed_cov, initial[1:], unit, chol)
-
-
-@_jit
-def _cholesky_mixture(means, raw, scale, fixed_means, fixed_cov, initial, unit, chol):
-    """The means (K, D) and covariances (K, D, D) that SGD's parameters describe
-    (``CholeskyParameters.mixture``), the fixed ones the ``initial`` (means, covariances); ``unit`` and
-    ``chol`` (D, D) are scratch."""
-    K, D = means.shape
-    initial_means, initial_cov = initial
-    out_means = np.empty((K, D))
-    out_cov = np.empty((K, D, D))
-    for k in range(K):
-        for i in range(D):
-            out_means[k, i] = initial_means[k, i] if fixed_means[k] else means[k, i] * scale[k, i]
-        if fixed_cov[k]:
-            out_cov[k] = initial_cov[k]
-            continue
-        for i in range(D):
-            for j in range(i + 1):
-                unit[i, j] = np.exp(raw[k, i, i]) if i == j else raw[k, i, j]
-                chol[i, j] = scale[k, i] * unit[i, j]
-        for i in range(D):
-            for j in range(i + 1):  # (j, i) is the same sum of the same products (a product commutes exactly)
-                s = 0.0
-                for m in range(j + 1):
-                    s += chol[i, m] * chol[j, m]
-                out_cov[k, i, j] = out_cov[k, j, i] = s
-    return out_means, out_cov
-
-
-def sums_of(stats: Statistics) -> tuple:
-    """A CPU batch's Statistics as the compiled steps take them: (n points, q, U, UU, P) as arrays."""
-    return (float(stats.n_points), stats.q.numpy(), stats.U.numpy(), stats.UU.numpy(), stats.P.numpy())
-
-
 def online_em_step(
     state: tuple[np.ndarray, np.ndarray, np.ndarray],
     n: float,
@@ -418,7 +278,7 @@ def online_em_step(
     data_size: float | None = None,
     views: ArrayViews | None = None,
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """``updates.online_em_update`` and ``updates.regularised`` in one compiled call, on arrays: the running
+    """``online_em.online_em_update`` and ``em.regularised`` in one compiled call, on arrays: the running
     state's (weights, means, covariances) and a batch's sums (n points, q, U, UU, P; ``sums_of``) in, (the
     new state's arrays, the E-step mixture's) out, new arrays that no later step writes to. ``fixed``: a
     ``FixedParameters``; ``views`` keeps the arrays of W and of the fixed masks from step to step (a
@@ -449,7 +309,7 @@ def online_em_step(
 
 def _finished(state: tuple, out: tuple, w, fixed, data_size: float | None) -> tuple[tuple, tuple]:
     """(new state, E-step mixture) from the compiled loop's outputs: in torch, what is rare, the covariances
-    that rounding left indefinite clipped (``updates.clip_rounding``) and fixed weights shared."""
+    that rounding left indefinite clipped (``em.clip_rounding``) and fixed weights shared."""
     weights, means, cov, e_step_cov, suspect, any_suspect = out
     if any_suspect:  # tensors sharing the arrays' memory: the clipped rows are written into them
         w = ridge_vector(w, torch.from_numpy(state[1]))
@@ -501,15 +361,9 @@ def _em_arrays(held: tuple) -> tuple:
     state's dtype) as its loop takes them: W's diagonal (zeros for none), 1 where the E-step's prior scales
     with the data size (0 for V = Vr + W: see e_step_covariances), the masks, ``dimensions(D)``."""
     w, fixed_means, fixed_cov, dim, dtype = held
-    ridge = _ridge_array(w, dim, dtype)
+    ridge = ridge_array(w, dim, dtype)
     w_array = np.zeros(dim) if ridge is None else ridge
     return w_array, 0.0 if ridge is None else 1.0, fixed_means.numpy(), fixed_cov.numpy(), dimensions(dim)
-
-
-def _ridge_array(w, dim: int, dtype: torch.dtype) -> np.ndarray | None:
-    """W's diagonal (``ridge_vector``) as a (D,) array of ``dtype`` for a compiled update, None for none."""
-    ridge = ridge_vector(w, torch.empty(dim, dtype=dtype))
-    return None if ridge is None else ridge.numpy()
 
 
 def _rows(parameters, rows: torch.Tensor):
@@ -517,164 +371,32 @@ def _rows(parameters, rows: torch.Tensor):
     return type(parameters)(*(getattr(parameters, f.name)[rows] for f in dataclasses.fields(parameters)))
 
 
-class ArrayViews:
-    """The arrays a compiled step reads from tensors that live from step to step (SGD's parameters, Adam's
-    moments, the fixed parameters), made once and made again only where one of those tensors was replaced
-    (a state loaded, fixed parameters released): the step updates them in place, so the views stay theirs.
-    SGD's step reads 17 of them: made at every step, they added a third to its call (docs/performance.md)."""
+class OnlineEMArrays(ArrayRule):
+    """Online EM's centred update (``online_em.online_em_update``, then ``regularised``) as one compiled call
+    (``online_em_step``) on a ``MinibatchEM``'s arrays."""
 
-    def __init__(self) -> None:
-        self._held: tuple[tuple, tuple] = ((), ())
+    fitter: OnlineEMFitter
 
-    def __getstate__(self) -> dict:
-        """Nothing: a copy (pickled, deep-copied) holds copies of the tensors and arrays that no longer
-        share memory, so it makes its own views."""
-        return {}
+    @staticmethod
+    def accepts(fitter: OnlineEMFitter) -> bool:
+        return not fitter.naive  # the paper's eq. 7 is kept for study, in torch alone
 
-    def __setstate__(self, state: dict) -> None:
-        self._held = ((), ())
+    def arrays(self) -> tuple:
+        return self.fitter.e_step_arrays()
 
-    def __call__(self, tensors: tuple, make) -> tuple:
-        """``make(tensors)``, from the last call where it was given these same tensor objects."""
-        held, arrays = self._held
-        if len(held) != len(tensors) or any(mine is not theirs for mine, theirs in zip(held, tensors)):
-            arrays = make(tensors)
-            self._held = (tensors, arrays)  # one assignment: a reader sees the old pair or the new
-        return arrays
-
-
-def _sgd_arrays(tensors: tuple) -> tuple:
-    """``sgd_step``'s long-lived tensors (and w, D and the dtype) as ``_sgd_loop``'s array arguments:
-    (logits, means, raw, scale, Adam's moments flat, W's diagonal (empty for none), the fixed masks, the
-    initial parameters)."""
-    logits, means, raw, scale = (t.numpy() for t in tensors[:4])
-    moments = tuple(tuple(t.numpy().reshape(-1) for t in tensors[at : at + 3]) for at in (4, 7))
-    fixed_weights, fixed_means, fixed_cov, weight_values, initial_means, initial_cov = (
-        t.numpy() for t in tensors[10:16]
-    )
-    w, dim, dtype = tensors[16:]
-    ridge = _ridge_array(w, dim, dtype)
-    w = np.empty(0) if ridge is None else ridge
-    initial = (weight_values, initial_means, initial_cov)
-    return logits, means, raw, scale, moments, w, fixed_weights, fixed_means, fixed_cov, initial
-
-
-def sgd_step(
-    params,
-    adam: Adam,
-    n: float,
-    q: np.ndarray,
-    U: np.ndarray,
-    UU: np.ndarray,
-    P: np.ndarray,
-    w: float | torch.Tensor | None,
-    views: ArrayViews | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The gradient of ``params`` (a ``CholeskyParameters``) from a batch's sums (n points, q, U, UU, P;
-    ``sums_of``), ``adam``'s step along it (its state updated in place, as ``Adam.step`` would) and the new
-    mixture's (weights, means, covariances), new arrays that no later step writes to, in one compiled call;
-    ``views`` keeps the arrays of the tensors that live from step to step (a fitter's own, or made afresh)."""
-    (logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial), steps = (
-        _sgd_arguments(params, adam, w, views or ArrayViews())
-    )
-    return _sgd_loop(
-        logits,
-        means,
-        raw,
-        scale,
-        moments,
-        steps,
-        q,
-        U,
-        UU,
-        P,
-        n,
-        w_array,
-        fixed_weights,
-        fixed_means,
-        fixed_cov,
-        initial,
-        dimensions(params.means.shape[1]),
-    )
-
-
-def _sgd_arguments(params, adam: Adam, w, views: ArrayViews) -> tuple[tuple, tuple]:
-    """``_sgd_loop``'s arrays for ``params`` and ``adam`` (``_sgd_arrays``, kept by ``views``), and Adam's
-    constants of this step, its count advanced (as ``Adam.step`` advances it)."""
-    adam.steps += 1
-    beta1, beta2 = adam.betas
-    fixed, initial = params.fixed, params.initial
-    tensors = (
-        *params.tensors(),
-        params.scale,
-        *adam.exp_avg,
-        *adam.exp_avg_sq,
-        fixed.weights,
-        fixed.means,
-        fixed.covariances,
-        fixed.weight_values,
-        initial.means,
-        initial.covariances,
-        w,  # with D and the dtype, for W's diagonal (``ridge_vector``)
-        params.means.shape[1],
-        params.means.dtype,
-    )
-    return views(tensors, _sgd_arrays), (beta1, beta2, adam.eps, *adam.corrections())
-
-
-def sgd_steps(fits: list[tuple], n: float, sums: tuple) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``sgd_step`` for S fits in one compiled call: each fit's (params, adam, w, views) in ``fits``, its
-    batch's sums stacked in ``sums`` (q (S, K), U (S, K, D), UU and P (S, K, D, D)); each fit's new mixture
-    out, its parameters and Adam's state updated in place. Each fit's arithmetic is its own call's."""
-    arguments = [_sgd_arguments(params, adam, w, views) for params, adam, w, views in fits]
-    columns = list(zip(*(arrays for arrays, _ in arguments)))
-    logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial = columns
-    first, second = zip(*moments)
-    weights, out_means, out_cov = _sgd_fits(
-        (logits, means, raw, scale),
-        (tuple(m[0] for m in first), tuple(m[1] for m in first), tuple(m[2] for m in first)),
-        (tuple(m[0] for m in second), tuple(m[1] for m in second), tuple(m[2] for m in second)),
-        np.array([steps for _, steps in arguments]),
-        sums,
-        n,
-        (w_array, fixed_weights, fixed_means, fixed_cov),
-        (tuple(i[0] for i in initial), tuple(i[1] for i in initial), tuple(i[2] for i in initial)),
-        dimensions(fits[0][0].means.shape[1]),
-    )
-    return list(zip(weights, out_means, out_cov))
-
-
-@_jit
-def _sgd_fits(parameters, first, second, constants, sums, n, masks, initial, dims):
-    """``_sgd_loop`` for S fits, each argument a tuple over the fits (``constants`` and ``sums`` stacked on
-    a leading fit axis), one fit after another (as one fit's update runs, on one thread: numba's parallel
-    loops take no tuples of arrays); the new mixtures stacked."""
-    logits, means, raw, scale = parameters
-    w, fixed_weights, fixed_means, fixed_cov = masks
-    q, U, UU, P = sums
-    S, K, D = len(logits), means[0].shape[0], means[0].shape[1]
-    out = (np.empty((S, K)), np.empty((S, K, D)), np.empty((S, K, D, D)))
-    for s in range(S):
-        moments = ((first[0][s], first[1][s], first[2][s]), (second[0][s], second[1][s], second[2][s]))
-        c = constants[s]
-        weights, new_means, new_cov = _sgd_loop(
-            logits[s],
-            means[s],
-            raw[s],
-            scale[s],
-            moments,
-            (c[0], c[1], c[2], c[3], c[4]),
-            q[s],
-            U[s],
-            UU[s],
-            P[s],
-            n,
-            w[s],
-            fixed_weights[s],
-            fixed_means[s],
-            fixed_cov[s],
-            (initial[0][s], initial[1][s], initial[2][s]),
-            dims,
+    def observe_sums(self, n: float, q, U, UU, P) -> None:
+        f = self.fitter
+        held = online_em_step(
+            f.state_arrays(), n, q, U, UU, P, f.next_step_size(), f.w, f.fixed_parameters, f.data_size, self.views
         )
-        out[0][s], out[1][s], out[2][s] = weights, new_means, new_cov
-    return out
+        f.hold(*held)
+
+    @staticmethod
+    def update_together(rules: list[OnlineEMArrays], n: float, sums: tuple) -> None:
+        """``online_em_steps`` for these fits' rules, each fitter holding its new state."""
+        fitters = [rule.fitter for rule in rules]
+        fits = [
+            (f.next_step_size(), f.w, f.fixed_parameters, f.data_size, rule.views) for f, rule in zip(fitters, rules)
+        ]
+        for fitter, new in zip(fitters, online_em_steps([f.state_arrays() for f in fitters], n, sums, fits)):
+            fitter.hold(*new)
