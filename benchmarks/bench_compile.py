@@ -27,12 +27,12 @@ from _common import machine, parse_args, write_result  # noqa: E402
 ONE_D = """
 import json, sys, time
 import numpy as np, torch
-from scalable_xd.kernel import fused
+from scalable_xd.kernel import fused_layout
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 dim, bound, k, n, repeats = (int(a) for a in sys.argv[1:6])
 if bound >= 0:
-    fused.UNROLLED_MAX_DIM = bound
+    fused_layout.UNROLLED_MAX_DIM = bound
 rng = np.random.default_rng(0)
 a = rng.normal(size=(k, dim, dim))
 mixture = Mixture(torch.full((k,), 1.0 / k, dtype=torch.float64), torch.tensor(rng.normal(size=(k, dim))),
@@ -51,7 +51,7 @@ for _ in range(repeats):
     tick = time.perf_counter()
     batch_statistics(x, S, mixture, backend="fused")
     best = min(best, time.perf_counter() - tick)
-print(json.dumps({"D": dim, "looped": dim > fused.UNROLLED_MAX_DIM, "first_fit_s": round(first_fit, 2),
+print(json.dumps({"D": dim, "looped": dim > fused_layout.UNROLLED_MAX_DIM, "first_fit_s": round(first_fit, 2),
                   "first_call_s": round(first, 2),
                   "pairs_per_s": round(n * k / best)}))
 """

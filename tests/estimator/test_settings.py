@@ -11,7 +11,7 @@ import yaml
 from scalable_xd import XDGMM
 from scalable_xd.fit.methods import SETTING_CHOICES, for_data
 from scalable_xd.pipeline.cli import build_parser
-from scalable_xd.pipeline.steps import REFERENCE
+from scalable_xd.pipeline.fit_steps import REFERENCE
 from scalable_xd.settings import FitSettings, KMeansSettings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from scalable_xd import XDGMM, kernel
 from scalable_xd.data.batching import Batch, RowsInMemory
 from scalable_xd.data.noise import CompactCovariance
 from scalable_xd.errors import NotPositiveDefiniteError
-from scalable_xd.kernel import dispatch, fused
+from scalable_xd.kernel import dispatch, fused, fused_layout, fused_source
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.kernel.linalg import linalg_chunk
 from scalable_xd.mixture import Mixture
@@ -38,32 +38,32 @@ TRITON = pytest.param(
 )
 
 
-# The fused kernel in its looped form (``fused.UNROLLED_MAX_DIM``) at every D: backend "fused" under the
+# The fused kernel in its looped form (``fused_layout.UNROLLED_MAX_DIM``) at every D: backend "fused" under the
 # ``looped_fused`` fixture.
 LOOPED = pytest.param("looped", id="fused_looped")
 
 
 @pytest.fixture
 def looped_fused(monkeypatch):
-    monkeypatch.setattr(fused, "UNROLLED_MAX_DIM", 0)
+    monkeypatch.setattr(fused_layout, "UNROLLED_MAX_DIM", 0)
     fused.compiled_module.cache_clear()
     yield
     fused.compiled_module.cache_clear()
 
 
-# The fused kernel's unrolled form cut into four loops over a tile's components (``fused.SPLIT_MIN_DIM``, from
+# The fused kernel's unrolled form cut into four loops over a tile's components (``fused_layout.SPLIT_MIN_DIM``, from
 # D = 8 on) at every D: backend "fused" under the ``split_fused`` fixture.
 SPLIT = pytest.param("split", id="fused_split")
 
 
 @pytest.fixture
 def split_fused(monkeypatch):
-    monkeypatch.setattr(fused, "SPLIT_MIN_DIM", 0)
+    monkeypatch.setattr(fused_layout, "SPLIT_MIN_DIM", 0)
     fused.compiled_module.cache_clear()
-    fused.layout.cache_clear()  # the split form's scratch has rows of its own
+    fused_layout.layout.cache_clear()  # the split form's scratch has rows of its own
     yield
     fused.compiled_module.cache_clear()
-    fused.layout.cache_clear()
+    fused_layout.layout.cache_clear()
 
 
 def _kernel(backend: str, request) -> str:
@@ -245,7 +245,7 @@ def test_fused_kernel_matches_the_lapack_path_with_weights_draws_and_criteria(ba
 def test_above_the_unrolled_bound_the_fused_kernel_loops_over_d(d):
     """Beyond ``UNROLLED_MAX_DIM`` the kernel's source does not grow with D (an unrolled D = 20 kernel took
     four minutes to compile), and it still equals the LAPACK path."""
-    assert d > fused.UNROLLED_MAX_DIM
+    assert d > fused_layout.UNROLLED_MAX_DIM
     rng = np.random.default_rng(8)
     x, S, weights, means, covs = kernel_problem(rng, n=100, k=5, d=d)
     args = [torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs)]
@@ -253,8 +253,12 @@ def test_above_the_unrolled_bound_the_fused_kernel_loops_over_d(d):
     for name in ("q", "U", "UU", "P"):
         got, want = (getattr(stats, name).double().numpy() for stats in (fast, reference))
         assert max_row_relative_error(got, want) < 1e-10, name
-    looped_sizes = [len(fused._source(n, True, "np.float64")) for n in (fused.UNROLLED_MAX_DIM + 1, d)]
-    assert looped_sizes[1] < 1.1 * looped_sizes[0] < len(fused._source(fused.UNROLLED_MAX_DIM, True, "np.float64"))
+    looped_sizes = [len(fused_source._source(n, True, "np.float64")) for n in (fused_layout.UNROLLED_MAX_DIM + 1, d)]
+    assert (
+        looped_sizes[1]
+        < 1.1 * looped_sizes[0]
+        < len(fused_source._source(fused_layout.UNROLLED_MAX_DIM, True, "np.float64"))
+    )
 
 
 @pytest.mark.parametrize("k, tile", [(3, 4), (5, 8), (17, 16)])
@@ -262,7 +266,10 @@ def test_the_looped_kernel_takes_the_narrowest_tile_that_holds_k_and_equals_the_
     """Above ``UNROLLED_MAX_DIM`` a tile's lanes cost their time padding or not, so few components take a
     narrower tile (``tile_for``); any tile's sums, padding lanes or several tiles, equal the LAPACK path's.
     The unrolled form keeps tiles of 16 (its lanes are vectorised)."""
-    assert fused.tile_for(k, 13) == tile and fused.tile_for(k, fused.UNROLLED_MAX_DIM) == fused.TILE
+    assert (
+        fused_layout.tile_for(k, 13) == tile
+        and fused_layout.tile_for(k, fused_layout.UNROLLED_MAX_DIM) == fused_layout.TILE
+    )
     x, S, weights, means, covs = kernel_problem(np.random.default_rng(9), n=60, k=k, d=13)
     args = [torch.tensor(x), torch.tensor(S), _mixture(weights, means, covs)]
     fast, reference = (batch_statistics(*args, backend=b) for b in ("fused", "linalg"))

@@ -4,7 +4,7 @@ compiled with the kernel's fast-math flags, as the fused pass calls them."""
 import numpy as np
 import pytest
 
-from scalable_xd.kernel.fused import EXP_CUTOFF, FASTMATH
+from scalable_xd.kernel.fused_source import EXP_CUTOFF, FASTMATH
 from scalable_xd.kernel.vector_math import helpers_source
 
 pytest.importorskip("numba")

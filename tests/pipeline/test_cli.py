@@ -378,7 +378,7 @@ def test_the_warm_up_compiles_every_kernel_a_selection_aware_fit_runs(files, mon
 
     from scalable_xd import XDGMM
     from scalable_xd.kernel import fused
-    from scalable_xd.pipeline import steps
+    from scalable_xd.pipeline import fit_steps
     from scalable_xd.pipeline.features_file import read_features
     from scalable_xd.settings import FitSettings
 
@@ -387,11 +387,11 @@ def test_the_warm_up_compiles_every_kernel_a_selection_aware_fit_runs(files, mon
     modules = []
     compiled = fused.compiled_module
     monkeypatch.setattr(fused, "compiled_module", lambda *a, **k: modules.append(compiled(*a, **k)) or modules[-1])
-    steps._warm_up(settings, 3, split)
+    fit_steps._warm_up(settings, 3, split)
     warmed = {id(m): len(m.kernel.signatures) for m in modules}
-    kept = split.subset(steps.selected(split, settings))
+    kept = split.subset(fit_steps.selected(split, settings))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = XDGMM(3, **replace(settings, selection=None).as_dict(), random_state=0)
-        model.fit(kept.X, Xcov=kept.covariance(), selection=steps._selection(settings, kept))
+        model.fit(kept.X, Xcov=kept.covariance(), selection=fit_steps._selection(settings, kept))
     assert modules and {id(m): len(m.kernel.signatures) for m in modules} == warmed

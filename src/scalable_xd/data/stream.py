@@ -38,6 +38,7 @@ import torch
 from .batching import GatheredOnRead, RowsInMemory, batch_bounds, batch_views, generator
 from .dataset import GATHER_ROWS, Dataset
 from .noise import CompactCovariance, correlation_columns
+from .windows import fill_window, take_rows
 
 if TYPE_CHECKING:
     import pyarrow.dataset
@@ -276,7 +277,7 @@ class ParquetSource:
         memory = kept if kept is not None else []
         for at, size in enumerate(sizes):
             while len(order_in_window) - served < size:  # refill: what is left, then the next row groups
-                carried = _take(window, order_in_window[served:]) if len(window) else None
+                carried = take_rows(window, order_in_window[served:]) if len(window) else None
                 if len(window):  # its memory is refilled, not allocated again
                     memory[:] = [window]
                 window = np.empty(0)
@@ -284,7 +285,7 @@ class ParquetSource:
                 while pending and filled < self.window_rows:
                     chosen.append(pending.popleft())
                     filled += self._pieces[chosen[-1]].rows
-                window = self._fill([self._pieces[i] for i in chosen], carried, read, memory, capacity)
+                window = fill_window([self._pieces[i] for i in chosen], carried, read, memory, capacity)
                 order_in_window = np.arange(len(window))
                 if shuffle:
                     order_in_window = torch.randperm(len(window), generator=generator(seed, epoch, number, 2)).numpy()
@@ -294,51 +295,6 @@ class ParquetSource:
             yield window, take, at + 1 < len(sizes) and len(order_in_window) - served < sizes[at + 1]
         if len(window):
             memory[:] = [window]
-
-    @staticmethod
-    def _fill(pieces, carried: dict | None, read, spare: list, capacity: int) -> np.ndarray:
-        """The carried rows (arrays, from ``_take``) followed by the row groups ``pieces`` (as
-        ``_read_columns`` gives them), read into one array of records (a row's columns side by side: a
-        batch's rows, taken from anywhere in the window, are then a few cache lines each, read in about half
-        the time of four arrays' rows). Each column is written straight into its
-        place in the records. The window is the memory of the last one (``spare``: [its array] or []) where
-        that has room and the same fields, and is allocated otherwise, for ``capacity`` rows (the largest
-        window of the epoch), so that every later window fits: fresh memory costs its first touch (~0.1-0.3
-        s for a window of 1,048,576 Gaia rows on a 2-core VM), as much as the filling."""
-
-        def blocks():
-            if carried is not None:
-                yield carried
-            for piece in pieces:
-                yield read(piece)
-
-        def kind(value):  # a field's (dtype, shape) from an array or a list of columns
-            if isinstance(value, list):
-                return (np.result_type(*value) if value else np.float64), (len(value),)
-            return value.dtype, value.shape[1:]
-
-        total = sum(piece.rows for piece in pieces) + (0 if carried is None else len(carried["row"]))
-        window = np.empty(0)
-        at = 0
-        for block in blocks():
-            rows = len(block["row"])
-            if not len(window):
-                dtype = np.dtype([(key, *kind(value)) for key, value in block.items()])
-                memory = spare.pop() if spare else np.empty(0)
-                memory = memory if memory.base is None else memory.base  # the whole allocation
-                if memory.dtype != dtype or len(memory) < total:
-                    memory = np.empty(0)  # freed before the new one is allocated
-                    memory = np.empty(max(total, capacity), dtype)
-                window = memory[:total]
-            for key, value in block.items():
-                place = window[key][at : at + rows]
-                if isinstance(value, list):
-                    for number, column in enumerate(value):
-                        place[:, number] = column
-                else:
-                    place[...] = value
-            at += rows
-        return window
 
     def epoch_rows(self, batch_size: int, epoch: int, seed: int, shuffle: bool = True):
         """Yield the row numbers (in the whole data set) of each batch of an epoch, reading no data."""
@@ -378,7 +334,7 @@ class ParquetSource:
                 read_in_place.append(GatheredOnRead(size, RowsInMemory(window["x"], noise, rows), gather))
                 yield read_in_place[-1]
             else:
-                shares.append((size, _take(window, rows)))
+                shares.append((size, take_rows(window, rows)))
                 held += len(rows)
                 if in_place or held >= GATHER_ROWS:
                     yield from self._batches(shares, device, dtype)
@@ -400,7 +356,7 @@ class ParquetSource:
 
     def _rows_read(self, window: np.ndarray, rows: np.ndarray, device, dtype) -> tuple:
         """(x, S, None) of a batch read in place, gathered (every entry is measured: ``_in_place``)."""
-        x, S, _, _ = self._tensors(_take(window, rows), device, dtype)
+        x, S, _, _ = self._tensors(take_rows(window, rows), device, dtype)
         return x, S, None
 
     def _batches(self, shares: list, device, dtype):
@@ -448,13 +404,6 @@ class ParquetSource:
         x, S, _ = self.sample(rows, self.name).batch(slice(None), "cpu", torch.float64)
         yield x.numpy().tobytes()
         yield S.numpy().tobytes()
-
-
-def _take(window: np.ndarray, rows: np.ndarray) -> dict:
-    """The rows ``rows`` of a window of records (``ParquetSource._fill``), as a dict of one array a column.
-    ``np.take`` gathers rows ~3x faster than indexing with the row numbers."""
-    records = np.take(window, rows)
-    return {key: records[key] for key in window.dtype.names or ()}
 
 
 @contextlib.contextmanager

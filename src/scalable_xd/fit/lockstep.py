@@ -1,5 +1,5 @@
 """Several fits of one data set in lockstep: each step, every fit's minibatch in one statistics pass and
-one update call (restarts, ``n_init``; a grid cell's seeds, ``pipeline.steps.fit``).
+one update call (restarts, ``n_init``; a grid cell's seeds, ``pipeline.fit_steps.fit``).
 
 Each fit runs its own loop (``loop.run``: its start, batch order, scoring, checkpoints and history, as alone)
 as a greenlet (a coroutine with its own stack) on the caller's thread, so one fit runs at a time, nothing they

@@ -22,7 +22,7 @@ The mixture may be given in float64 (the fitters keep it so); the pass casts it 
 
 Missing entries marginalised exactly (``observed``, (B, d) bool): a star is scored and updated on its
 observed dimensions only, R_i being the selection of those rows of the identity. The fused kernel does it
-in its one pass, each star's missing rows and columns of T replaced by the identity's (``fused._masked_point``).
+in its one pass, each star's missing rows and columns of T replaced by the identity's (``fused_source._masked_point``).
 The other kernels group the stars by their pattern of observed dimensions, each group running the kernel at
 its own smaller dimension on the mixture's marginal over those dimensions, its sums put back in the model's
 dimensions (R_i^T u fills the observed entries of U, R_i^T T^-1 R_i the observed block of P): a pass per
@@ -287,7 +287,7 @@ def batch_statistics(
 
 def _in_one_pass(backend: str, R, x) -> bool:
     """Whether missing entries are marginalised inside the kernel, all the batch's patterns in one pass
-    (the fused kernel: ``fused._masked_point``), rather than a pass per pattern of observed entries."""
+    (the fused kernel: ``fused_source._masked_point``), rather than a pass per pattern of observed entries."""
     return R is None and choose_backend(backend, R, x.device) == "fused"
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..data.batching import RowsInMemory
-from . import fused
+from . import fused, fused_layout
 
 # (fit, point, component) triples from which fits passed by the serial kernel are shared among threads: at
 # K = 3 and ten features, three fits' 1,350 took a default fit on 3,000 stars from 2.11 to 1.89 s; 450 (1,000
@@ -38,7 +38,7 @@ class EnsemblePass:
         self.pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # filled at import
         self.dim, self.k, self.dtype = dim, n_components, dtype
         # one fit's packed parameters, and one block's sums
-        self.tile, self.fit_params, self.block_sums = fused.tiled_sizes(n_components, dim)
+        self.tile, self.fit_params, self.block_sums = fused_layout.tiled_sizes(n_components, dim)
         self._buffers: dict[tuple, tuple] = {}  # by (torch's threads, fits, points a fit, masked)
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (its threads, the pool), made when first asked
 

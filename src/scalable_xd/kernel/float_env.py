@@ -9,11 +9,11 @@ flushed, the same on both (docs/performance.md).
 
 ``flush_subnormals()`` sets the calling thread's MXCSR flush-to-zero and denormals-are-zero bits and returns
 the register's old value, which ``restore_float_env(old)`` puts back: each block of the float32 pass sets them
-after its allocations and restores them at its end (float64 does not: ``fused._source``), so no other code on
+after its allocations and restores them at its end (float64 does not: ``fused_source._source``), so no other code on
 the thread (numpy's, the caller's) runs with them. This is what compilers' fast-math start-up code does for a
 whole program (gcc links crtfastmath.o); here it holds for the kernel alone, whose fast-math flags already let
 LLVM round differently. A value that would have been subnormal becomes 0, as the kernel's exp already gives 0
-below e^-700 (``fused.EXP_CUTOFF``): it changes a sum only where every term of it is within float32's rounding
+below e^-700 (``fused_source.EXP_CUTOFF``): it changes a sum only where every term of it is within float32's rounding
 (~1e-7) of the subnormal range itself. On AArch64 (Linux's aarch64, Apple's arm64) the same is FPCR's
 flush-to-zero bit, FZ, which flushes inputs and results alike; the tests compile both forms for their targets
 (``tests/kernel/test_float_env.py``). Elsewhere both are no-ops, and subnormals keep their slow path.

@@ -52,7 +52,7 @@ def _horner(var: str, coefficients: list[float]) -> str:
 
 # With SCALABLE_XD_NO_FAST_MATH=1, the kernels are compiled without fast math's contraction and reassociation
 # (and these functions with nsz alone), so that every build of a kernel rounds each operation as written
-# (fused.FASTMATH says why a build can differ).
+# (fused_source.FASTMATH says why a build can differ).
 NO_FAST_MATH = os.environ.get("SCALABLE_XD_NO_FAST_MATH", "0") not in ("", "0")
 # not reassoc (see above), not nnan / ninf (inf and NaN pass)
 FASTMATH = {"nsz"} if NO_FAST_MATH else {"nsz", "arcp", "contract", "afn"}

@@ -59,7 +59,7 @@ class FitMetrics:
     # where its own clock timed it.
     timed_by: int | None = None
     dead_components: int | None = None  # components that ended with less than one star's worth of weight
-    # Seconds the job spent compiling its kernels before its first timed fit (``steps._warm_up``), shared
+    # Seconds the job spent compiling its kernels before its first timed fit (``fit_steps._warm_up``), shared
     # by its seeds and in none of their times
     warm_up_seconds: float | None = None
 
