@@ -338,6 +338,55 @@ def test_a_divergence_advises_only_what_would_change_the_fit(method, dtype, cure
     assert cures in divergence_cures(FitSettings(method=method, dtype=dtype))
 
 
+def test_a_float32_fit_that_diverges_is_fitted_again_in_float64_with_its_seed(data, monkeypatch, tmp_path):
+    """The float32 attempt made to diverge (on a given CPU whether rounding tips a near-degenerate component
+    over is the CPU's): the fit returned is the float64 fit of the same seed, to the bit (the same code in the
+    same process), with a warning naming where float32 diverged. A fit that checkpoints raises instead."""
+    import scalable_xd.fit.driver as driver
+
+    x, S = (a[:300] for a in data)
+    fit_plan = driver._fit_plan
+
+    def float32_diverges(plan):
+        if plan.settings.dtype == "float32":
+            raise FitDivergedError(4, 2, "has a covariance that is not positive definite", 'dtype="float64"', 7)
+        return fit_plan(plan)
+
+    monkeypatch.setattr(driver, "_fit_plan", float32_diverges)
+    settings = dict(n_components=2, method="minibatch_em", epochs=3, device="cpu")
+    with pytest.warns(UserWarning, match=r"fit diverged at epoch 4, batch 7: component 2 .* in float32; it was fitted"):
+        model = XDGMM(**settings, random_state=np.random.RandomState(5)).fit(x, Xcov=S)
+    seed = np.random.RandomState(5).randint(0, 2**62, dtype=np.int64)  # the one seed both attempts share
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = XDGMM(**settings, random_state=int(seed), dtype="float64").fit(x, Xcov=S)
+    for name in ("weights_", "means_", "covariances_"):
+        assert np.array_equal(getattr(model, name), getattr(reference, name)), name
+    with pytest.raises(FitDivergedError, match="epoch 4, batch 7"):
+        XDGMM(**settings, random_state=0).fit(x, Xcov=S, checkpoint=tmp_path / "fit.pt")
+
+
+def test_breast_cancer_at_k8_fits_where_float32_cannot_resolve_its_components():
+    """scikit-learn's breast-cancer table (569 rows, its first 20 features, no noise): at K = 8 batch EM's
+    components reach condition numbers of 1e8, beyond float32's pass; seed 3 diverged there in float32 on a
+    2-core AVX-512 machine. At the defaults the fit ends, in float64 where float32 diverged (then equal to the
+    float64 fit of its seed)."""
+    from sklearn.datasets import load_breast_cancer
+
+    x = load_breast_cancer().data[:, :20]
+    S = np.zeros((len(x), 20, 20))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = XDGMM(8, "em", n_init=1, random_state=3, device="cpu").fit(x, Xcov=S)
+    refitted = any("fitted again in float64" in str(w.message) for w in said)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        in_float64 = XDGMM(8, "em", n_init=1, random_state=3, device="cpu", dtype="float64").fit(x, Xcov=S)
+    assert np.isfinite(model.score(x, Xcov=S))
+    if refitted:
+        assert np.array_equal(model.covariances_, in_float64.covariances_)
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
