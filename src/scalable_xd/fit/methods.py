@@ -295,10 +295,8 @@ def make_fitter(
     s, row = settings, method(settings.method)
     if s.split_merge and row.split_merge == "converged":
         tol = _resolved(s.tol, "tol")  # check_settings asks split_merge of this kind for one
-        return SplitMergeEM(mixture, w=w, tol=tol, tries=s.split_merge_tries, fixed=fixed)
-    if s.split_merge:
-        if fixed is not None and fixed.any():
-            raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
+        return SplitMergeEM(mixture, w=w, tol=tol, tries=s.split_merge_tries)  # no fixed ones: check_fixed
+    if s.split_merge:  # with no fixed parameters: check_fixed refused them before any work
         if judge is None:
             raise ValueError("split_merge judged each epoch needs a judge: a fixed sample to score its trials on")
         plain = dataclasses.replace(s, split_merge=False)

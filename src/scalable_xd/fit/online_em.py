@@ -63,8 +63,6 @@ class MinibatchEM(Capabilities):
         data_size: float | None = None,
         reseed_size: float | None = None,
     ):
-        if covariance_update == "naive" and fixed is not None and fixed.any():
-            raise ValueError("fixed parameters need covariance_update='stable' (the naive update keeps raw sums)")
         self._held: tuple | None = None  # (state, E-step) arrays of the last compiled step (``hold``)
         self._state: Mixture | None = None  # made from ``_held`` when asked for
         self.state = mixture

@@ -100,10 +100,7 @@ class SplitMergeEM(EpochSums):
         w: float | torch.Tensor | None,
         tol: float,
         tries: int,
-        fixed: FixedParameters | None = None,
     ):
-        if fixed is not None and fixed.any():
-            raise ValueError("split_merge moves components, so it cannot keep fixed parameters")
         self.mixture = mixture
         self.w, self.tol, self.tries = ridge_vector(w, mixture.means), tol, tries
         self.phase = "em"  # em -> (partial -> full)* -> done
