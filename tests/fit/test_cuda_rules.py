@@ -285,15 +285,15 @@ _COMPILE_FOR_HOPPER = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
-from scalable_xd.fit.rules.online_em_triton import BLOCK, _online_em
+from scalable_xd.fit.rules.online_em_triton import BLOCK, _online_em_kernel
 
 dim = int(sys.argv[1])
-signature = {name: "*fp64" for name in _online_em.arg_names}
+signature = {name: "*fp64" for name in _online_em_kernel.arg_names}
 signature.update(q_ptr="*fp32", U_ptr="*fp32", UU_ptr="*fp32", P_ptr="*fp32", fixed_means_ptr="*i1",
                  fixed_cov_ptr="*i1", suspect_ptr="*i8", n_comp="i32", n_all="i32", D="constexpr", DP="constexpr",
                  BLOCK="constexpr")
 constexprs = {"D": dim, "DP": triton.next_power_of_2(dim), "BLOCK": BLOCK}
-source = triton.compiler.ASTSource(fn=_online_em, signature=signature, constexprs=constexprs)
+source = triton.compiler.ASTSource(fn=_online_em_kernel, signature=signature, constexprs=constexprs)
 assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 """
 

@@ -106,7 +106,7 @@ def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> B
     return BatchEM(mixture, w=w, fixed=fixed, stochastic=stochastic)
 
 
-def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, data_size: float) -> MinibatchEM:
+def _build_minibatch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, data_size: float) -> MinibatchEM:
     from .online_em import MinibatchEM
 
     return MinibatchEM(
@@ -126,7 +126,7 @@ def _online_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, dat
     )
 
 
-def _adam(s: FitSettings, mixture: Mixture, fixed, data_size: float, w) -> SGD:
+def _build_sgd(s: FitSettings, mixture: Mixture, fixed, data_size: float, w) -> SGD:
     from .sgd import SGD
 
     return SGD(
@@ -156,13 +156,15 @@ METHODS: dict[str, Method] = {
         Method(
             "minibatch_em",
             per_batch=True,
-            build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=False, data_size=n),
+            build=lambda s, mixture, fixed, n, w: _build_minibatch_em(
+                s, mixture, fixed, w, stochastic=False, data_size=n
+            ),
             truncation=True,
             naive_update=True,
             in_paper=True,
             min_updates=3_000,
         ),
-        Method("sgd", per_batch=True, build=_adam, in_paper=True, min_updates=6_000),
+        Method("sgd", per_batch=True, build=_build_sgd, in_paper=True, min_updates=6_000),
         Method(
             "stochastic_em",
             per_batch=False,
@@ -172,7 +174,9 @@ METHODS: dict[str, Method] = {
         Method(
             "stochastic_minibatch_em",
             per_batch=True,
-            build=lambda s, mixture, fixed, n, w: _online_em(s, mixture, fixed, w, stochastic=True, data_size=n),
+            build=lambda s, mixture, fixed, n, w: _build_minibatch_em(
+                s, mixture, fixed, w, stochastic=True, data_size=n
+            ),
             truncation=True,
             naive_update=True,
             min_updates=3_000,

@@ -23,7 +23,7 @@ from .triton_common import BLOCK, _components, _points_per_fit
 
 
 @triton.jit
-def _online_em(
+def _online_em_kernel(
     weights_ptr,
     means_ptr,
     cov_ptr,
@@ -142,7 +142,7 @@ def online_em_step_in_place(
     w = torch.zeros((n_fits, dim), dtype=torch.float64, device=device) if w is None else w
     suspect = torch.empty(state.weights.shape, dtype=torch.int8, device=device)
     grid = (triton.cdiv(n_all, BLOCK),)
-    _online_em[grid](
+    _online_em_kernel[grid](
         *state.tensors(),
         *e_step.tensors(),
         *(t.contiguous() for t in (stats.q, stats.U, stats.UU, stats.P)),

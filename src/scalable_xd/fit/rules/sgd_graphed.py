@@ -30,7 +30,9 @@ class GraphedAdam:
     def __init__(self, fitter: SGDFitter):
         self.fitter = fitter
         self.kernel = forms.triton_form("sgd", fitter.mixture.means.device)
-        self._adam: torch.Tensor | None = None  # (step size, sqrt(1 - beta2^t), beta1, beta2, eps) on the device
+        self._adam_scalars: torch.Tensor | None = (
+            None  # (step size, sqrt(1 - beta2^t), beta1, beta2, eps) on the device
+        )
         means = fitter.mixture.means
         self.w = means.new_ones(means.shape[-1]) if fitter.w is None else fitter.w  # W's diagonal, 1 for none
         self.penalised = torch.tensor(fitter.w is not None, dtype=torch.int8, device=means.device)
@@ -67,21 +69,21 @@ class GraphedAdam:
     def prepare_step(self) -> None:
         """The host's part of the next step: Adam's step count and corrections, into the device."""
         optimizer = self.fitter.optimizer
-        if self._adam is None:
-            self._adam = torch.tensor(
+        if self._adam_scalars is None:
+            self._adam_scalars = torch.tensor(
                 [0.0, 1.0, *optimizer.betas, optimizer.eps],
                 dtype=torch.float64,
                 device=self.fitter.mixture.means.device,
             )
         optimizer.steps += 1
-        for slot, value in zip(self._adam, optimizer.corrections()):
+        for slot, value in zip(self._adam_scalars, optimizer.corrections()):
             slot.fill_(value)
 
     def device_scalars(self) -> torch.Tensor:
         """Adam's constants that ``prepare_step`` sets on the device, for a step taken with others."""
-        if self._adam is None:
+        if self._adam_scalars is None:
             raise RuntimeError("prepare_step sets Adam's corrections on the device first")
-        return self._adam
+        return self._adam_scalars
 
     def step_in_place(self, stats: Statistics) -> None:
         """The Adam step, its mixture written into ``live_tensors``, asking the host nothing."""

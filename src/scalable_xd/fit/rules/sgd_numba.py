@@ -27,7 +27,7 @@ def _softmax(logits, fixed, out):
 
 
 @jit
-def _adam(param, grad, exp_avg, exp_avg_sq, beta1, beta2, eps, step_size, bias_correction2_sqrt):
+def _adam_step(param, grad, exp_avg, exp_avg_sq, beta1, beta2, eps, step_size, bias_correction2_sqrt):
     """``sgd.Adam.step`` on one flattened parameter, in place."""
     for i in range(param.shape[0]):
         exp_avg[i] = exp_avg[i] + (1.0 - beta1) * (grad[i] - exp_avg[i])
@@ -89,9 +89,11 @@ def _sgd_loop(
                 g = scale[k, i] * s
                 grad_raw[k, i, j] = g * unit[i, i] if i == j else g
     m1, m2 = adam_state
-    _adam(logits, grad_logits, m1[0], m2[0], beta1, beta2, eps, step_size, bias_correction2_sqrt)
-    _adam(means.reshape(-1), grad_means.reshape(-1), m1[1], m2[1], beta1, beta2, eps, step_size, bias_correction2_sqrt)
-    _adam(raw.reshape(-1), grad_raw.reshape(-1), m1[2], m2[2], beta1, beta2, eps, step_size, bias_correction2_sqrt)
+    _adam_step(logits, grad_logits, m1[0], m2[0], beta1, beta2, eps, step_size, bias_correction2_sqrt)
+    _adam_step(
+        means.reshape(-1), grad_means.reshape(-1), m1[1], m2[1], beta1, beta2, eps, step_size, bias_correction2_sqrt
+    )
+    _adam_step(raw.reshape(-1), grad_raw.reshape(-1), m1[2], m2[2], beta1, beta2, eps, step_size, bias_correction2_sqrt)
     weights = np.empty(K)
     _softmax(logits, fixed_weights if any_fixed_weight else no_fixed, weights)
     if any_fixed_weight:

@@ -19,7 +19,7 @@ from .triton_common import BLOCK, _components, _points_per_fit
 
 
 @triton.jit
-def _adam(param, grad, m1, m2, step_size, bias_correction2_sqrt, beta1, beta2, eps):
+def _adam_kernel(param, grad, m1, m2, step_size, bias_correction2_sqrt, beta1, beta2, eps):
     """``sgd.Adam.step_on_device``'s arithmetic: (new parameter, first moment, second moment)."""
     m1 = m1 + (1.0 - beta1) * (grad - m1)
     m2 = m2 * beta2 + (1.0 - beta2) * grad * grad
@@ -29,8 +29,8 @@ def _adam(param, grad, m1, m2, step_size, bias_correction2_sqrt, beta1, beta2, e
 
 @triton.jit
 def _adam_at(param_ptr, grad, m1_ptr, m2_ptr, at, mask, step_size, bias_correction2_sqrt, beta1, beta2, eps):
-    """``_adam`` on the entries ``at`` (``mask``) of a parameter and its moments, in place; the new values."""
-    param, m1, m2 = _adam(
+    """``_adam_kernel`` on the entries ``at`` (``mask``) of a parameter and its moments, in place; the new values."""
+    param, m1, m2 = _adam_kernel(
         tl.load(param_ptr + at, mask=mask, other=0.0),
         grad,
         tl.load(m1_ptr + at, mask=mask, other=0.0),
@@ -84,7 +84,7 @@ def _sgd_weights(logits_ptr, m1_ptr, m2_ptr, q_ptr, n_ptr, adam_ptr, weights_ptr
     step_size, bias_correction2_sqrt, beta1, beta2, eps = _adam_constants(adam_ptr, fit, True)
     m1 = tl.load(m1_ptr + at, mask=on, other=0.0)
     m2 = tl.load(m2_ptr + at, mask=on, other=0.0)
-    z, m1, m2 = _adam(z, grad, m1, m2, step_size, bias_correction2_sqrt, beta1, beta2, eps)
+    z, m1, m2 = _adam_kernel(z, grad, m1, m2, step_size, bias_correction2_sqrt, beta1, beta2, eps)
     tl.store(logits_ptr + at, z, mask=on)
     tl.store(m1_ptr + at, m1, mask=on)
     tl.store(m2_ptr + at, m2, mask=on)
