@@ -5,6 +5,8 @@ writes JSON to results/.
     python benchmarks/bench_stream.py --sizes 200000 2000000 --window 262144
     python benchmarks/bench_stream.py --sizes 100000000 --n-components 64 --methods minibatch_em em \
         --scratch /big/disk --name bench_stream_cpu_1e8     # a hundred million stars: 21 GB on disk
+    python benchmarks/bench_stream.py --sizes 100000000 --n-components 64 --methods minibatch_em em \
+        --processes 2 --scratch /big/disk --name bench_stream_cpu_1e8_p2    # the same over two processes
 
 The data set is a synthetic Gaia-like features catalogue (7 features, 7 standard deviations and 10
 correlations a star, the layout ``scalable-xd features`` writes) in files of 1,000,000 rows, row groups
@@ -14,6 +16,11 @@ the evaluation passes before and after the epoch, all streamed (``stream.Parquet
 and method: peak resident set (VmHWM), peak anonymous memory (RssAnon, sampled every 10 ms), the whole fit's
 seconds and the epoch's (``train_seconds``), and the bytes on disk. Flat memory means the data never sit in
 memory.
+
+``--processes P`` runs each fit data-parallel over P processes on this machine (``torch.distributed.run``,
+gloo, each process cores / P threads): each process reads every row and computes the statistics of its
+share of each global batch, and the processes sum them (an all-reduce a step); the figures are rank 0's
+(its memory is one process's, of P).
 """
 
 from __future__ import annotations
@@ -37,12 +44,18 @@ FILE_ROWS = 1_000_000
 CHILD = (
     MEMORY_SAMPLER
     + r"""
-import json, sys, time
+import json, os, sys, time
 
 import numpy as np
+import torch
+import torch.distributed as dist
 from scalable_xd import XDGMM
 from scalable_xd.pipeline.features_file import features_source
 folder, k, window, method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+processes = int(os.environ.get("WORLD_SIZE", "1"))
+if processes > 1:  # under torch.distributed.run: the fit runs data-parallel over the group
+    dist.init_process_group("gloo")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // processes))
 baseline = status()
 tick = time.perf_counter()
 source = features_source(folder, window)
@@ -55,7 +68,10 @@ model.fit(source)
 seconds = time.perf_counter() - tick
 done = True
 peak["RssAnon"] = max(peak["RssAnon"], status()["RssAnon"])
+if processes > 1 and dist.get_rank() > 0:
+    sys.exit(0)
 print(json.dumps({"N": len(source), "K": k, "method": method, "window_rows": window, "seconds": seconds,
+                  "processes": processes, "threads": torch.get_num_threads(),
                   "open_seconds": opened, "train_seconds": model.history_[-1]["seconds"],
                   "train_loglik": model.history_[-1]["train_loglik"], "baseline_rss_bytes": baseline["VmHWM"],
                   "baseline_anon_bytes": baseline["RssAnon"], "peak_anon_bytes": peak["RssAnon"],
@@ -97,17 +113,24 @@ def main(argv=None) -> None:
     parser.add_argument("--methods", nargs="+", default=["minibatch_em"], choices=["minibatch_em", "em", "sgd"])
     parser.add_argument("--scratch", default=None, help="where the catalogues are written (default: a temp dir)")
     parser.add_argument("--name", default="bench_stream_cpu", help="the JSON's name in results/")
+    parser.add_argument("--processes", type=int, default=1, help="processes each fit runs data-parallel over")
     args = parse_args(parser, argv, sizes=[3000, 6000], n_components=4, window=2048, methods=["minibatch_em", "em"])
 
     rows = []
     with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
+        child = Path(scratch) / "child.py"  # a file: torch.distributed.run starts a script
+        child.write_text(CHILD)
+        launch = [sys.executable, str(child)]
+        if args.processes > 1:
+            launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            launch += [f"--nproc-per-node={args.processes}", str(child)]
         for n in args.sizes:
             folder = Path(scratch) / f"n{n}"
             tick = time.perf_counter()
             on_disk = write_catalogue(folder, n)
             written = time.perf_counter() - tick
             for method in args.methods:
-                command = [sys.executable, "-c", CHILD, str(folder), str(args.n_components), str(args.window), method]
+                command = [*launch, str(folder), str(args.n_components), str(args.window), method]
                 out = subprocess.run(command, capture_output=True, text=True)
                 if out.returncode:
                     raise SystemExit(out.stderr[-3000:])
