@@ -20,7 +20,6 @@ from .._torch import resolve_device, resolve_dtype
 from ..background import Background
 from ..data.batching import random_rows
 from ..data.dataset import Dataset
-from ..data.iterable import IterableSource
 from ..data.source import DataSource
 from ..errors import FitDivergedError
 from ..kernel.dispatch import fit_backend
@@ -31,7 +30,7 @@ from .checkpoint import Checkpoint, data_digest
 from .init import feature_spread, initial_mixture, kmeans_sample
 from .loop import last_gain, run
 from .loop_config import LoopConfig
-from .methods import for_data, make_fitter, method
+from .methods import make_fitter, method
 from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .plan import FitPlan, Start, settings_record
 from .reseed import dead_components
@@ -97,13 +96,7 @@ def _fit_plan(plan: FitPlan) -> Fitted:
     random_state, checkpoint, monitored = plan.random_state, plan.checkpoint, plan.monitored
     selection, background = plan.selection, plan.background
     group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
-    with fail_together(group, "checking the data and the checkpoint"):  # one rank's failure fails every rank
-        if group.parallel and isinstance(train, IterableSource):
-            raise ValueError(
-                "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
-                "ParquetSource, which every process splits the same way"
-            )
-        settings = for_data(settings, len(train))  # checked by the estimator (check_settings)
+    with fail_together(group, "checking the checkpoint"):  # one rank's failure fails every rank
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)
     if random_state is None and store is not None and store.seed is not None:

@@ -20,13 +20,15 @@ from ..background import Background
 from ..background import from_setting as background_from_setting
 from ..data.dataset import Dataset
 from ..data.inputs import monitored_data, training_data
+from ..data.iterable import IterableSource
 from ..data.source import DataSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, check_count, check_seed
 from .background_fit import check_background
 from .lockstep import Member, current
-from .methods import check_fixed, check_settings
+from .methods import check_fixed, check_settings, for_data
+from .parallel import Group
 from .selection import Selection, check_selection
 from .selection import from_limits as selection_from_limits
 
@@ -145,7 +147,12 @@ def plan_fit(
     settings = for_options(settings, selection is not None or settings.selection is not None)
     X, Xcov, R, X_val, Xcov_val, R_val, sample_weight = data
     train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, start.n_components, settings)
-    settings = with_starts(settings, len(train), start)
+    if Group.current().parallel and isinstance(train, IterableSource):
+        raise ValueError(
+            "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
+            "ParquetSource, which every process splits the same way"
+        )
+    settings = for_data(with_starts(settings, len(train), start), len(train))  # the budget for the data
     if checkpoint_every and not getattr(train, "replays_epochs", True):
         raise ValueError(
             "checkpoint_every: X is an iterable of batches without set_epoch(epoch), so a resumed fit could "
