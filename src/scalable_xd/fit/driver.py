@@ -283,14 +283,8 @@ def starting_mixture(train: Dataset, settings, kmeans, seed: int, start: Start, 
     ``train`` (in memory: the training data, or ``kmeans_sample`` of data read from disk)."""
     if store is not None and store.saved is not None:  # the state comes from the checkpoint: skip k-means
         return Mixture.placeholder(start.n_components, train.model_dim, device)
-    if start.warm is not None:
-        previous = start.warm
-        if (previous.n_components, previous.dim) != (start.n_components, train.model_dim):
-            raise ValueError(
-                f"warm_start: the fitted model has K = {previous.n_components} and D = {previous.dim}, "
-                f"the new fit K = {start.n_components} and D = {train.model_dim}"
-            )
-        return previous.to(device, torch.float64)
+    if start.warm is not None:  # of the fit's K and D (``plan.plan_fit``)
+        return start.warm.to(device, torch.float64)
     return initial_mixture(
         train,
         start.n_components,

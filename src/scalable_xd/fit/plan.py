@@ -147,6 +147,12 @@ def plan_fit(
     settings = for_options(settings, selection is not None or settings.selection is not None)
     X, Xcov, R, X_val, Xcov_val, R_val, sample_weight = data
     train, val = training_data(X, Xcov, R, X_val, Xcov_val, R_val, sample_weight, start.n_components, settings)
+    warm = start.warm
+    if warm is not None and (warm.n_components, warm.dim) != (start.n_components, train.model_dim):
+        raise ValueError(
+            f"warm_start: the fitted model has K = {warm.n_components} and D = {warm.dim}, "
+            f"the new fit K = {start.n_components} and D = {train.model_dim}"
+        )
     if Group.current().parallel and isinstance(train, IterableSource):
         raise ValueError(
             "X is an iterable of batches, which fits in one process: a data-parallel fit needs arrays or a "
