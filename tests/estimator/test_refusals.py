@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import init
+from scalable_xd.fit import starts
 from scalable_xd.kernel import dispatch, fused
 
 RNG = np.random.default_rng(0)
@@ -81,7 +81,7 @@ REFUSALS = {
 def work(monkeypatch):
     """The names of the k-means and passes that ran."""
     ran = []
-    for owner, name in ((init, "minibatch_kmeans"), (dispatch, "_chunk"), (fused.PlainPass, "_pass")):
+    for owner, name in ((starts, "minibatch_kmeans"), (dispatch, "_chunk"), (fused.PlainPass, "_pass")):
         original = getattr(owner, name)
         monkeypatch.setattr(owner, name, lambda *a, _f=original, _n=name, **k: ran.append(_n) or _f(*a, **k))
     return ran

@@ -3,7 +3,7 @@ fitted mixture, its history and whether it converged out.
 
 ``fit_mixture`` executes a fit's plan (``fit.plan``, made and checked before any work): open the
 checkpoint, choose the seed, find the starting point (the checkpoint's state, the previous fit's
-parameters, or ``fit.init`` from the given arrays and k-means), build the method's fitter
+parameters, or ``fit.starts`` from the given arrays and k-means), build the method's fitter
 (``fit.methods``), configure the loop from the method's row, run it, and judge whether it converged.
 """
 
@@ -27,7 +27,6 @@ from ..mixture import Mixture
 from ..settings import FitSettings, resolve_seed
 from .background_fit import BackgroundFit, background_of
 from .checkpoint import Checkpoint, data_digest
-from .init import feature_spread, initial_mixture, kmeans_sample
 from .loop import last_gain, run
 from .loop_config import LoopConfig
 from .methods import make_fitter, method
@@ -38,6 +37,7 @@ from .rules.em import FixedParameters
 from .rules.sgd import feature_scale
 from .scoring import EVAL_BATCH, total_loglik
 from .selection import record as selection_record
+from .starts import feature_spread, initial_mixture, kmeans_sample
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
 JUDGE_SAMPLE = 20_000
