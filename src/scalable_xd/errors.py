@@ -55,5 +55,11 @@ class FitDivergedError(RuntimeError):
         self.epoch = epoch
         self.batch = batch
         self.component = component
-        where = f"epoch {epoch}" + (f", batch {batch}" if batch is not None else "")
-        super().__init__(f"fit diverged at {where}: component {component} {reason}. Try {cures}.")
+        self.reason = reason
+        super().__init__(f"{self.diagnosis}. Try {cures}.")
+
+    @property
+    def diagnosis(self) -> str:
+        """What diverged and where: the message without its cures."""
+        where = f"epoch {self.epoch}" + (f", batch {self.batch}" if self.batch is not None else "")
+        return f"fit diverged at {where}: component {self.component} {self.reason}"

@@ -84,8 +84,7 @@ def fit_mixture(plan: FitPlan) -> Fitted:
         diverged = err
     in_float64 = replace(plan, settings=replace(plan.settings, dtype="float64"), lockstep=None)  # steps alone
     fitted = _fit_plan(in_float64)
-    where = str(diverged).split(". Try ")[0]  # its cures: dtype="float64" among them, which was just taken
-    said = f"The {where} in float32; it was fitted again in float64 with the same seed: this is that fit."
+    said = f"The {diverged.diagnosis} in float32; it was fitted again in float64 with the same seed: this is that fit."
     fitted.warnings.append((said, UserWarning))
     return fitted
 
