@@ -20,7 +20,13 @@ os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 from .errors import FitDivergedError, NotPositiveDefiniteError
 
 # Imported on first use, so that `scalable-xd --help` and the light modules do not load torch.
-_LAZY = {"XDGMM": "estimator", "CompactCovariance": "data.noise", "NoiseMixture": "data.noise_mixture"}
+_LAZY = {
+    "XDGMM": "estimator",
+    "CompactCovariance": "data.noise",
+    "NoiseMixture": "data.noise_mixture",
+    "fit_together": "together",
+    "steps_together": "together",
+}
 
 
 def __getattr__(name: str):
@@ -34,4 +40,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-__all__ = ["XDGMM", "CompactCovariance", "NoiseMixture", "FitDivergedError", "NotPositiveDefiniteError", "__version__"]
+__all__ = [
+    "XDGMM",
+    "CompactCovariance",
+    "NoiseMixture",
+    "FitDivergedError",
+    "NotPositiveDefiniteError",
+    "fit_together",
+    "steps_together",
+    "__version__",
+]

@@ -10,16 +10,12 @@ import logging
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..files import read_json, write_json
 from ..settings import FitSettings
 from .step_inputs import check_writable, read_init, set_threads
-
-if TYPE_CHECKING:
-    from ..fit.lockstep import Member
 
 log = logging.getLogger("scalable_xd")
 
@@ -142,14 +138,15 @@ def fit(
     """Fits of one method and K, one for each of ``seeds`` from its k-means init (``init``, in the seeds'
     order, as the outputs and checkpoints are), on the splits read and checked once: each seed's model and
     metrics record (``report.metrics``), reported under ``label`` (a workflow variant's name) or the
-    method's name. The first seed is fitted alone, timed as one fit. The others, where the method steps in
-    lockstep (``fit.restarts.in_lockstep``: the minibatch methods on the CPU and CUDA), are fitted together, each
-    step one pass and one update call for all (``fit.lockstep``), each the fit it would be alone, to the
-    bit, its metrics timed at the first seed's pace (``_fit_seed``); otherwise one after another, each timed
-    alone. Each seed's checkpoint is removed only once every seed is written, so a stopped job resumes each
-    seed where it was, the seeds done read back from their checkpoints. ``stream_window`` > 0 streams the
-    splits from disk a window of that many rows at a time (``stream``) instead of loading them; the test
-    split is then loaded only where it holds true values (a mock), for the truth metrics."""
+    method's name. The first seed is fitted alone, timed as one fit. The others are fitted by the library's
+    ``fit_together``: where their method steps in lockstep (``scalable_xd.steps_together``: the minibatch
+    methods on the CPU and CUDA) each step is one pass and one update call for all, each the fit it would be
+    alone, to the bit, and their metrics are timed at the first seed's pace (``_write_seed``); otherwise one
+    after another, each timed alone. Each seed's checkpoint is removed only once every seed is written, so a
+    stopped job resumes each seed where it was, the seeds done read back from their checkpoints.
+    ``stream_window`` > 0 streams the splits from disk a window of that many rows at a time (``stream``)
+    instead of loading them; the test split is then loaded only where it holds true values (a mock), for the
+    truth metrics."""
     from ..fit.parallel import Group, fail_together
     from .features_file import read_features
 
@@ -176,38 +173,74 @@ def fit(
                 test_split = read_features(test)
     splits = (train_data, val_data, test_data, test_split)
     record = dict(method=label or settings.method, n_components=n_components, tag=tag, config_hash=config_hash)
+    # each seed: its estimator, its record, its outputs (the k-means seconds of its init among them)
+    seeded = []
+    for seed, seed_init, *paths in zip(seeds, init, output_model, output_metrics):
+        model, kmeans_seconds = _model(settings, n_components, seed, seed_init, train_data[0][0].obs_dim)
+        seeded.append((model, {**record, "seed": seed}, (*paths, references, kmeans_seconds)))
     warm_up = _warm_up(settings, n_components, train_data[2])
-    fits = [
-        functools.partial(
-            _fit_seed,
-            settings,
-            {**record, "seed": seed},
-            seed_init,
-            splits,
-            (*paths, checkpoint_every),
-            references,
-            warm_up_seconds=warm_up,
-        )
-        for seed, seed_init, *paths in zip(seeds, init, output_model, output_metrics, checkpoints)
-    ]
-    pace = fits[0]()  # the first seed alone: its clock times one fit
-    _fit_the_others(fits[1:], (seeds[0], pace), settings)
+    fit_args = dict(**_fit_args(settings, splits), checkpoint_every=checkpoint_every)
+    _fit_seeds(seeded, fit_args, checkpoints, warm_up, splits)
     if Group.current().writes:
         for path in filter(None, checkpoints):
             Path(path).unlink(missing_ok=True)
 
 
-def _fit_the_others(fits: list, timed_by: tuple[int, float], settings: FitSettings) -> None:
-    """The seeds after the first: in lockstep where the method steps so (``fit.restarts.in_lockstep``),
-    timed by the first (``timed_by``: its seed and pace); otherwise one after another, each timed alone."""
-    from ..fit.lockstep import Lockstep, raise_failure
-    from ..fit.restarts import in_lockstep
+def _fit_seeds(seeded: list, fit_args: dict, checkpoints: list, warm_up: float, splits: tuple) -> None:
+    """Each seed's (estimator, record, outputs) of ``seeded`` fitted with ``fit_args`` and its checkpoint,
+    and written (``_write_seed``): the first alone, timed as one fit, then the others (``fit``)."""
+    from ..together import fit_together, steps_together
 
-    if len(fits) < 2 or not in_lockstep(settings):
-        for fit_seed in fits:
-            fit_seed()
+    (first, first_record, first_outputs), others = seeded[0], seeded[1:]
+    timing = _timed(lambda: first.fit(**fit_args, checkpoint=checkpoints[0]))
+    pace = _write_seed(first, first_record, first_outputs, {**timing, "warm_up_seconds": warm_up}, splits)
+    models = [model for model, _, _ in others]
+    if models and steps_together(models):
+        group = _timed(lambda: fit_together(models, **fit_args, checkpoints=checkpoints[1:]))
+        paced = {**group, "wall_seconds": None, "cpu_seconds": None, "warm_up_seconds": warm_up}
+        for model, seed_record, seed_outputs in others:
+            _write_seed(model, seed_record, seed_outputs, paced, splits, timed_by=(first.random_state, pace))
         return
-    raise_failure(Lockstep().run([functools.partial(_joined, fit_seed, timed_by) for fit_seed in fits]))
+    for (model, seed_record, seed_outputs), path in zip(others, checkpoints[1:]):
+        timing = _timed(functools.partial(model.fit, **fit_args, checkpoint=path))
+        _write_seed(model, seed_record, seed_outputs, {**timing, "warm_up_seconds": warm_up}, splits)
+
+
+def _model(settings: FitSettings, n_components: int, seed: int, init, n_features: int):
+    """A seed's estimator, started from its k-means ``init`` file, and the seconds that k-means took."""
+    from ..estimator import XDGMM
+
+    start = read_init(init, n_components, n_features)
+    model = XDGMM(
+        n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
+    )
+    return model, float(start["seconds"])
+
+
+def _fit_args(settings: FitSettings, splits: tuple) -> dict:
+    """The arguments of every seed's ``fit``: the training split, the validation split, a mock's true
+    values followed epoch by epoch (``truth.monitored_truth``) and the selection the fit is aware of."""
+    from .truth import monitored_truth
+
+    ((X, Xcov), _, train_split), val_data, _, test_split = splits
+    (X_val, Xcov_val), _ = val_data if val_data is not None else ((None, None), None)
+    return dict(
+        X=X,
+        Xcov=Xcov,
+        X_val=X_val,
+        Xcov_val=Xcov_val,
+        eval_sets=monitored_truth(test_split),  # a mock's recovery of the truth, epoch by epoch
+        selection=_selection(settings, train_split),
+    )
+
+
+def _timed(fit) -> dict:
+    """Run ``fit()``: its wall and CPU seconds, and the cores the rest of the machine kept busy meanwhile."""
+    tick, cpu_tick, busy_tick = time.perf_counter(), time.process_time(), _machine_busy_seconds()
+    fit()
+    wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
+    others = (_machine_busy_seconds() - busy_tick - cpu) / wall
+    return dict(wall_seconds=wall, cpu_seconds=cpu, machine_load=max(0.0, others))
 
 
 def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
@@ -242,73 +275,39 @@ def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
     return time.perf_counter() - tick
 
 
-def _joined(fit_seed, timed_by: tuple[int, float], member: Member) -> float:
-    """``fit_seed`` as a member of a lockstep (``fit.lockstep``), timed by ``timed_by``."""
-    with member.joined():
-        return fit_seed(timed_by=timed_by)
-
-
-def _fit_seed(
-    settings: FitSettings,
-    record: dict,
-    init,
-    splits: tuple,
-    outputs: tuple,
-    references,
-    timed_by: tuple[int, float] | None = None,
-    warm_up_seconds: float = 0.0,
+def _write_seed(
+    model, record: dict, outputs: tuple, timing: dict, splits: tuple, timed_by: tuple[int, float] | None = None
 ) -> float:
-    """One seed's fit (``fit``) from its k-means ``init``: its model and metrics record written to
-    ``outputs`` (model, metrics, checkpoint, checkpoint_every) by the process that writes; returns its pace
+    """A seed's fitted model and metrics record written to ``outputs`` (model file, metrics file, the
+    reference files, the seconds its k-means init took) by the process that writes; returns its pace
     (``report.metrics.epoch_seconds``). A fit in lockstep with others (``timed_by``: a seed fitted alone
     and its pace) keeps its own history in its model file, but its metrics' history is timed at that pace
     (its own clock counted the other fits' work too), and its record names the seed that timed it."""
-    from ..estimator import XDGMM
     from ..fit.parallel import Group
     from .report.metrics import epoch_seconds
-    from .truth import monitored_truth
 
-    ((X, Xcov), train_facts, train_split), val_data, test_data, test_split = splits
-    (X_val, Xcov_val), val_facts = val_data if val_data is not None else ((None, None), None)
-    output_model, output_metrics, checkpoint, checkpoint_every = outputs
-    n_components, seed = record["n_components"], record["seed"]
-    start = read_init(init, n_components, X.obs_dim)
-    model = XDGMM(
-        n_components, **settings.as_dict(), random_state=seed, weights_init=start["weights"], means_init=start["means"]
-    )
-    tick, cpu_tick, busy_tick = time.perf_counter(), time.process_time(), _machine_busy_seconds()
-    model.fit(
-        X,
-        Xcov=Xcov,
-        X_val=X_val,
-        Xcov_val=Xcov_val,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        eval_sets=monitored_truth(test_split),  # a mock's recovery of the truth, epoch by epoch
-        selection=_selection(settings, train_split),
-    )
-    wall, cpu = time.perf_counter() - tick, time.process_time() - cpu_tick
-    others = (_machine_busy_seconds() - busy_tick - cpu) / wall  # cores the rest of the machine kept busy
+    (_, train_facts, train_split), val_data, test_data, test_split = splits
+    output_model, output_metrics, references, kmeans_seconds = outputs
     group = Group.current()  # under torchrun every process fits; rank 0 alone writes
     if group.writes:
         model.save(output_model)
-    timing = dict(kmeans_seconds=float(start["seconds"]), wall_seconds=wall, cpu_seconds=cpu, timed_by=None)
-    timing.update(warm_up_seconds=warm_up_seconds, machine_load=max(0.0, others))
+    timing = {**timing, "kmeans_seconds": kmeans_seconds, "timed_by": None}
     pace = epoch_seconds(model.history_)
     if timed_by is not None:  # the metrics' clock: the seed fitted alone's (the model file keeps its own)
-        timing.update(wall_seconds=None, cpu_seconds=None, timed_by=timed_by[0])
+        timing["timed_by"] = timed_by[0]
         model.history_ = [
             {**entry, "seconds": entry["epoch"] * timed_by[1], "cpu_seconds": None} for entry in model.history_
         ]
+    val_facts = None if val_data is None else val_data[1]
     facts = (train_facts, val_facts, test_data, test_split, references)
     metrics = _fit_metrics(model, record, timing, facts, None if train_split is None else train_split.spec)
     if group.writes:
         metrics.write(output_metrics)
     log.info(
         "%s K=%d seed=%d: train %.4f in %.1f s",
-        settings.method,
-        n_components,
-        seed,
+        model.method,
+        record["n_components"],
+        record["seed"],
         model.history_[-1]["train_loglik"],
         metrics.train_seconds,
     )
