@@ -1,4 +1,4 @@
-"""What S starts in lockstep cost against one fit (``n_init``, ``fit/lockstep.py``); writes JSON to
+"""What S starts in lockstep cost against one fit (``n_init``, ``fit/run/lockstep.py``); writes JSON to
 benchmarks/results/.
 
     python benchmarks/bench_lockstep.py                 # CPU, 50,000 stars, D = 7, K = 16 and 64, batch 500
@@ -11,7 +11,7 @@ means (no k-means: its cost is per start, and not what lockstep shares), each wi
 fit's time includes its data checks, start and scoring of ``train_score_rows`` training rows each epoch
 (each start's own sample, by its seed) and of all of them at the end. On CUDA the starts share one
 replayed step (``fit.engines.cuda.GraphedEnsemble``) and the final scoring of the training data
-(``fit.scoring.scores_together``); the JSON is bench_lockstep_<device>.json.
+(``fit.run.scoring.scores_together``); the JSON is bench_lockstep_<device>.json.
 """
 
 from __future__ import annotations

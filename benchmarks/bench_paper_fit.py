@@ -31,7 +31,7 @@ import scalable_xd.fit.plan
 from scalable_xd import XDGMM
 from scalable_xd._torch import resolve_device, synchronize
 from scalable_xd.files import atomic_path
-from scalable_xd.fit.starts import kmeans_init
+from scalable_xd.fit.starts.mixture import kmeans_init
 from scalable_xd.kernel.dispatch import fit_backend
 from scalable_xd.pipeline.features_file import read_features
 from scalable_xd.pipeline.gaia.mock import make_mock

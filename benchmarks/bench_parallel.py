@@ -7,7 +7,7 @@ what one step sends; writes JSON to benchmarks/results/.
 Each process gets cores / P torch threads, so P = 2 on a 2-core machine compares one process using both
 cores with two processes using one each: it measures the cost of the reductions (and of Python's per-batch
 overhead spread over two processes), not a speed-up from more hardware. The bytes per step are those of
-``fit.parallel.reduce_statistics``: K (1 + D + D (D + 1)) + 2 float64 numbers.
+``fit.run.parallel.reduce_statistics``: K (1 + D + D (D + 1)) + 2 float64 numbers.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and float64 update), as JSON in benchmarks/results/.
 buffers, checks deferred, online EM's update as one Triton kernel on CUDA), run eagerly so that the profiler
 sees each of its kernels; ``--step ordinary`` (the default) the uncaptured step, ``fitter.observe``;
 ``--step evaluation`` one scoring of ``--batch-size`` points as a fit scores its validation data after every
-epoch (``fit.scoring.total_loglik``, the data held on the device: ``Dataset.resident``), each "update" one
+epoch (``fit.run.scoring.total_loglik``, the data held on the device: ``Dataset.resident``), each "update" one
 such scoring.
 
 Reported per update: wall seconds, the number of device kernels launched (CUDA) or operators run, the
@@ -38,8 +38,8 @@ from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
 from scalable_xd.data.batching import Batch  # noqa: E402
 from scalable_xd.data.dataset import Dataset  # noqa: E402
 from scalable_xd.fit.engines.cuda import GRAPHED, GraphedStep  # noqa: E402
-from scalable_xd.fit.online_em import MinibatchEM  # noqa: E402
-from scalable_xd.fit.scoring import total_loglik  # noqa: E402
+from scalable_xd.fit.families.online_em import MinibatchEM  # noqa: E402
+from scalable_xd.fit.run.scoring import total_loglik  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 
 SYNCS = (

@@ -12,10 +12,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import scalable_xd.deferred_checks
-import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 import scalable_xd.fit.plan
 import scalable_xd.fit.rules.forms
+import scalable_xd.fit.run.checkpoint
 from scalable_xd.pipeline.cli import main
 
 
@@ -60,7 +60,7 @@ def killed_after_checkpoint(monkeypatch):
 
     @contextmanager
     def killed(epoch: int, batch: int | None = None):
-        save = scalable_xd.fit.checkpoint.save
+        save = scalable_xd.fit.run.checkpoint.save
 
         def save_then_crash(path, **state):
             save(path, **state)
@@ -68,7 +68,7 @@ def killed_after_checkpoint(monkeypatch):
                 raise KeyboardInterrupt
 
         with monkeypatch.context() as patch:
-            patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+            patch.setattr(scalable_xd.fit.run.checkpoint, "save", save_then_crash)
             with pytest.raises(KeyboardInterrupt):
                 yield
 

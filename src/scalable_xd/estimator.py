@@ -19,10 +19,10 @@ from . import saved_model
 from .background import Background
 from .data.inputs import training_source
 from .fit.methods import METHODS, SETTING_CHOICES, setting_help
-from .fit.parallel import Group, fail_together
 from .fit.partial import OnlineFit, check_options, checked_batch, refusal
 from .fit.plan import FIXED_MASKS, Start, checked_settings, fixed_masks, plan_fit, settings_record
 from .fit.restarts import fit_best_of
+from .fit.run.parallel import Group, fail_together
 from .fitted_model import FittedXD
 from .settings import FitSettings, KMeansSettings, numpydoc_parameters
 from .sklearn_input import checked_input
@@ -212,7 +212,7 @@ class XDGMM(FittedXD, DensityMixin, BaseEstimator):
         Data-parallel: called on every process of an initialised ``torch.distributed`` group (each with the
         same data and settings), every global batch is split across the processes and their sums are
         reduced, so all of them end with the same model; only rank 0 writes the checkpoint (see
-        ``fit.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
+        ``fit.run.parallel``; ``torchrun ... -m scalable_xd fit`` sets this up).
         """
         with fail_together(Group.current(), "checking the inputs"):  # one rank's bad data fails all
             settings, kmeans = self._validated()

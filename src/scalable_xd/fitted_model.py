@@ -22,7 +22,7 @@ from .conditioning import condition, floats, measured_features, measurement_nois
 from .data.inputs import data_source
 from .data.iterable import is_batch_iterable
 from .data.source import DataSource
-from .fit.scoring import EVAL_BATCH, scored_batches, total_loglik
+from .fit.run.scoring import EVAL_BATCH, scored_batches, total_loglik
 from .jackknife import ParameterErrors, jackknife_errors
 from .kernel.dispatch import fit_backend
 from .mixture import Mixture

@@ -3,7 +3,7 @@
 ``fit_together`` fits each of a list of ``XDGMM`` estimators, which differ at most in their seed
 (``random_state``) and initial arrays (``weights_init``, ``means_init``, ``covariances_init``). Where their
 method steps in lockstep (the minibatch methods on the CPU, and replayed on CUDA: ``steps_together``), each
-step is one statistics pass and one update call for all of them (``fit.lockstep``); otherwise they are
+step is one statistics pass and one update call for all of them (``fit.run.lockstep``); otherwise they are
 fitted one after another. Either way each ends with the parameters its own ``fit`` would give, to the bit on
 the CPU (``tests/test_together.py``), and each keeps its own checkpoint. A fit in lockstep runs at about the
 pace of one fit alone per step but its clock counts the others' work: time a fit alone
@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import warn_at_user
 from .estimator import XDGMM
-from .fit.lockstep import current
+from .fit.run.lockstep import current
 
 # What the fits may differ in: their seed and their start.
 _PER_FIT = ("random_state", "weights_init", "means_init", "covariances_init")
@@ -42,7 +42,7 @@ def fit_together(models: list[XDGMM], X, Xcov=None, *, checkpoints=None, **fit_p
     ``XDGMM.fit`` (validation data, ``eval_sets``, a ``selection``), the same for every fit. The first error
     a fit raises is raised, the others stopped at their next step; their checkpoints let a rerun resume each.
     What a fit warns of is said at the caller's line, naming the model (``models[1]: ...``)."""
-    from .fit.lockstep import Lockstep, raise_failure
+    from .fit.run.lockstep import Lockstep, raise_failure
 
     _check_models(models)
     paths = [None] * len(models) if checkpoints is None else list(checkpoints)

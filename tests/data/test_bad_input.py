@@ -6,8 +6,8 @@ import pytest
 
 from scalable_xd import XDGMM
 from scalable_xd.data.batching import epoch_order
-from scalable_xd.fit.online_em import MinibatchEM
-from scalable_xd.fit.sgd import SGD
+from scalable_xd.fit.families.online_em import MinibatchEM
+from scalable_xd.fit.families.sgd import SGD
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(200, 2))

@@ -7,7 +7,7 @@ import torch
 from scalable_xd.data.batching import epoch_order
 from scalable_xd.data.dataset import Dataset
 from scalable_xd.data.noise import CompactCovariance
-from scalable_xd.fit.parallel import ONE_PROCESS
+from scalable_xd.fit.run.parallel import ONE_PROCESS
 
 CPU = torch.device("cpu")
 

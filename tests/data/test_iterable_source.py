@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import scalable_xd.fit.checkpoint
+import scalable_xd.fit.run.checkpoint
 from scalable_xd import XDGMM
 from scalable_xd.data.batching import epoch_order
 from scalable_xd.data.dataset import Dataset
@@ -105,7 +105,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_where_the_iterable_says_its_epoch(
         )
 
     uninterrupted = XDGMM(**settings).fit(loader())
-    checkpoint, save = tmp_path / "fit.ckpt", scalable_xd.fit.checkpoint.save
+    checkpoint, save = tmp_path / "fit.ckpt", scalable_xd.fit.run.checkpoint.save
 
     def save_then_crash(path, **state):
         save(path, **state)
@@ -113,7 +113,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_where_the_iterable_says_its_epoch(
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        patch.setattr(scalable_xd.fit.run.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
             XDGMM(**settings).fit(loader(), checkpoint=checkpoint, checkpoint_every=4)
     resumed = XDGMM(**settings).fit(loader(), checkpoint=checkpoint, checkpoint_every=4)
@@ -127,7 +127,7 @@ def test_an_iterable_without_set_epoch_checkpoints_at_epochs_ends_only(tmp_path,
     with pytest.raises(ValueError, match=r"checkpoint_every: X is an iterable of batches without set_epoch"):
         XDGMM(**settings).fit(batches, checkpoint=tmp_path / "a.ckpt", checkpoint_every=3)
     straight = XDGMM(**settings).fit(batches)
-    checkpoint, save = tmp_path / "b.ckpt", scalable_xd.fit.checkpoint.save
+    checkpoint, save = tmp_path / "b.ckpt", scalable_xd.fit.run.checkpoint.save
 
     def save_then_crash(path, **state):
         save(path, **state)
@@ -135,7 +135,7 @@ def test_an_iterable_without_set_epoch_checkpoints_at_epochs_ends_only(tmp_path,
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        patch.setattr(scalable_xd.fit.run.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
             XDGMM(**settings).fit(batches, checkpoint=checkpoint)
     resumed = XDGMM(**settings).fit(batches, checkpoint=checkpoint)  # epoch 3 only
@@ -266,8 +266,9 @@ def test_a_parquet_source_is_a_data_source(tmp_path):
 
 def test_a_data_parallel_fit_refuses_an_iterable(monkeypatch):
     """Processes cannot split an iterable's batches the same way: refused before any work."""
-    from scalable_xd.fit import driver, parallel
-    from scalable_xd.fit.parallel import Group
+    from scalable_xd.fit import driver
+    from scalable_xd.fit.run import parallel
+    from scalable_xd.fit.run.parallel import Group
 
     x, S = _data(400)
     monkeypatch.setattr(driver.Group, "current", classmethod(lambda cls: Group(0, 2)))

@@ -150,7 +150,7 @@ def test_with_no_complete_star_k_means_starts_among_the_data_of_features_far_fro
     means then lie among each feature's values; with those entries at 0, features centred at up to
     +-1,000 (spread 1) started up to hundreds away, outside their values."""
     from scalable_xd.data.dataset import Dataset
-    from scalable_xd.fit.starts import initial_mixture
+    from scalable_xd.fit.starts.mixture import initial_mixture
     from scalable_xd.settings import KMeansSettings
 
     rng = np.random.default_rng(5)

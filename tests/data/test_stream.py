@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import scalable_xd.data.dataset
-import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
+import scalable_xd.fit.run.checkpoint
 from scalable_xd import XDGMM, CompactCovariance
 from scalable_xd.data.batching import Batch, batch_bounds
 from scalable_xd.data.stream import ParquetSource
-from scalable_xd.fit.checkpoint import CheckpointError
+from scalable_xd.fit.run.checkpoint import CheckpointError
 
 PAIRS = [(0, 1), (1, 2)]
 SHARDS = 8
@@ -82,7 +82,7 @@ def test_served_batches_hold_the_rows_they_name(shards):
     folder, (x, sigma, corr) = shards
     source = _source(folder)
     S_all = CompactCovariance(sigma, corr, PAIRS).dense().numpy()
-    from scalable_xd.fit.parallel import ONE_PROCESS
+    from scalable_xd.fit.run.parallel import ONE_PROCESS
 
     served = source.epoch_batches(130, 3, 4, True, ONE_PROCESS, "cpu", torch.float64)
     for rows, batch in zip(source.epoch_rows(130, 3, seed=4), served, strict=True):
@@ -97,7 +97,7 @@ def test_served_batches_are_read_in_place_from_one_reused_window_and_expire_when
     of the epoch is filled in the same memory, and the last batch of each is gathered, so that the batch a
     fit's loop still holds is never one whose rows are being replaced; a batch held past its window's refill
     can no longer be read (an error, not other rows)."""
-    from scalable_xd.fit.parallel import ONE_PROCESS
+    from scalable_xd.fit.run.parallel import ONE_PROCESS
     from scalable_xd.kernel.fused import PlainPass
     from scalable_xd.mixture import Mixture
 
@@ -144,7 +144,7 @@ def test_the_next_epoch_fills_its_windows_in_the_memory_of_the_last_and_serves_t
     longer be read; a pickled copy of the source keeps no memory."""
     import pickle
 
-    from scalable_xd.fit.parallel import ONE_PROCESS
+    from scalable_xd.fit.run.parallel import ONE_PROCESS
 
     folder, _ = shards
     source = _source(folder)
@@ -214,7 +214,7 @@ def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, mo
     )
     uninterrupted = XDGMM(**settings).fit(_source(folder))
     checkpoint = tmp_path / "fit.ckpt"
-    save = scalable_xd.fit.checkpoint.save
+    save = scalable_xd.fit.run.checkpoint.save
 
     def save_then_crash(path, **state):
         save(path, **state)
@@ -222,7 +222,7 @@ def test_a_resumed_streamed_fit_equals_an_uninterrupted_one(shards, tmp_path, mo
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        patch.setattr(scalable_xd.fit.run.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
             XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint, checkpoint_every=every)
     resumed = XDGMM(**settings).fit(_source(folder), checkpoint=checkpoint, checkpoint_every=every)

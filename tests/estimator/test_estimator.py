@@ -11,10 +11,10 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 import scalable_xd.data.dataset
 import scalable_xd.estimator
-import scalable_xd.fit.checkpoint
 import scalable_xd.fit.driver
 import scalable_xd.fit.engines.reference
 import scalable_xd.fit.loop
+import scalable_xd.fit.run.checkpoint
 import scalable_xd.kernel.fused
 from scalable_xd import XDGMM, FitDivergedError
 
@@ -173,7 +173,7 @@ def test_a_fit_killed_inside_an_epoch_resumes_from_the_batch_it_reached(
     counted = lambda stats: (calls.append(1) if stats is not None else None, stats)[1]  # noqa: E731  # a pass
     monkeypatch.setattr(general, "batch_statistics", lambda *a, **k: counted(real(*a, **k)))
     monkeypatch.setattr(plain, "_pass", lambda *a, **k: counted(real_plain(*a, **k)))
-    saved = scalable_xd.fit.checkpoint.load(checkpoint)
+    saved = scalable_xd.fit.run.checkpoint.load(checkpoint)
     monkeypatch.setattr(scalable_xd.fit.loop, "_now", lambda: (5.0, 7.0))  # the resumed run's own time: none
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
     # the time of epoch 2's batches before the kill, wall and CPU, is counted into its entry, and only that
@@ -250,7 +250,7 @@ def test_fit_without_random_state_resumes_with_the_checkpoints_seed(
     settings = dict(n_components=K, n_init=1, method="sgd", epochs=4, dtype="float64", device="cpu")
     with killed_after_checkpoint(2):
         XDGMM(**settings).fit(x, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
-    seed = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
+    seed = scalable_xd.fit.run.checkpoint.Checkpoint(tmp_path / "fit.ckpt").seed
     monkeypatch.setattr(scalable_xd.fit.driver, "initial_mixture", None)  # resuming must not re-run the init
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
     assert [h["epoch"] for h in resumed.history_] == list(range(5))
@@ -461,7 +461,7 @@ def test_cuda_request_without_cuda_says_so():
 
 
 def test_cappe_moulines_schedule():
-    from scalable_xd.fit.online_em import MinibatchEM
+    from scalable_xd.fit.families.online_em import MinibatchEM
     from scalable_xd.mixture import Mixture
 
     fitter = MinibatchEM(

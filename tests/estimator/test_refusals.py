@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import starts
+from scalable_xd.fit.starts import mixture as starts
 from scalable_xd.kernel import dispatch, fused
 
 RNG = np.random.default_rng(0)

@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
-import scalable_xd.fit.checkpoint
 import scalable_xd.fit.plan
 import scalable_xd.fit.restarts
+import scalable_xd.fit.run.checkpoint
 from scalable_xd import XDGMM, FitDivergedError
 
 RNG = np.random.default_rng(3)
@@ -86,7 +86,7 @@ def test_a_fit_at_the_defaults_killed_and_rerun_resumes_with_the_seeds_it_drew(m
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _killed_in_start_1(monkeypatch, settings, tmp_path / "fit.ckpt")
-        drawn = scalable_xd.fit.checkpoint.Checkpoint(tmp_path / "fit.start0.ckpt").seed
+        drawn = scalable_xd.fit.run.checkpoint.Checkpoint(tmp_path / "fit.start0.ckpt").seed
         resumed = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
         again = XDGMM(**settings).fit(X, Xcov=S, checkpoint=tmp_path / "fit.ckpt")
         uninterrupted = XDGMM(**settings, random_state=drawn).fit(X, Xcov=S)
@@ -108,7 +108,7 @@ def test_with_validation_data_the_starts_are_judged_on_them():
 
 def _killed_in_start_1(monkeypatch, settings: dict, checkpoint) -> None:
     """A fit of ``settings`` with ``checkpoint``, killed right after start 1's checkpoint of epoch 2."""
-    save = scalable_xd.fit.checkpoint.save
+    save = scalable_xd.fit.run.checkpoint.save
 
     def save_then_crash(path, **state):
         save(path, **state)
@@ -116,7 +116,7 @@ def _killed_in_start_1(monkeypatch, settings: dict, checkpoint) -> None:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(scalable_xd.fit.checkpoint, "save", save_then_crash)
+        patch.setattr(scalable_xd.fit.run.checkpoint, "save", save_then_crash)
         with pytest.raises(KeyboardInterrupt):
             XDGMM(**settings).fit(X, Xcov=S, checkpoint=checkpoint)
 
@@ -130,7 +130,7 @@ def _killed_in_start_1(monkeypatch, settings: dict, checkpoint) -> None:
 )
 def test_a_run_killed_inside_a_start_resumes_it_and_reads_back_the_starts_done(method, written, tmp_path, monkeypatch):
     """Killed in start 1: batch EM's starts run one after another, so start 0 is done and start 2 never
-    began; the minibatch starts run in lockstep (``fit.lockstep``), so the interrupt stops all three, each
+    began; the minibatch starts run in lockstep (``fit.run.lockstep``), so the interrupt stops all three, each
     with its checkpoint. Either way the resumed run ends as the uninterrupted one, to the bit."""
     settings = dict(method=method, n_init=3, random_state=7, **SETTINGS)
     with warnings.catch_warnings():

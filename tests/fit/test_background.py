@@ -1,4 +1,4 @@
-"""The uniform background component (``background``, ``fit.background_fit``): its likelihood against scipy,
+"""The uniform background component (``background``, ``fit.families.background_fit``): its likelihood against scipy,
 batch EM's weight update against a direct computation, every method against the truth of a mock with a
 known outlier fraction, refusals, resume and the model file."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import scalable_xd.fit.checkpoint
+import scalable_xd.fit.run.checkpoint
 from scalable_xd import XDGMM
 from scalable_xd.background import Background, from_setting
 
@@ -172,7 +172,7 @@ def test_a_fit_with_a_background_resumes_to_the_bit(mock, method, every, tmp_pat
     checkpoint = tmp_path / "fit.ckpt"
     with killed_after_checkpoint(1, every or None):
         XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
-    with pytest.raises(scalable_xd.fit.checkpoint.CheckpointError, match="background"):
+    with pytest.raises(scalable_xd.fit.run.checkpoint.CheckpointError, match="background"):
         XDGMM(**{**settings, "background": "-13:13, -12:12"}).fit(x, Xcov=S, checkpoint=checkpoint)
     resumed = XDGMM(**settings).fit(x, Xcov=S, checkpoint=checkpoint, checkpoint_every=every)
     for name in ("weights_", "means_", "covariances_", "background_weight_"):

@@ -8,8 +8,8 @@ import torch
 from helpers import damage_file
 
 from scalable_xd import XDGMM
-from scalable_xd.fit import checkpoint
-from scalable_xd.fit.checkpoint import CheckpointError
+from scalable_xd.fit.run import checkpoint
+from scalable_xd.fit.run.checkpoint import CheckpointError
 
 SETTINGS = dict(n_components=2, n_init=1, method="minibatch_em", epochs=2, batch_size=100, device="cpu", random_state=0)
 

@@ -12,6 +12,7 @@ from helpers import draw_xd_data, random_spd
 
 pytest.importorskip("numba")
 
+from scalable_xd.fit.families.sgd import SGD  # noqa: E402
 from scalable_xd.fit.rules import (  # noqa: E402
     arrays,
     forms,  # noqa: E402
@@ -20,7 +21,6 @@ from scalable_xd.fit.rules import (  # noqa: E402
 from scalable_xd.fit.rules.em import FixedParameters, regularised  # noqa: E402
 from scalable_xd.fit.rules.online_em import online_em_update  # noqa: E402
 from scalable_xd.fit.rules.sgd import Adam  # noqa: E402
-from scalable_xd.fit.sgd import SGD  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 from scalable_xd.kernel.statistics import Statistics  # noqa: E402
 from scalable_xd.mixture import Mixture  # noqa: E402
@@ -202,10 +202,10 @@ def test_adam_is_torch_adam_to_the_bit():
 
 
 def test_the_compiled_rules_run_on_the_cpu_only_and_not_for_the_naive_update():
-    from scalable_xd.fit.online_em import MinibatchEM
+    from scalable_xd.fit.families.online_em import MinibatchEM
+    from scalable_xd.fit.families.sgd import SGD
     from scalable_xd.fit.rules.online_em_numba import OnlineEMArrays
     from scalable_xd.fit.rules.sgd_numba import AdamArrays
-    from scalable_xd.fit.sgd import SGD
 
     state = _problem(3)[0]
     settings = dict(w=0.3, step_size=0.2, schedule="step", step_decay=0.5, decay_epoch=10, kappa=0.6)
@@ -227,7 +227,7 @@ def test_minibatch_em_keeps_the_compiled_steps_arrays_and_makes_their_mixtures_w
     mixture are the torch update's (to rounding), the E-step's arrays are what the next pass reads, and a
     change of data size (online learning) or of the fixed parameters makes the E-step mixture again from
     the state, as ``regularised`` does."""
-    from scalable_xd.fit.online_em import MinibatchEM
+    from scalable_xd.fit.families.online_em import MinibatchEM
 
     state, x, S = _problem(33)
     fixed = _fixed(5, weights=[2], means=[0], values=state.weights)

@@ -307,7 +307,7 @@ def test_cuda_kmeans_replays_its_windows_to_the_cpus_centres(monkeypatch):
     second captured): three full windows an epoch over two epochs make five replays. Its centres equal the
     CPU's to float64 rounding (CUDA's index_add_ sums in no fixed order); the clusters are far apart, so no
     point changes its centre."""
-    from scalable_xd.fit import kmeans
+    from scalable_xd.fit.starts import kmeans
 
     replays = []
     original = torch.cuda.CUDAGraph.replay

@@ -13,10 +13,10 @@ import pytest
 import torch
 from helpers import random_spd
 
+from scalable_xd.fit.families.sgd import SGD
 from scalable_xd.fit.rules import forms, online_em_triton, sgd_triton
 from scalable_xd.fit.rules.em import FixedParameters, regularised
 from scalable_xd.fit.rules.online_em import online_em_update
-from scalable_xd.fit.sgd import SGD
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 

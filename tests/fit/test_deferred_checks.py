@@ -11,7 +11,8 @@ from torch.overrides import TorchFunctionMode
 
 from scalable_xd import XDGMM, deferred_checks
 from scalable_xd.data.dataset import Dataset
-from scalable_xd.fit import loop, scoring
+from scalable_xd.fit import loop
+from scalable_xd.fit.run import scoring
 from scalable_xd.mixture import Mixture
 
 # Tensor methods that make the host wait for a GPU (or, for a boolean mask, a nonzero inside indexing).

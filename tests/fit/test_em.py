@@ -111,7 +111,7 @@ def test_batch_em_makes_one_pass_an_iteration_and_logs_the_score_of_each_iterate
     from helpers import xd_loglik
 
     import scalable_xd.fit.engines.reference as reference
-    import scalable_xd.fit.scoring as scoring
+    import scalable_xd.fit.run.scoring as scoring
     from scalable_xd.kernel.fused import PlainPass
 
     rng = np.random.default_rng(12)

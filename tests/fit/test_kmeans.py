@@ -5,8 +5,8 @@ import torch
 from sklearn.cluster import KMeans
 from test_deferred_checks import _HostWaits
 
-from scalable_xd.fit import kmeans
-from scalable_xd.fit.kmeans import minibatch_kmeans
+from scalable_xd.fit.starts import kmeans
+from scalable_xd.fit.starts.kmeans import minibatch_kmeans
 
 
 def test_minibatch_kmeans_finds_the_same_clusters_as_sklearn():

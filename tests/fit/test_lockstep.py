@@ -1,4 +1,4 @@
-"""Fits in lockstep (``fit.lockstep``): the ensemble pass gives each fit the sums of its pass alone and the
+"""Fits in lockstep (``fit.run.lockstep``): the ensemble pass gives each fit the sums of its pass alone and the
 batched online-EM rule each fit's update alone, to the bit (the same compiled arithmetic per point and per
 component, each fit's blocks summed in the same order); the baton survives a fit that diverges and stops
 the others at a fit that fails otherwise, without hanging."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from scalable_xd.data.batching import GatheredOnRead, RowsInMemory
-from scalable_xd.fit.lockstep import Lockstep, LockstepStopped
 from scalable_xd.fit.rules import arrays, online_em_numba
 from scalable_xd.fit.rules.em import FixedParameters
+from scalable_xd.fit.run.lockstep import Lockstep, LockstepStopped
 from scalable_xd.kernel.ensemble_pass import EnsemblePass
 from scalable_xd.kernel.fused import PlainPass
 
@@ -232,7 +232,7 @@ def test_several_mixtures_scored_in_one_pass_give_each_its_score_alone(missing, 
     fifth of the entries missing, a frozen component) gives each mixture its ``total_loglik``: the same
     log-densities, each fit's log-sum-exp taken by torch instead of the kernel, so to float rounding of
     the per-star log-likelihoods (1e-12 relative in float64; float32's pairs, 1e-6)."""
-    from scalable_xd.fit.scoring import ensemble_total_loglik, total_loglik
+    from scalable_xd.fit.run.scoring import ensemble_total_loglik, total_loglik
 
     data, mixtures = _scoring_problem(3, missing=missing)
     cpu = torch.device("cpu")
@@ -247,7 +247,7 @@ def test_scorings_posted_together_share_a_pass_by_data_set_and_each_fails_alone(
     scored alone, and a fit whose mixture does not factorise gets its own error, naming the row, while the
     fit beside it gets its score."""
     from scalable_xd.errors import NotPositiveDefiniteError
-    from scalable_xd.fit import scoring
+    from scalable_xd.fit.run import scoring
     from scalable_xd.mixture import Mixture
 
     data, mixtures = _scoring_problem(4)
@@ -284,7 +284,7 @@ def test_starts_in_lockstep_that_score_together_score_as_alone(method, monkeypat
     log-sum-exp taken by torch instead of the kernel), and the steps are unchanged (the same parameters to
     the bit)."""
     from scalable_xd import XDGMM
-    from scalable_xd.fit import scoring
+    from scalable_xd.fit.run import scoring
 
     data, _ = _scoring_problem(6, n=3000)
     X, variances = data.X.numpy(), torch.diagonal(data.noise.batch(slice(None), "cpu", torch.float64), 0, 1, 2)

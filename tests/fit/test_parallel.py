@@ -181,7 +181,7 @@ def test_processes_given_different_settings_fail_together_naming_them(tmp_path, 
 
 
 def test_the_command_line_states_the_group_timeout_the_library_uses():
-    from scalable_xd.fit.parallel import GROUP_TIMEOUT
+    from scalable_xd.fit.run.parallel import GROUP_TIMEOUT
     from scalable_xd.pipeline.cli import build_parser
 
     fit = build_parser()._subparsers._group_actions[0].choices["fit"]
@@ -341,7 +341,7 @@ def test_two_nodes_meet_at_a_rendezvous_as_srun_would_start_them(files, tmp_path
 
 def test_a_process_that_failed_alone_says_why_even_when_the_others_are_gone(monkeypatch):
     """Its own error, not a lost contact, where the exchange that would share it finds no one."""
-    from scalable_xd.fit import parallel
+    from scalable_xd.fit.run import parallel
 
     def gone(out, mine):
         raise RuntimeError("Connection closed by peer")

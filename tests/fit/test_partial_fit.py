@@ -8,7 +8,7 @@ from helpers import draw_xd_data, random_spd
 
 from scalable_xd import XDGMM
 from scalable_xd.data.inputs import data_source
-from scalable_xd.fit.parallel import ONE_PROCESS
+from scalable_xd.fit.run.parallel import ONE_PROCESS
 
 
 def _data(seed=60, n=1050, k=3, d=3):

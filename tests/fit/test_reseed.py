@@ -1,4 +1,4 @@
-"""Dead components re-seeded (``fit.reseed``): the split keeps the donor's weight, mean and covariance (the
+"""Dead components re-seeded (``fit.families.reseed``): the split keeps the donor's weight, mean and covariance (the
 two halves' mixture has its first two moments), minibatch EM re-seeds a component that dies and counts it,
 and a fit that ends with a dead component says so."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from scalable_xd import XDGMM
-from scalable_xd.fit.reseed import dead_components, reseeded
+from scalable_xd.fit.families.reseed import dead_components, reseeded
 from scalable_xd.mixture import Mixture
 
 RNG = np.random.default_rng(2)

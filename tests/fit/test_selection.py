@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-import scalable_xd.fit.checkpoint
+import scalable_xd.fit.run.checkpoint
 from scalable_xd import XDGMM
 from scalable_xd.data.batching import Batch
 from scalable_xd.fit.selection import Selection, imputed_points
@@ -142,7 +142,7 @@ def test_a_fit_under_a_selection_resumes_inside_an_epoch_to_the_bit(method, ever
     with killed_after_checkpoint(1, every):
         XDGMM(**settings).fit(x, Xcov=V, checkpoint=checkpoint, checkpoint_every=every, selection=kept)
     other = Selection(lambda v: (v[:, 0] < 1.5).astype(float))
-    with pytest.raises(scalable_xd.fit.checkpoint.CheckpointError, match="selection"):
+    with pytest.raises(scalable_xd.fit.run.checkpoint.CheckpointError, match="selection"):
         XDGMM(**settings).fit(x, Xcov=V, checkpoint=checkpoint, checkpoint_every=every, selection=other)
     resumed = XDGMM(**settings).fit(x, Xcov=V, checkpoint=checkpoint, checkpoint_every=every, selection=kept)
     for name in ("weights_", "means_", "covariances_"):

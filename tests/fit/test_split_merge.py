@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from scalable_xd import XDGMM
-from scalable_xd.fit.split_merge import apply_move, ranked_moves, split_scores
+from scalable_xd.fit.families.split_merge import apply_move, ranked_moves, split_scores
 from scalable_xd.kernel.statistics import Criteria
 from scalable_xd.mixture import Mixture
 

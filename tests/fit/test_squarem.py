@@ -1,4 +1,4 @@
-"""SQUAREM-accelerated batch EM (fit/squarem.py): plain EM's fixed point in a fraction of the passes."""
+"""SQUAREM-accelerated batch EM (fit/families/squarem.py): plain EM's fixed point in a fraction of the passes."""
 
 import numpy as np
 import pytest
@@ -26,7 +26,7 @@ def _fit(data, acceleration, **options):
 
 
 def _objective(model, data, w):
-    """What Bovy et al.'s EM increases (fit/squarem.py): the mean log-likelihood plus the log prior of w."""
+    """What Bovy et al.'s EM increases (fit/families/squarem.py): the mean log-likelihood plus the log prior of w."""
     V = model.covariances_
     prior = -0.5 * (np.linalg.slogdet(V)[1].sum() + w * np.trace(np.linalg.inv(V), axis1=1, axis2=2).sum())
     x, S = data
@@ -93,7 +93,7 @@ def test_squarem_keeps_fixed_parameters(data):
 def test_an_invalid_stabilising_step_is_rejected_for_plain_ems_two_steps(data, monkeypatch):
     """Where EM's map at the extrapolated point gives an indefinite covariance (float32 sums of a nearly empty
     component did on the demo's mock at K = 64), the cycle ends at theta2, as for a drop in the objective."""
-    from scalable_xd.fit import squarem
+    from scalable_xd.fit.families import squarem
     from scalable_xd.mixture import Mixture
 
     end_epoch, update = squarem.SquaremEM.end_epoch, squarem.em_update
@@ -125,7 +125,7 @@ def test_an_extrapolation_that_collapses_a_component_is_refused_before_its_pass(
     on, the step bound shrinks) instead of the fit ending as a divergence; a mild step is taken."""
     import torch
 
-    from scalable_xd.fit.squarem import SquaremEM
+    from scalable_xd.fit.families.squarem import SquaremEM
     from scalable_xd.mixture import Mixture
 
     def model(variance):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import scalable_xd.fit.starts
+import scalable_xd.fit.starts.mixture
 import scalable_xd.kernel.fused
 from scalable_xd import XDGMM
 
@@ -42,7 +42,7 @@ def _recording(monkeypatch, module, name, seen):
 def test_cpu_k_means_runs_on_one_thread(two_threads, monkeypatch):
     """Its batches of 500 points are too small for a pool, whose waits stall it 3-4x beside other work."""
     seen = []
-    _recording(monkeypatch, scalable_xd.fit.starts, "minibatch_kmeans", seen)
+    _recording(monkeypatch, scalable_xd.fit.starts.mixture, "minibatch_kmeans", seen)
     x = np.random.default_rng(0).normal(size=(600, 2))
     XDGMM(n_components=3, method="em", n_init=1, epochs=2, device="cpu").fit(x, Xcov=np.zeros((600, 2)))
     assert seen == [1]

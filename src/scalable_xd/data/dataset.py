@@ -197,7 +197,7 @@ class Dataset:
         """These data with x and the noise (dense) on ``device`` in ``dtype``, converted once, the weights
         where they were; the same batches, value for value. Itself where it has projections, missing
         entries or noise mixtures, or would take more than ``RESIDENT_BYTES``. One copy per device and dtype,
-        whoever asks (the fits in lockstep score one validation set: ``fit.scoring.scores_together``)."""
+        whoever asks (the fits in lockstep score one validation set: ``fit.run.scoring.scores_together``)."""
         if self.R is not None or self.observed is not None or isinstance(self.noise, NoiseMixture):
             return self
         n, d = self.X.shape

@@ -57,7 +57,7 @@ class DataSource(Protocol):
     ) -> Iterator[Batch]:
         """Yield a ``batching.Batch`` per batch of training epoch ``epoch`` (1, 2, ...), after the first
         ``skip`` (already done, before a resume): ``group.share(rows, size)`` of each where ``group`` is a
-        data-parallel process group (``fit.parallel``). The order is the source's to choose; drawn from
+        data-parallel process group (``fit.run.parallel``). The order is the source's to choose; drawn from
         (``seed``, ``epoch``) alone, a resumed fit reads the batches an uninterrupted one reads.
         ``in_place``: the caller's pass reads rows where they lie (``kernel.fused.PlainPass``), so a batch
         may name its rows in memory and gather them only when read (``batching.GatheredOnRead``)."""
@@ -71,5 +71,5 @@ class DataSource(Protocol):
         split-and-merge's judge see."""
 
     def digest_bytes(self, rows: torch.Tensor) -> Iterator[bytes]:
-        """Yield what identifies these data for a checkpoint (``fit.checkpoint.data_digest``), so that a
+        """Yield what identifies these data for a checkpoint (``fit.run.checkpoint.data_digest``), so that a
         checkpoint is never resumed on other data."""

@@ -3,7 +3,7 @@ fitted mixture, its history and whether it converged out.
 
 ``fit_mixture`` executes a fit's plan (``fit.plan``, made and checked before any work): open the
 checkpoint, choose the seed, find the starting point (the checkpoint's state, the previous fit's
-parameters, or ``fit.starts`` from the given arrays and k-means), build the method's fitter
+parameters, or ``fit.starts.mixture`` from the given arrays and k-means), build the method's fitter
 (``fit.methods``), configure the loop from the method's row, run it, and judge whether it converged.
 """
 
@@ -25,19 +25,19 @@ from ..errors import FitDivergedError
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, resolve_seed
-from .background_fit import BackgroundFit, background_of
-from .checkpoint import Checkpoint, data_digest
+from .families.background_fit import BackgroundFit, background_of
+from .families.reseed import dead_components
 from .loop import last_gain, run
-from .loop_config import LoopConfig
 from .methods import make_fitter, method
-from .parallel import Group, check_same_fit, fail_together, shared_seed
 from .plan import FitPlan, Start, settings_record
-from .reseed import dead_components
 from .rules.em import FixedParameters
 from .rules.sgd import feature_scale
-from .scoring import EVAL_BATCH, total_loglik
+from .run.checkpoint import Checkpoint, data_digest
+from .run.loop_config import LoopConfig
+from .run.parallel import Group, check_same_fit, fail_together, shared_seed
+from .run.scoring import EVAL_BATCH, total_loglik
 from .selection import record as selection_record
-from .starts import feature_spread, initial_mixture, kmeans_sample
+from .starts.mixture import feature_spread, initial_mixture, kmeans_sample
 
 # Training stars that judge stochastic split-and-merge moves when no validation data are given.
 JUDGE_SAMPLE = 20_000
@@ -94,7 +94,7 @@ def _fit_plan(plan: FitPlan) -> Fitted:
     train, val, settings, kmeans, start = plan.train, plan.val, plan.settings, plan.kmeans, plan.start
     random_state, checkpoint, monitored = plan.random_state, plan.checkpoint, plan.monitored
     selection, background = plan.selection, plan.background
-    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.parallel``)
+    group = Group.current()  # data-parallel under an initialised torch.distributed group (``fit.run.parallel``)
     with fail_together(group, "checking the checkpoint"):  # one rank's failure fails every rank
         device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
         store = None if checkpoint is None else Checkpoint(checkpoint, device)

@@ -34,14 +34,14 @@ from ..data.source import DataSource
 from ..errors import FitDivergedError, NotPositiveDefiniteError
 from ..kernel.fused import PARALLEL_PAIRS
 from ..mixture import Mixture
-from .background_fit import background_of
-from .checkpoint import Checkpoint, CheckpointError, check_state, tensor_shapes
 from .engines import Engine, engine_for
+from .families.background_fit import background_of
 from .fitters import Fitter
-from .loop_config import LoopConfig
-from .parallel import reduce_sum
 from .rules.sgd import feature_scale
-from .scoring import ScoreRequest, shares_scoring, total_loglik
+from .run.checkpoint import Checkpoint, CheckpointError, check_state, tensor_shapes
+from .run.loop_config import LoopConfig
+from .run.parallel import reduce_sum
+from .run.scoring import ScoreRequest, shares_scoring, total_loglik
 
 log = logging.getLogger("scalable_xd.fit")
 # A component's variance along a feature, in units of the data's variance there, below which it has collapsed

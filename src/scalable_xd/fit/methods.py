@@ -27,12 +27,12 @@ if TYPE_CHECKING:
 
     from ..mixture import Mixture
     from ..settings import FitSettings
-    from .batch_em import BatchEM
+    from .families.batch_em import BatchEM
+    from .families.online_em import MinibatchEM
+    from .families.sgd import SGD
+    from .families.squarem import SquaremEM
     from .fitters import Fitter, TrialFitter
-    from .online_em import MinibatchEM
     from .rules.em import FixedParameters
-    from .sgd import SGD
-    from .squarem import SquaremEM
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,8 @@ def default_batch(n_points: int) -> int:
 
 
 def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> BatchEM | SquaremEM:
-    from .batch_em import BatchEM
-    from .squarem import SquaremEM
+    from .families.batch_em import BatchEM
+    from .families.squarem import SquaremEM
 
     if s.acceleration == "squarem" and not stochastic:
         return SquaremEM(mixture, w=w, fixed=fixed)
@@ -107,7 +107,7 @@ def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> B
 
 
 def _build_minibatch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, data_size: float) -> MinibatchEM:
-    from .online_em import MinibatchEM
+    from .families.online_em import MinibatchEM
 
     return MinibatchEM(
         mixture,
@@ -127,7 +127,7 @@ def _build_minibatch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: 
 
 
 def _build_sgd(s: FitSettings, mixture: Mixture, fixed, data_size: float, w) -> SGD:
-    from .sgd import SGD
+    from .families.sgd import SGD
 
     return SGD(
         mixture,
@@ -293,8 +293,8 @@ def make_fitter(
     ``judge`` scores a mixture on a fixed validation sample (split-and-merge of the ``"epoch"`` kind);
     ``data_size``: the training data's total weight; ``w``: the regularisation per feature (see
     ``Method``)."""
-    from .averaging import PolyakAverage
-    from .split_merge import SplitMergeEM, StochasticSplitMerge
+    from .families.averaging import PolyakAverage
+    from .families.split_merge import SplitMergeEM, StochasticSplitMerge
 
     s, row = settings, method(settings.method)
     if s.split_merge and row.split_merge == "converged":

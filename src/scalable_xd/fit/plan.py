@@ -25,10 +25,10 @@ from ..data.source import DataSource
 from ..kernel.dispatch import fit_backend
 from ..mixture import Mixture
 from ..settings import FitSettings, KMeansSettings, check_count, check_seed
-from .background_fit import check_background
-from .lockstep import Member, current
+from .families.background_fit import check_background
 from .methods import check_fixed, check_settings, for_data
-from .parallel import Group
+from .run.lockstep import Member, current
+from .run.parallel import Group
 from .selection import Selection, check_selection
 from .selection import from_limits as selection_from_limits
 

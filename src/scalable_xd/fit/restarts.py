@@ -13,7 +13,7 @@ starts already done are read back, not refitted; without ``random_state``, with 
 from the files).
 The data are read and checked once, for all of them (``fit.plan``); the minibatch methods' starts on the
 CPU, and replayed on CUDA, advance in lockstep, each step one pass and one update call for all of them
-(``fit.lockstep``), and each start ends as it would alone. Starts are fitted ``STARTS_AT_ONCE`` at a time and
+(``fit.run.lockstep``), and each start ends as it would alone. Starts are fitted ``STARTS_AT_ONCE`` at a time and
 only the best fit so far is kept, so any ``n_init`` runs in the memory of one group.
 """
 
@@ -27,12 +27,12 @@ from pathlib import Path
 from .._torch import resolve_device
 from ..errors import FitDivergedError, warn_at_user
 from ..settings import FitSettings, resolve_seed
-from .checkpoint import Checkpoint
 from .driver import Fitted, fit_mixture
-from .lockstep import Lockstep, Member, raise_failure
 from .methods import method
-from .parallel import Group, check_same_fit, shared_seed
 from .plan import FitPlan
+from .run.checkpoint import Checkpoint
+from .run.lockstep import Lockstep, Member, raise_failure
+from .run.parallel import Group, check_same_fit, shared_seed
 
 
 @dataclasses.dataclass

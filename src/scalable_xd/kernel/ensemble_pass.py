@@ -1,7 +1,7 @@
 """The CPU statistics pass of several fits at once: S fits' minibatches, each under its own mixture, in one
 call of the fused kernel (``fused``), as (fit, point, component) triples.
 
-Fits that advance in lockstep (``fit.lockstep``: restarts, or a grid cell's seeds) each take a batch of
+Fits that advance in lockstep (``fit.run.lockstep``: restarts, or a grid cell's seeds) each take a batch of
 their own rows of the same data at every step. One call over the S batches pays the call's fixed costs
 once, and where one fit's pass is threaded, spreads S times its work over the threads; where it is serial
 and the S fits' pairs together would be threaded, the fits are shared among threads of this process, each

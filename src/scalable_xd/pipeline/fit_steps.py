@@ -147,7 +147,7 @@ def fit(
     ``stream_window`` > 0 streams the splits from disk a window of that many rows at a time (``stream``)
     instead of loading them; the test split is then loaded only where it holds true values (a mock), for the
     truth metrics."""
-    from ..fit.parallel import Group, fail_together
+    from ..fit.run.parallel import Group, fail_together
     from .features_file import read_features
 
     checkpoints = checkpoint or [None] * len(seeds)
@@ -253,7 +253,7 @@ def _warm_up(settings: FitSettings, n_components: int, train_split) -> float:
 
     from ..estimator import XDGMM
     from ..fit.methods import default_batch
-    from ..fit.scoring import EVAL_BATCH
+    from ..fit.run.scoring import EVAL_BATCH
 
     if train_split is None:
         return 0.0
@@ -283,7 +283,7 @@ def _write_seed(
     (``report.metrics.epoch_seconds``). A fit in lockstep with others (``timed_by``: a seed fitted alone
     and its pace) keeps its own history in its model file, but its metrics' history is timed at that pace
     (its own clock counted the other fits' work too), and its record names the seed that timed it."""
-    from ..fit.parallel import Group
+    from ..fit.run.parallel import Group
     from .report.metrics import epoch_seconds
 
     (_, train_facts, train_split), val_data, test_data, test_split = splits

@@ -102,7 +102,7 @@ def kmeans(
     import torch
 
     from .._torch import resolve_device, resolve_dtype
-    from ..fit.starts import kmeans_init, kmeans_sample
+    from ..fit.starts.mixture import kmeans_init, kmeans_sample
     from .features_file import features_source, read_features
 
     set_threads(threads)

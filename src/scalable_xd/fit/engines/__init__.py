@@ -25,7 +25,7 @@ import torch
 from ...data.batching import Batch
 from ...deferred_checks import DeferredChecks
 from ..fitters import Fitter
-from ..loop_config import LoopConfig
+from ..run.loop_config import LoopConfig
 from .reference import ReferenceEngine
 
 # The engines with a fast path, asked in this order for a fit's engine: the first that takes the fit runs

@@ -20,11 +20,11 @@ from ...kernel import TABLE
 from ...kernel.dispatch import choose_backend
 from ...kernel.ensemble_pass import EnsemblePass
 from ...kernel.fused import PlainPass
-from ..background_fit import background_of
+from ..families.background_fit import background_of
 from ..fitters import Fitter
-from ..lockstep import StepRequest, caught
-from ..loop_config import LoopConfig
 from ..rules.arrays import ArrayRule
+from ..run.lockstep import StepRequest, caught
+from ..run.loop_config import LoopConfig
 from .reference import ReferenceEngine
 
 
@@ -34,7 +34,7 @@ class CpuEngine:
     at that batch, as split-and-merge asks for at some epochs); missing entries take the masked kernel. The
     batches it does not take (projected, weighted, or with a pair that fails to factorise) go to the
     reference engine.
-    A fit in lockstep with others (``fit.lockstep``) posts its plain in-memory batches to be stepped with
+    A fit in lockstep with others (``fit.run.lockstep``) posts its plain in-memory batches to be stepped with
     theirs (``steps_together``)."""
 
     checks = None
@@ -44,7 +44,7 @@ class CpuEngine:
         self.fitter, self.general = fitter, general
         self.plain = PlainPass(mixture.dim, mixture.n_components, cfg.dtype, TABLE["fused"].max_pairs["cpu"])
         self.in_place = not fitter.samples_assignments  # the plain pass will read the batches where they lie
-        self.member = cfg.lockstep  # the fits this one steps with (``fit.lockstep``), or None
+        self.member = cfg.lockstep  # the fits this one steps with (``fit.run.lockstep``), or None
         self.ensemble = EnsemblePass(mixture.dim, mixture.n_components, cfg.dtype) if self.member else None
 
     def step(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:

@@ -23,7 +23,7 @@ ordinary step here. A capture that CUDA refuses is said in a warning, and the fi
 steps. The rules' forms that a step replays (``GRAPHED``) take the fitter's host-side part of a step
 (``prepare_step``) apart from its device-side part (``step_in_place``).
 
-Fits in lockstep (``fit.lockstep``: restarts, a grid cell's seeds) share one replayed step,
+Fits in lockstep (``fit.run.lockstep``: restarts, a grid cell's seeds) share one replayed step,
 ``GraphedEnsemble``: one fit at batch 500 leaves a GPU mostly idle, and F fits' steps one after another
 cost F launches' worth of latency for little more arithmetic than one. Their batches go through one Triton
 pass (``triton_pass.ensemble_statistics``), their updates through one launch of each of the rule's kernels
@@ -41,10 +41,10 @@ from ...kernel.dispatch import batch_statistics, choose_backend
 from ...kernel.statistics import Statistics
 from ...kernel.triton_pass import ensemble_statistics
 from ..fitters import Fitter
-from ..lockstep import StepRequest, caught
-from ..loop_config import LoopConfig
 from ..rules.online_em_graphed import GraphedOnlineEM
 from ..rules.sgd_graphed import GraphedAdam
+from ..run.lockstep import StepRequest, caught
+from ..run.loop_config import LoopConfig
 from .reference import ReferenceEngine
 
 
@@ -174,7 +174,7 @@ GRAPHED: dict[str, type[GraphedOnlineEM] | type[GraphedAdam]] = {"online_em": Gr
 class CudaEngine:
     """Steps of whole batches replayed (``GraphedStep``); the batches it does not take (another size or
     kind than its buffers', an epoch run again with every test made) go to the reference engine. A fit in
-    lockstep with others (``fit.lockstep``) posts its plain, unweighted batches to be stepped with theirs
+    lockstep with others (``fit.run.lockstep``) posts its plain, unweighted batches to be stepped with theirs
     (``steps_together``)."""
 
     in_place = False
@@ -183,7 +183,7 @@ class CudaEngine:
         self.graphed = GraphedStep(rule, cfg.device, cfg.backend)
         self.general = general
         self.checks = self.graphed.checks
-        self.member = cfg.lockstep  # the fits this one steps with (``fit.lockstep``), or None
+        self.member = cfg.lockstep  # the fits this one steps with (``fit.run.lockstep``), or None
 
     def step(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
         if self.member is not None and uniforms is None and batch.weights is None and self.graphed.takes(batch):

@@ -14,11 +14,11 @@ from ...errors import FitDivergedError, NotPositiveDefiniteError
 from ...kernel.dispatch import batch_statistics, log_densities
 from ...kernel.statistics import Statistics, summed_loglik
 from ...mixture import Mixture
-from ..background_fit import background_of
-from ..background_fit import refuse_unsupported as refuse_background_data
+from ..families.background_fit import background_of
+from ..families.background_fit import refuse_unsupported as refuse_background_data
 from ..fitters import Fitter
-from ..loop_config import LoopConfig
-from ..parallel import reduce_statistics
+from ..run.loop_config import LoopConfig
+from ..run.parallel import reduce_statistics
 from ..selection import Selection, imputed_points
 
 

@@ -176,7 +176,7 @@ class Adam:
 
 
 class SGDFitter(Protocol):
-    """What SGD's compiled forms read and write of the fitter they are bound to (``fit.sgd.SGD``): its
+    """What SGD's compiled forms read and write of the fitter they are bound to (``fit.families.sgd.SGD``): its
     parameters, Adam, W and the mixture (a tensor, or arrays held between compiled steps)."""
 
     params: CholeskyParameters

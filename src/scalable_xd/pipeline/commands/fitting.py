@@ -44,7 +44,7 @@ def _verbosity(args) -> int:
 
 
 def _fit(args) -> None:
-    from ...fit.parallel import process_group  # torch: not imported for --help
+    from ...fit.run.parallel import process_group  # torch: not imported for --help
 
     with process_group(args.device, args.group_timeout) as device:
         fit_steps.fit(

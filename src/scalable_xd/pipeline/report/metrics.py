@@ -55,7 +55,7 @@ class FitMetrics:
     tag: str | None = None
     config_hash: str | None = None
     # The seed fitted alone whose pace times this fit's history, where it was fitted in lockstep with other
-    # seeds (``fit.lockstep``: its own clock counted their work too; wall and CPU seconds then None); None
+    # seeds (``fit.run.lockstep``: its own clock counted their work too; wall and CPU seconds then None); None
     # where its own clock timed it.
     timed_by: int | None = None
     dead_components: int | None = None  # components that ended with less than one star's worth of weight

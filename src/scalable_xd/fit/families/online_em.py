@@ -6,14 +6,14 @@ import dataclasses
 
 import torch
 
-from ..kernel.statistics import Statistics
-from ..mixture import Mixture
+from ...kernel.statistics import Statistics
+from ...mixture import Mixture
+from ..fitters import Capabilities, mixture_from_state, mixture_state
+from ..rules import forms  # forms.compiled, read at each fitter's start (tests and benchmarks swap it)
+from ..rules.em import FixedParameters, regularised, ridge_vector
+from ..rules.online_em import online_em_update, online_em_update_naive
 from . import schedules
-from .fitters import Capabilities, mixture_from_state, mixture_state
 from .reseed import dead_components, reseeded
-from .rules import forms  # forms.compiled, read at each fitter's start (tests and benchmarks swap it)
-from .rules.em import FixedParameters, regularised, ridge_vector
-from .rules.online_em import online_em_update, online_em_update_naive
 
 
 class MinibatchEM(Capabilities):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..mixture import Mixture
+from ...mixture import Mixture
 
 
 def dead_components(weights: torch.Tensor, below: float, held: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..selection import Selection
 from .lockstep import Member
 from .parallel import ONE_PROCESS, Group
-from .selection import Selection
 
 
 @dataclass

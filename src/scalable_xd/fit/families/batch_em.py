@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..kernel.statistics import Statistics
-from ..mixture import Mixture
-from .fitters import Capabilities, mixture_from_state, mixture_state
-from .rules.em import FixedParameters, em_update, ridge_vector
+from ...kernel.statistics import Statistics
+from ...mixture import Mixture
+from ..fitters import Capabilities, mixture_from_state, mixture_state
+from ..rules.em import FixedParameters, em_update, ridge_vector
 
 
 class EpochSums(Capabilities):

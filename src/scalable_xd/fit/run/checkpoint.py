@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.source import DataSource
-from ..errors import brief
-from ..files import atomic_path
+from ...data.source import DataSource
+from ...errors import brief
+from ...files import atomic_path
 
 # Version of the layout; 2: minibatch EM stores its unregularised running state; 3: bound to the data;
 # 4: written inside an epoch too (the batches of the epoch in progress already done, and their seconds);

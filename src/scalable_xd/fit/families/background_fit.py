@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..background import Background
-from ..kernel.statistics import Statistics
-from .fitters import Fitter
+from ...background import Background
+from ...kernel.statistics import Statistics
+from ..fitters import Fitter
 
 
 class BackgroundFit:

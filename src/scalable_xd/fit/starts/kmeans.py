@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from ..kernel.cuda_graphs import captured, warm_up
+from ...kernel.cuda_graphs import captured, warm_up
 
 # Rows gathered and moved to the device at a time: a copy per batch of 500 would cost a transfer and a wait
 # on a GPU each, for a step whose arithmetic takes microseconds.

@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..kernel.statistics import Criteria, Statistics
-from ..mixture import Mixture
+from ...kernel.statistics import Criteria, Statistics
+from ...mixture import Mixture
+from ..fitters import Capabilities, TrialFitter, mixture_from_state, mixture_state
+from ..rules.em import FixedParameters, em_update, ridge_vector
 from .batch_em import EpochSums
-from .fitters import Capabilities, TrialFitter, mixture_from_state, mixture_state
-from .rules.em import FixedParameters, em_update, ridge_vector
 
 # Partial-EM iterations on the three moved components before full EM resumes.
 PARTIAL_EPOCHS = 5

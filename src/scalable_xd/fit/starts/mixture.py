@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._torch import one_thread
-from ..data.batching import random_rows
-from ..data.dataset import Dataset
-from ..mixture import Mixture
-from ..settings import KMeansSettings
+from ..._torch import one_thread
+from ...data.batching import random_rows
+from ...data.dataset import Dataset
+from ...mixture import Mixture
+from ...settings import KMeansSettings
 from .kmeans import minibatch_kmeans, weights_from_counts
 
 

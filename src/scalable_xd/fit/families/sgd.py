@@ -6,13 +6,13 @@ import dataclasses
 
 import torch
 
-from ..kernel.statistics import Statistics
-from ..mixture import Mixture
+from ...kernel.statistics import Statistics
+from ...mixture import Mixture
+from ..fitters import Capabilities, mixture_from_state, mixture_state
+from ..rules import forms  # forms.compiled, read at each fitter's start (tests and benchmarks swap it)
+from ..rules.em import FixedParameters, ridge_vector
+from ..rules.sgd import Adam, CholeskyParameters, component_scale, feature_scale
 from . import schedules
-from .fitters import Capabilities, mixture_from_state, mixture_state
-from .rules import forms  # forms.compiled, read at each fitter's start (tests and benchmarks swap it)
-from .rules.em import FixedParameters, ridge_vector
-from .rules.sgd import Adam, CholeskyParameters, component_scale, feature_scale
 
 
 class SGD(Capabilities):

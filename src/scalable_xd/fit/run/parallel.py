@@ -30,9 +30,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import deferred_checks
-from ..errors import brief
-from ..kernel.statistics import Criteria, Statistics, symmetric_from_triangle
+from ... import deferred_checks
+from ...errors import brief
+from ...kernel.statistics import Criteria, Statistics, symmetric_from_triangle
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import torch
 
-from ..mixture import Mixture
+from ...mixture import Mixture
+from ..fitters import mixture_from_state, mixture_state
+from ..rules.em import FixedParameters, em_update, ridge_vector, share_weights
+from ..rules.sgd import component_scale
 from .batch_em import EpochSums
-from .fitters import mixture_from_state, mixture_state
-from .rules.em import FixedParameters, em_update, ridge_vector, share_weights
-from .rules.sgd import component_scale
 
 STEP_FACTOR = 4.0  # step_max grows (and shrinks) by this factor: Varadhan & Roland's mstep
 # An extrapolation may shrink a component's smallest variance to this fraction of EM's two steps', no further

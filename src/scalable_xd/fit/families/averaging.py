@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..kernel.statistics import Statistics
-from ..mixture import Mixture
-from .fitters import Capabilities, Fitter, mixture_from_state, mixture_state
+from ...kernel.statistics import Statistics
+from ...mixture import Mixture
+from ..fitters import Capabilities, Fitter, mixture_from_state, mixture_state
 
 
 class PolyakAverage(Capabilities):

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import deferred_checks
-from ..background import Background
-from ..data.source import DataSource
-from ..errors import NotPositiveDefiniteError
-from ..kernel.dispatch import log_densities
-from ..kernel.fused import PARALLEL_PAIRS
-from ..kernel.statistics import summed_loglik
-from ..mixture import Mixture
+from ... import deferred_checks
+from ...background import Background
+from ...data.source import DataSource
+from ...errors import NotPositiveDefiniteError
+from ...kernel.dispatch import log_densities
+from ...kernel.fused import PARALLEL_PAIRS
+from ...kernel.statistics import summed_loglik
+from ...mixture import Mixture
 from .lockstep import caught
 from .parallel import ONE_PROCESS, Group, reduce_sum
 
@@ -104,7 +104,7 @@ def shares_scoring(device: torch.device) -> bool:
 
 @dataclass
 class ScoreRequest:
-    """A fit's scoring posted to its lockstep (``fit.lockstep``): the data, the mixture and how to score;
+    """A fit's scoring posted to its lockstep (``fit.run.lockstep``): the data, the mixture and how to score;
     ``total`` is filled in by ``scores_together``."""
 
     data: DataSource
