@@ -38,7 +38,7 @@ from scalable_xd._torch import resolve_device, synchronize  # noqa: E402
 from scalable_xd.data.batching import Batch  # noqa: E402
 from scalable_xd.data.dataset import Dataset  # noqa: E402
 from scalable_xd.fit.engines.cuda import GRAPHED, GraphedStep  # noqa: E402
-from scalable_xd.fit.families.online_em import MinibatchEM  # noqa: E402
+from scalable_xd.fit.families.minibatch_em import MinibatchEM  # noqa: E402
 from scalable_xd.fit.run.scoring import total_loglik  # noqa: E402
 from scalable_xd.kernel.dispatch import batch_statistics  # noqa: E402
 

@@ -6,7 +6,7 @@ import pytest
 
 from scalable_xd import XDGMM
 from scalable_xd.data.batching import epoch_order
-from scalable_xd.fit.families.online_em import MinibatchEM
+from scalable_xd.fit.families.minibatch_em import MinibatchEM
 from scalable_xd.fit.families.sgd import SGD
 
 RNG = np.random.default_rng(0)

@@ -461,7 +461,7 @@ def test_cuda_request_without_cuda_says_so():
 
 
 def test_cappe_moulines_schedule():
-    from scalable_xd.fit.families.online_em import MinibatchEM
+    from scalable_xd.fit.families.minibatch_em import MinibatchEM
     from scalable_xd.mixture import Mixture
 
     fitter = MinibatchEM(

@@ -202,7 +202,7 @@ def test_adam_is_torch_adam_to_the_bit():
 
 
 def test_the_compiled_rules_run_on_the_cpu_only_and_not_for_the_naive_update():
-    from scalable_xd.fit.families.online_em import MinibatchEM
+    from scalable_xd.fit.families.minibatch_em import MinibatchEM
     from scalable_xd.fit.families.sgd import SGD
     from scalable_xd.fit.rules.online_em_numba import OnlineEMArrays
     from scalable_xd.fit.rules.sgd_numba import AdamArrays
@@ -227,7 +227,7 @@ def test_minibatch_em_keeps_the_compiled_steps_arrays_and_makes_their_mixtures_w
     mixture are the torch update's (to rounding), the E-step's arrays are what the next pass reads, and a
     change of data size (online learning) or of the fixed parameters makes the E-step mixture again from
     the state, as ``regularised`` does."""
-    from scalable_xd.fit.families.online_em import MinibatchEM
+    from scalable_xd.fit.families.minibatch_em import MinibatchEM
 
     state, x, S = _problem(33)
     fixed = _fixed(5, weights=[2], means=[0], values=state.weights)

@@ -59,7 +59,9 @@ def _kernel_update(state, stats, step, w, fixed, data_size):
     )
     new, e_step = new.to("cpu"), e_step.to("cpu")
     if fixed.any():
-        e_step = regularised(new, w, fixed, data_size)  # the fitter shares the weights so (online_em.MinibatchEM)
+        e_step = regularised(
+            new, w, fixed, data_size
+        )  # the fitter shares the weights so (families.minibatch_em.MinibatchEM)
     return new, e_step, suspect.cpu()
 
 

@@ -8,7 +8,7 @@ from helpers import draw_xd_data, kernel_problem, random_spd
 
 from scalable_xd import XDGMM
 from scalable_xd.fit.families.averaging import PolyakAverage
-from scalable_xd.fit.families.online_em import MinibatchEM, inside_compact_set
+from scalable_xd.fit.families.minibatch_em import MinibatchEM, inside_compact_set
 from scalable_xd.fit.methods import METHODS
 from scalable_xd.fit.rules.em import regularised
 from scalable_xd.fit.rules.online_em import online_em_update

@@ -1,5 +1,5 @@
 """What the training loop drives: the ``Fitter`` protocol, the defaults of its capability flags, and what
-the fitter families (``batch_em``, ``online_em``, ``sgd``, ``averaging``; ``squarem``, ``split_merge``) share.
+the fitter families (``batch_em``, ``minibatch_em``, ``sgd``, ``averaging``; ``squarem``, ``split_merge``) share.
 
 Each fitter sees the same stream of kernel statistics: ``start_epoch(epoch)``, then ``observe(stats)``
 for every batch, then ``end_epoch()``. Batch EM sums the statistics over the whole data set and updates

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..mixture import Mixture
     from ..settings import FitSettings
     from .families.batch_em import BatchEM
-    from .families.online_em import MinibatchEM
+    from .families.minibatch_em import MinibatchEM
     from .families.sgd import SGD
     from .families.squarem import SquaremEM
     from .fitters import Fitter, TrialFitter
@@ -107,7 +107,7 @@ def _batch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool) -> B
 
 
 def _build_minibatch_em(s: FitSettings, mixture: Mixture, fixed, w, stochastic: bool, data_size: float) -> MinibatchEM:
-    from .families.online_em import MinibatchEM
+    from .families.minibatch_em import MinibatchEM
 
     return MinibatchEM(
         mixture,

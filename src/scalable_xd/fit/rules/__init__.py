@@ -12,6 +12,6 @@ Each rule is defined once, in torch, and its compiled forms sit beside it, named
 
 Each compiled form follows its torch definition operation for operation and is tested equal to it
 (``tests/fit/test_cpu_rules.py``, ``tests/fit/test_cuda_rules.py``). ``forms`` says which form runs where.
-Fitters (``fit.families.online_em``, ``fit.families.sgd``, ...) and engines (``fit.engines``) import the
+Fitters (``fit.families.minibatch_em``, ``fit.families.sgd``, ...) and engines (``fit.engines``) import the
 rules, never each other's insides.
 """

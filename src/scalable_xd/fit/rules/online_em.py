@@ -119,7 +119,7 @@ def online_em_update_naive(
 
 class OnlineEMFitter(Protocol):
     """What online EM's compiled forms read and write of the fitter they are bound to
-    (``fit.families.online_em.MinibatchEM``): its running state and E-step mixture (tensors, or arrays held between
+    (``fit.families.minibatch_em.MinibatchEM``): its running state and E-step mixture (tensors, or arrays held between
     compiled steps), W, the fixed parameters, the prior's data size and the step-size schedule."""
 
     naive: bool

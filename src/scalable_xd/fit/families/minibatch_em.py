@@ -1,4 +1,6 @@
-"""Minibatch (online) EM (Cappe & Moulines 2009): an update after every batch, by a step-size schedule."""
+"""Minibatch EM, the method (``method="minibatch_em"``, the paper's name): an update after every batch, by a
+step-size schedule. Cappe & Moulines (2009) call the algorithm online EM, the name its update rule keeps
+(``rules.online_em``: the rule, its compiled forms and the state they update)."""
 
 from __future__ import annotations
 
