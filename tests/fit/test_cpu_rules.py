@@ -169,9 +169,9 @@ def test_sgd_step_equals_the_torch_gradient_and_adam(scaling, fixed_rows):
 
 def test_array_views_are_made_again_for_replaced_tensors_and_in_copies():
     """The compiled SGD step keeps numpy views of the tensors that live from step to step
-    (``ArrayViews``): made once, made again where a tensor was replaced, and made afresh in a copy, whose
+    (``CachedViews``): made once, made again where a tensor was replaced, and made afresh in a copy, whose
     tensors and arrays would otherwise be copies sharing no memory (the step would write to neither)."""
-    views, make = arrays.ArrayViews(), lambda tensors: (tensors[0].numpy(),)
+    views, make = arrays.CachedViews(), lambda tensors: (tensors[0].numpy(),)
     a = torch.zeros(3)
     first = views((a, None), make)
     assert views((a, None), make) is first

@@ -87,7 +87,7 @@ def test_online_em_steps_give_each_fit_its_update_alone(data_size, k):
     held[::7] = True  # some means and covariances held at their values
     fixed = FixedParameters(fixed.weights, held.clone(), held.clone(), fixed.weight_values)
     steps = [0.01, 0.3, 0.9]
-    fits = [(steps[s], 1e-3, fixed, data_size, arrays.ArrayViews()) for s in range(FITS)]
+    fits = [(steps[s], 1e-3, fixed, data_size, arrays.CachedViews()) for s in range(FITS)]
     states = [(weights[s], means[s], cov[s]) for s in range(FITS)]
     together = online_em_numba.online_em_steps(states, 400.0, (q, U, UU, P), fits)
     for s in range(FITS):

@@ -46,7 +46,7 @@ class Fitter(Protocol):
         """Split-and-merge: no move left to try, so the fit is done."""
 
     @property
-    def shadow(self) -> Mixture | None:
+    def trial_mixture(self) -> Mixture | None:
         """Stochastic split-and-merge: a trial model that gets its own statistics pass."""
 
     @property
@@ -93,8 +93,8 @@ class Fitter(Protocol):
         """(Called where ``scores_its_pass``.) What the fitter maximises, summed like ``pass_loglik``, where
         that is not the log-likelihood alone (``tol`` then judges it); None where it is."""
 
-    def observe_shadow(self, stats: Statistics) -> None:
-        """(Called where ``shadow`` is not None.) The statistics of the trial model's pass over the batch."""
+    def observe_trial(self, stats: Statistics) -> None:
+        """(Called where ``trial_mixture`` is not None.) The statistics of the trial model's pass over the batch."""
 
 
 class CompiledRule(Protocol):
@@ -149,7 +149,7 @@ class Capabilities:
         return False
 
     @property
-    def shadow(self) -> Mixture | None:
+    def trial_mixture(self) -> Mixture | None:
         return None
 
     @property
@@ -166,8 +166,8 @@ class Capabilities:
     def pass_objective(self) -> float | None:
         raise TypeError(f"{type(self).__name__}'s pass does not score the model it started from (scores_its_pass)")
 
-    def observe_shadow(self, stats: Statistics) -> None:
-        raise TypeError(f"{type(self).__name__} has no trial model beside it (shadow)")
+    def observe_trial(self, stats: Statistics) -> None:
+        raise TypeError(f"{type(self).__name__} has no trial model beside it (trial_mixture)")
 
 
 def mixture_state(mixture: Mixture) -> dict:

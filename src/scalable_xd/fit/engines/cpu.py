@@ -49,7 +49,7 @@ class CpuEngine:
 
     def step(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
         fitter = self.fitter
-        plain = uniforms is None and not fitter.wants_criteria and fitter.shadow is None
+        plain = uniforms is None and not fitter.wants_criteria and fitter.trial_mixture is None
         if plain and self.member is not None and isinstance(fitter.compiled, ArrayRule) and batch.in_memory:
             self.member.step(StepRequest(self, batch, epoch, number, steps_together))  # with the other fits' steps
             return
@@ -58,7 +58,7 @@ class CpuEngine:
     def step_alone(self, batch: Batch, epoch: int, number: int, uniforms: torch.Tensor | None) -> None:
         """The step of this fit's batch by itself."""
         fitter = self.fitter
-        if uniforms is None and not fitter.wants_criteria and fitter.shadow is None:
+        if uniforms is None and not fitter.wants_criteria and fitter.trial_mixture is None:
             rule = fitter.compiled
             if isinstance(rule, ArrayRule):  # the pass's arrays, no tensor made
                 sums = self.plain.sums(batch, *rule.arrays())

@@ -139,7 +139,7 @@ class GraphedStep(Replayed):
                 target.copy_(value)
         if not self.live:
             self.live = [t.clone() for t in self.rule.live_tensors()]
-        take_over(self.rule, self.live)
+        bind_static(self.rule, self.live)
 
     def _body(self) -> None:
         """The step on the static buffers: the statistics pass, then the fitter's update in place."""
@@ -156,7 +156,7 @@ class GraphedStep(Replayed):
         self.rule.step_in_place(stats)
 
 
-def take_over(rule, live: list[torch.Tensor]) -> None:
+def bind_static(rule, live: list[torch.Tensor]) -> None:
     """Bind ``rule``'s fitter to the static tensors ``live``, copying its current ones into them, where it
     holds others (an ordinary step's, a restored state's, another replayed step's)."""
     current = rule.live_tensors()
@@ -234,7 +234,7 @@ class GraphedEnsemble(Replayed):
     ``ensemble_statistics`` where the fits run the triton kernel; each fit's pass in turn otherwise), then
     their updates in one launch of each of the rule's kernels over the F fits (``rules.*_triton``; each fit's
     update in turn where torch's update runs); all captured as one CUDA graph on CUDA. Each fit's
-    parameters live in a slice of stacked static tensors (``take_over``), its deferred tests go to its own
+    parameters live in a slice of stacked static tensors (``bind_static``), its deferred tests go to its own
     flag, and its sums and update are those it would have alone (the pass's to float rounding, the
     update's to the bit)."""
 
@@ -265,7 +265,7 @@ class GraphedEnsemble(Replayed):
         for f, (batch, rule) in enumerate(zip(batches, self.rules)):
             self.x[f * n : (f + 1) * n].copy_(batch.x)
             self.S[f * n : (f + 1) * n].copy_(batch.S)
-            take_over(rule, self.views[f])
+            bind_static(rule, self.views[f])
             rule.prepare_step()
         self.run()
 
@@ -312,7 +312,7 @@ def engine(fitter: Fitter, cfg: LoopConfig, general: ReferenceEngine) -> CudaEng
     averaging, split-and-merge or a background, whose fitters name no rule)."""
     if not (cfg.graph_steps and cfg.defer_checks) or cfg.checkpoint_every or cfg.group.parallel:
         return None
-    if cfg.selection is not None or fitter.shadow is not None or fitter.wants_criteria:
+    if cfg.selection is not None or fitter.trial_mixture is not None or fitter.wants_criteria:
         return None
     form = GRAPHED.get(fitter.rule) if fitter.rule is not None else None
     if form is None or not form.accepts(fitter):  # type: ignore[arg-type]

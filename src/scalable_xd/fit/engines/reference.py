@@ -38,16 +38,16 @@ class ReferenceEngine:
             stats = global_sums(
                 batch, uniforms, fitter.mixture, cfg, fitter.wants_criteria, (epoch, number), background_of(fitter)
             )
-            shadow = None  # a split-and-merge trial: its own pass over the same batch
-            if fitter.shadow is not None:
-                shadow = global_sums(batch, uniforms, fitter.shadow, cfg, False)
+            trial_sums = None  # a split-and-merge trial: its own pass over the same batch
+            if fitter.trial_mixture is not None:
+                trial_sums = global_sums(batch, uniforms, fitter.trial_mixture, cfg, False)
         except NotPositiveDefiniteError as err:
             raise FitDivergedError(
                 epoch, err.component, "gave a covariance V_j + S_i that is not positive definite", cfg.cures, number
             ) from None
         if deferred_checks.positive_weight(stats.n_points):  # zero weight: nothing to update
-            if shadow is not None:
-                fitter.observe_shadow(shadow)
+            if trial_sums is not None:
+                fitter.observe_trial(trial_sums)
             fitter.observe(stats)
 
     def restart(self) -> None:

@@ -223,7 +223,7 @@ class StochasticSplitMerge(Capabilities):
     * A move is proposed at the end of an epoch (from that epoch's sums) while ``tries`` remain and no
       trial is running. The trial is a second fitter (``make_fitter``) started from the moved incumbent;
       through the next epoch it takes the same batches as the incumbent, each with its own statistics
-      pass (the loop's ``shadow``), the first ``partial_batches`` of them with every other component
+      pass (the loop's ``trial_mixture``), the first ``partial_batches`` of them with every other component
       fixed (a partial update), the rest freely.
     * At the end of that epoch both are scored on the same fixed validation sample (``judge``), and the
       trial replaces the incumbent only if it scores higher. A trial epoch costs two statistics passes
@@ -267,7 +267,7 @@ class StochasticSplitMerge(Capabilities):
         return self.trial is None and self.tried < self.tries
 
     @property
-    def shadow(self) -> Mixture | None:
+    def trial_mixture(self) -> Mixture | None:
         """The trial's E-step model while a move is being tried: the loop gives it its own statistics."""
         return None if self.trial is None else self.trial.mixture
 
@@ -289,7 +289,7 @@ class StochasticSplitMerge(Capabilities):
             self._q = stats.q if self._q is None else self._q + stats.q
         self._batches += 1
 
-    def observe_shadow(self, stats: Statistics) -> None:
+    def observe_trial(self, stats: Statistics) -> None:
         """The trial's update from its own statistics of the same batch (partial for the first batches)."""
         if self.trial is None:
             raise RuntimeError("a trial's statistics came while no move is being tried")

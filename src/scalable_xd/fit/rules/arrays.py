@@ -28,7 +28,7 @@ def ridge_array(w, dim: int, dtype: torch.dtype) -> np.ndarray | None:
     return None if ridge is None else ridge.numpy()
 
 
-class ArrayViews:
+class CachedViews:
     """The arrays a compiled step reads from tensors that live from step to step (SGD's parameters, Adam's
     moments, the fixed parameters), made once and made again only where one of those tensors was replaced
     (a state loaded, fixed parameters released): the step updates them in place, so the views stay theirs.
@@ -60,7 +60,7 @@ class ArrayRule:
     pass reads; ``views`` keeps the arrays of the tensors that live from step to step."""
 
     def __init__(self, fitter):
-        self.fitter, self.views = fitter, ArrayViews()
+        self.fitter, self.views = fitter, CachedViews()
 
     def observe(self, stats: Statistics) -> None:
         self.observe_sums(*sums_of(stats))

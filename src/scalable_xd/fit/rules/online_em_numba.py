@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ...mixture import Mixture
-from .arrays import ArrayRule, ArrayViews, dimensions, ridge_array
+from .arrays import ArrayRule, CachedViews, dimensions, ridge_array
 from .em import clip_rounding, e_step_covariances, ridge_vector, share_weights
 from .numba_jit import jit, jit_inline, jit_parallel
 from .online_em import OnlineEMFitter
@@ -276,7 +276,7 @@ def online_em_step(
     w: float | torch.Tensor | None,
     fixed,
     data_size: float | None = None,
-    views: ArrayViews | None = None,
+    views: CachedViews | None = None,
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """``online_em.online_em_update`` and ``em.regularised`` in one compiled call, on arrays: the running
     state's (weights, means, covariances) and a batch's sums (n points, q, U, UU, P; ``sums_of``) in, (the
@@ -288,7 +288,7 @@ def online_em_step(
     if k >= PARALLEL_COMPONENTS and (threads := torch.get_num_threads()) > 1:
         loop = partial(_online_em_loop_parallel, parts=threads if k < 2 * PARALLEL_COMPONENTS else 4 * threads)
     held = (w, fixed.means, fixed.covariances, state[1].shape[1], torch.float64)  # the state is float64
-    w_array, prior_size, fixed_means, fixed_cov, dims = (views or ArrayViews())(held, _em_arrays)
+    w_array, prior_size, fixed_means, fixed_cov, dims = (views or CachedViews())(held, _em_arrays)
     weights, means, cov, e_step_cov, suspect, any_suspect = loop(
         *state,
         q,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .arrays import ArrayRule, ArrayViews, dimensions, ridge_array
+from .arrays import ArrayRule, CachedViews, dimensions, ridge_array
 from .numba_jit import jit
 from .sgd import Adam, SGDFitter
 
@@ -160,14 +160,14 @@ def sgd_step(
     UU: np.ndarray,
     P: np.ndarray,
     w: float | torch.Tensor | None,
-    views: ArrayViews | None = None,
+    views: CachedViews | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The gradient of ``params`` (a ``CholeskyParameters``) from a batch's sums (n points, q, U, UU, P;
     ``sums_of``), ``adam``'s step along it (its state updated in place, as ``Adam.step`` would) and the new
     mixture's (weights, means, covariances), new arrays that no later step writes to, in one compiled call;
     ``views`` keeps the arrays of the tensors that live from step to step (a fitter's own, or made afresh)."""
     (logits, means, raw, scale, moments, w_array, fixed_weights, fixed_means, fixed_cov, initial), steps = (
-        _sgd_arguments(params, adam, w, views or ArrayViews())
+        _sgd_arguments(params, adam, w, views or CachedViews())
     )
     return _sgd_loop(
         logits,
@@ -190,7 +190,7 @@ def sgd_step(
     )
 
 
-def _sgd_arguments(params, adam: Adam, w, views: ArrayViews) -> tuple[tuple, tuple]:
+def _sgd_arguments(params, adam: Adam, w, views: CachedViews) -> tuple[tuple, tuple]:
     """``_sgd_loop``'s arrays for ``params`` and ``adam`` (``_sgd_arrays``, kept by ``views``), and Adam's
     constants of this step, its count advanced (as ``Adam.step`` advances it)."""
     adam.steps += 1
