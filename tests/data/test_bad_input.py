@@ -139,6 +139,7 @@ def test_weights_whose_sum_overflows_are_refused_naming_the_sum():
         XDGMM(2, epochs=1, device="cpu").fit(X, sample_weight=np.full(len(X), 1e308))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, fitter", [("minibatch_em", MinibatchEM), ("sgd", SGD)])
 def test_a_minibatch_of_zero_total_weight_makes_no_update(method, fitter, monkeypatch):
     """10 weighted stars among 200, in batches of 20: most batches weigh nothing; they used to divide by
@@ -156,6 +157,7 @@ def test_a_minibatch_of_zero_total_weight_makes_no_update(method, fitter, monkey
     assert np.isfinite(model.means_).all() and np.isfinite(model.history_[-1]["train_loglik"])
 
 
+@pytest.mark.slow
 def test_unclear_inputs_are_named_by_the_argument_they_came_in():
     """Each case below gave numpy's or pyarrow's words (an inhomogeneous shape, ArrowInvalid, "need at least
     one array to stack", "could not convert string to float") or named warm_start, which was not set."""

@@ -61,6 +61,7 @@ def _assert_same_fit(a, b, rtol=1e-10):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["minibatch_em", "sgd", "stochastic_minibatch_em"])
 def test_a_dataloader_in_the_fits_order_gives_the_fit_of_the_arrays(method):
     x, S = _data()

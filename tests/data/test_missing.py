@@ -90,6 +90,7 @@ def test_one_em_step_equals_the_update_written_out_with_projections(problem):
     np.testing.assert_allclose(model.covariances_, covs, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_marginalising_is_the_limit_of_the_variance_convention(problem, method):
     """The same stars with missing entries as value 0, variance 1e12 (the paper) or marginalised: the same
@@ -163,6 +164,7 @@ def test_with_no_complete_star_k_means_starts_among_the_data_of_features_far_fro
     assert ((means >= low) & (means <= high)).all(), (means - np.nanmean(X, 0)).round(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
 @pytest.mark.parametrize("n_init", [1, 3])  # one fit's plain pass; three in lockstep, one ensemble pass
 def test_minibatch_steps_with_missing_entries_take_the_compiled_pass_with_the_general_pass_s_result(

@@ -173,6 +173,7 @@ def test_the_next_epoch_fills_its_windows_in_the_memory_of_the_last_and_serves_t
     assert source._kept and not pickle.loads(pickle.dumps(source))._kept
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd", "stochastic_minibatch_em"])
 def test_a_streamed_fit_equals_the_in_memory_fit_on_the_same_batches(shards, method, monkeypatch):
     folder, (x, sigma, corr) = shards

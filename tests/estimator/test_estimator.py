@@ -110,6 +110,7 @@ def test_same_random_state_gives_identical_fits(data, method):
         np.testing.assert_array_equal(getattr(fits[0], attr), getattr(fits[1], attr))
 
 
+@pytest.mark.slow
 def test_compiled_kernel_gives_the_same_fit_and_scores(data):
     """backend="compiled" changes speed, not results; projected data keeps the LAPACK path."""
     x, S = data
@@ -283,6 +284,7 @@ def _repeated_points(case):
 
 # SGD on "own" is left out: Adam narrows the component by about lr a step in log-Cholesky units, and its budget
 # ends at a variance of 1e-9 of the data's, finite and resolved
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method, case",
     [(m, "scikit-learn") for m in ("em", "minibatch_em", "sgd")] + [("em", "own"), ("minibatch_em", "own")],

@@ -28,6 +28,7 @@ def _separate(method: str, seeds, **fit_kwargs) -> list[XDGMM]:
         return [XDGMM(method=method, random_state=s, n_init=1, **SETTINGS).fit(X, Xcov=S, **fit_kwargs) for s in seeds]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_the_best_of_n_starts_is_the_best_of_the_separate_seeded_fits_to_the_bit(method):
     """Each start is its seed's fit, bit for bit (the same code on the same data: no tolerance)."""

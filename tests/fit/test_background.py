@@ -67,6 +67,7 @@ def test_the_likelihood_is_the_mixture_and_the_uniform_box_as_scipy_computes_the
     assert np.allclose(proba.sum(1), (1 - beta) * gaussian / np.exp(expected))
 
 
+@pytest.mark.slow
 def test_batch_em_sets_the_weight_to_the_mean_responsibility(mock):
     """One batch-EM iteration from given parameters: beta' = mean of beta U / p(x_i), computed here by scipy."""
     x, S, _, _ = mock

@@ -76,6 +76,7 @@ def test_online_em_step_equals_the_torch_update(w, data_size, dtype, fixed_rows)
     assert torch.equal(new_state.covariances[4], state.covariances[4])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [online_em_numba.PARALLEL_COMPONENTS + 3, 2 * online_em_numba.PARALLEL_COMPONENTS + 3])
 def test_online_em_step_shared_among_threads_equals_the_serial_loop_to_the_bit(monkeypatch, k):
     """From ``PARALLEL_COMPONENTS`` components the update runs in numba's threads, a share of the components
@@ -116,6 +117,7 @@ def test_online_em_components_are_independent_lanes_to_the_bit():
         assert torch.equal(part_e_step.covariances, whole_e_step.covariances[rows]), rows
 
 
+@pytest.mark.slow
 def test_online_em_step_clips_rounding_as_the_torch_update_does():
     """Covariance updates built to land exactly on an indefinite matrix: one whose negative eigenvalue is
     rounding-sized (clipped), one whose is not (left for the divergence check), and a healthy one."""
@@ -147,6 +149,7 @@ def _sgd_pair(state: Mixture, fixed: FixedParameters | None, scaling: str):
     return fused, plain
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scaling", ["none", "spread"])
 @pytest.mark.parametrize("fixed_rows", [{}, {"weights": [1, 3], "means": [0], "covariances": [2]}])
 def test_sgd_step_equals_the_torch_gradient_and_adam(scaling, fixed_rows):

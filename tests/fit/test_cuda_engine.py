@@ -17,6 +17,8 @@ from scalable_xd.fit import driver
 from scalable_xd.fit.engines import cuda
 from scalable_xd.fit.rules.sgd import Adam
 
+pytestmark = pytest.mark.slow  # Triton's interpreter on the CPU
+
 
 @pytest.fixture
 def graphed_steps(monkeypatch):

@@ -20,6 +20,8 @@ from scalable_xd.fit.rules.online_em import online_em_update
 from scalable_xd.kernel.dispatch import batch_statistics
 from scalable_xd.mixture import Mixture
 
+pytestmark = pytest.mark.slow  # Triton's interpreter on the CPU
+
 pytest.importorskip("triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

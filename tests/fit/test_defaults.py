@@ -66,6 +66,7 @@ def test_a_budget_counts_updates_as_the_batches_fall(method):
     assert model.n_iter_ == min(METHODS["em"].epochs, -(-row.min_updates // 20))  # epochs of 20 updates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", list(bench_defaults.SHAPES))
 def test_every_method_at_its_defaults_reaches_90_percent_of_the_optimum_or_says_why(shape):
     """On 500 stars of each shape, each of the paper's methods at its defaults reaches 90% of the converged

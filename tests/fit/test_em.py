@@ -90,6 +90,7 @@ def test_em_stops_at_tolerance():
     assert model.history_[-1]["train_loglik"] - model.history_[-2]["train_loglik"] < 1e-4
 
 
+@pytest.mark.slow
 def test_minibatch_em_with_unit_step_on_full_batch_is_one_em_iteration():
     rng = np.random.default_rng(14)
     k, d = 4, 3

@@ -86,6 +86,7 @@ def test_a_toy_engine_defined_in_the_test_alone_runs_the_fits_whose_rule_it_has(
         np.testing.assert_allclose(getattr(toy, name), getattr(reference, name), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_each_fit_takes_the_engine_its_device_and_settings_call_for(monkeypatch):
     """On the CPU with the fused kernel, a plain minibatch fit takes the CPU engine, its fitter the compiled
     rule; with the LAPACK kernel, a selection or a background, the reference engine; graphed steps asked for

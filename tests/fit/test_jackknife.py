@@ -53,6 +53,7 @@ def test_one_noiseless_gaussian_gives_the_jackknife_of_its_sample_mean_and_covar
     assert errors.weights[0] == 0.0  # one component: its weight is 1 in every replicate
 
 
+@pytest.mark.slow
 def test_the_errors_match_the_spread_of_fits_over_independent_draws():
     """Coverage: 60 independent draws of 1,000 noisy points, each fitted and jackknifed (10 groups). The
     standard deviation of each fitted parameter across the draws agrees with the mean reported error

@@ -72,6 +72,7 @@ def test_batches_of_other_data_or_sizes_do_not_join():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data_size", [None, 1e5])
 # 70: two lanes' worth, lanes and threads split the components differently than alone; 9: 27 in all, on one thread
 @pytest.mark.parametrize("k", [70, 9])

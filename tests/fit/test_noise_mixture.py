@@ -114,6 +114,7 @@ def _truth_loglik(model, values) -> float:
     return float(np.mean(np.log(dens)))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # minibatch fits at their budget
 @pytest.mark.parametrize("method", ["em", "minibatch_em", "sgd"])
 def test_the_true_noise_mixture_recovers_the_density_a_gaussian_of_its_covariance_biases(mock, method):

@@ -112,6 +112,7 @@ def _sorted_fit(model):
     return model.weights_[order], model.covariances_[order, 0, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["minibatch_em", "sgd"])
 def test_fit_does_not_depend_on_n_mod_batch_size(two_gaussians_1d, method):
     """N = 3001 used to end every epoch on a one-star batch with a full step: weights (0.234, 0.766)

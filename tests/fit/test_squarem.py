@@ -39,6 +39,7 @@ def _assert_same_fit(a, b, rtol):
         np.testing.assert_allclose(getattr(a, attr)[order_a], getattr(b, attr)[order_b], rtol=rtol, atol=rtol)
 
 
+@pytest.mark.slow
 def test_squarem_reaches_plain_ems_fixed_point_in_a_fraction_of_the_passes(data):
     """Maximum likelihood (w = 0): both run to a gain of 1e-10 nats a star."""
     plain, fast = _fit(data, "none", w=0.0), _fit(data, "squarem", w=0.0)
@@ -50,6 +51,7 @@ def test_squarem_reaches_plain_ems_fixed_point_in_a_fraction_of_the_passes(data)
     assert fast.score(x, Xcov=S) == pytest.approx(plain.score(x, Xcov=S), abs=1e-7)
 
 
+@pytest.mark.slow
 def test_with_regularisation_squarem_climbs_what_em_climbs(data):
     """With w > 0 EM maximises the likelihood times the prior its update implies, whose ridge is flat:
     plain EM stopped by its log-likelihood gain is still far from its fixed point, which it reaches after

@@ -20,6 +20,7 @@ def _tensors(*arrays):
     return [torch.tensor(a, dtype=torch.float64) for a in arrays]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["unrolled", "linalg"])
 def test_the_s_step_sums_average_to_the_soft_sums(backend):
     """Sampled one-hot assignments: their sums are unbiased for the soft sums, so the expected stochastic-EM

@@ -135,6 +135,7 @@ def test_failed_factorisation_names_row_and_component(backend, request):
     assert (err.value.row, err.value.component) == (0, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fused", LOOPED, "unrolled", "compiled"])
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
 def test_fast_pass_matches_the_reference_on_hard_inputs(backend, dtype, rtol, request):
@@ -285,6 +286,7 @@ def _own_cache_environ() -> dict:
     return {name: value for name, value in os.environ.items() if name != "NUMBA_CACHE_DIR"}
 
 
+@pytest.mark.slow
 def test_fused_kernel_is_cached_on_disk_for_the_next_process(tmp_path):
     """A second process finds the compiled kernel in the cache folder instead of compiling it again."""
     script = (
@@ -322,6 +324,7 @@ for threads in (2, 1):  # 50,000 pairs: the threaded kernel on two threads, the 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("no_fast_math", ["0", "1"], ids=["fast_math", "no_fast_math"])
 def test_a_kernel_loaded_from_the_cache_gives_the_bits_of_the_process_that_compiled_it(tmp_path, no_fast_math):
     """numba optimises a threaded kernel's body again when it builds what it writes to the cache: with fast
@@ -342,6 +345,7 @@ def test_a_kernel_loaded_from_the_cache_gives_the_bits_of_the_process_that_compi
         assert len(set(compiled)) == 1, compiled
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.cpu_count() < 2, reason="the threaded kernel runs on two or more threads")
 def test_a_threaded_kernel_that_cannot_compile_in_a_new_process_compiles_here_and_says_so(
     tmp_path, monkeypatch, caplog
@@ -411,6 +415,7 @@ def test_missing_entries_in_one_fused_pass_equal_a_pass_per_pattern(backend, dty
     assert float(got.loglik) == pytest.approx(float(want.loglik), rel=rtol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fused", LOOPED, TRITON, "unrolled", "linalg"])
 def test_float32_chunks_beyond_its_precision_are_computed_in_float64(backend, caplog, request):
     """A component with condition number 1e11 and stars with tiny noise in its thin directions: float32's

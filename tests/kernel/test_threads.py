@@ -49,6 +49,7 @@ def test_cpu_k_means_runs_on_one_thread(two_threads, monkeypatch):
     assert torch.get_num_threads() == 2  # restored
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, threads", [(4, 1), (64, 2)])
 def test_minibatch_steps_use_the_pool_only_above_parallel_pairs(two_threads, monkeypatch, k, threads):
     """500 stars x K pairs: below ``PARALLEL_PAIRS`` (30,000) a step runs on one thread, above on all."""

@@ -18,6 +18,8 @@ from scalable_xd.kernel import dispatch
 from scalable_xd.kernel.dispatch import batch_statistics, log_densities
 from scalable_xd.mixture import Mixture
 
+pytestmark = pytest.mark.slow  # Triton's interpreter on the CPU, and compiles for a GPU
+
 pytest.importorskip("triton", reason="triton is not installed (Linux x86-64 wheels only)")
 
 

@@ -94,6 +94,7 @@ def test_the_sky_map_integrates_to_the_number_of_stars():
     assert resolution(lon, lat) == 8 and resolution(lon[:10], lat[:10]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frame", ["icrs", "galactic"])
 def test_sky_figure_shows_data_and_model_on_one_scale(run, tmp_path, frame):
     root, _ = run
@@ -186,6 +187,7 @@ def test_corner_names_every_layer_and_the_mass_beyond_the_panels(run, tmp_path):
     assert drawn["title"] == "SGD, K = 3"
 
 
+@pytest.mark.slow
 def test_a_variants_corner_and_sky_figures_name_it_by_what_sets_it_apart(run, tmp_path):
     """A workflow variant's corner plot and sky figure name it as its metrics do, not by its method alone
     (the demo's selection-aware fit was titled "Batch EM (Bovy et al. 2011)"; converge.yaml's sky figure

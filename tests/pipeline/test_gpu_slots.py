@@ -13,6 +13,8 @@ import torch
 from scalable_xd.pipeline import gpu_slots
 from scalable_xd.pipeline.cli import main
 
+pytestmark = pytest.mark.slow  # concurrent processes that wait on one another
+
 JOB = """
 import sys, time, pathlib, torch
 from scalable_xd.pipeline import gpu_slots

@@ -61,6 +61,7 @@ def _namespace(tmp_path) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", _examples())
 def test_the_pages_examples_run(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
