@@ -29,8 +29,8 @@ def tile_for(n_components: int, dim: int) -> int:
     """Components per tile for K components in D dimensions: ``TILE``, or for the looped form (D above
     ``UNROLLED_MAX_DIM``) the narrowest of ``NARROW_TILES`` that holds K. The unrolled form's tile loops
     are vectorised, so a lane of padding costs it little (at D = 7, K = 3: 0.63 us a pair in tiles of 16,
-    1.2 in tiles of 4); the looped form's cost a lane each, padding or not (at D = 20, K = 3: 22.7 us a
-    pair in tiles of 16, 5.3 in tiles of 4: docs/performance.md)."""
+    1.2 in tiles of 4); the looped form's cost a lane each, padding or not, while they ran as scalars (at
+    D = 20, K = 3: 22.7 us a pair in tiles of 16, 5.3 in tiles of 4: docs/performance.md)."""
     if dim <= UNROLLED_MAX_DIM:
         return TILE
     return next((tile for tile in NARROW_TILES if n_components <= tile), TILE)
