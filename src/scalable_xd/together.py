@@ -30,9 +30,14 @@ _PER_FIT = ("random_state", "weights_init", "means_init", "covariances_init")
 def steps_together(models: list[XDGMM]) -> bool:
     """Whether ``fit_together`` fits these estimators in lockstep: more than one, every setting the same
     but the seed and start, a method that steps so on their device, and one process."""
+    _check_models(models)
+    return _in_lockstep(models)
+
+
+def _in_lockstep(models: list[XDGMM]) -> bool:
+    """``steps_together`` for models already checked (``_check_models``)."""
     from .fit.restarts import in_lockstep
 
-    _check_models(models)
     return len(models) > 1 and in_lockstep(models[0]._validated()[0])
 
 
@@ -56,9 +61,9 @@ def fit_together(models: list[XDGMM], X, Xcov=None, *, checkpoints=None, **fit_p
     ]
     said: list[tuple[int, warnings.WarningMessage]] = []
     try:
-        if not steps_together(models):
+        if not _in_lockstep(models):
             for index, fit in enumerate(fits):
-                with _told(said, functools.partial(int, index)):
+                with _told(said, lambda index=index: index):
                     fit()
         else:
             with _told(said, lambda: getattr(current(), "index", -1)):  # the member whose greenlet warns
